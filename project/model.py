@@ -1,0 +1,77 @@
+"""GPT-2 models built from named ``GPT2Config`` presets (no weights are downloaded).
+
+Presets (``PRESETS``):
+
+* ``tiny``   — 4 layers, 128 wide, 4 heads: the CPU default; an epoch of Multi30k
+  takes a few minutes on 2 cores. Divisible for 2 or 4 pipeline stages and tp_size 2 or 4.
+* ``small``  — 6 layers, 384 wide, 6 heads: a laptop-GPU size.
+* ``gpt2``   — the 124M GPT-2 of Radford et al. 2019 (12 layers, 768 wide, 12 heads), for GPUs.
+
+The vocabulary size comes from the course tokenizer, and ``n_positions`` from
+``--model_max_length``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_layer=4, n_embd=128, n_head=4),
+    "small": dict(n_layer=6, n_embd=384, n_head=6),
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
+}
+
+DEFAULT_CPU_PRESET = "tiny"
+DEFAULT_GPU_PRESET = "gpt2"
+
+
+def default_preset(device_type: str) -> str:
+    """``tiny`` on CPU, ``gpt2`` on CUDA."""
+    return DEFAULT_GPU_PRESET if device_type == "cuda" else DEFAULT_CPU_PRESET
+
+
+def gpt2_config(preset: str, vocab_size: int, n_positions: int = 128, dropout: float = 0.1, **overrides):
+    """A ``transformers.GPT2Config`` for ``preset``.
+
+    Args:
+        preset: a key of ``PRESETS``.
+        vocab_size: tokenizer vocabulary size (tokens).
+        n_positions: longest sequence the model accepts (tokens).
+        dropout: residual, embedding and attention dropout probability (0 for exact comparisons).
+        **overrides: any other ``GPT2Config`` field (e.g. ``n_layer=2``).
+
+    Raises:
+        ValueError: unknown preset, or ``n_embd`` not divisible by ``n_head``.
+    """
+    from transformers import GPT2Config
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    fields = dict(PRESETS[preset])
+    fields.update(overrides)
+    if fields["n_embd"] % fields["n_head"]:
+        raise ValueError(f"n_embd={fields['n_embd']} is not divisible by n_head={fields['n_head']}")
+    return GPT2Config(vocab_size=vocab_size, n_positions=n_positions, resid_pdrop=dropout,
+                      embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=None, eos_token_id=None,
+                      **fields)
+
+
+def build_gpt2(preset: str, vocab_size: int, n_positions: int = 128, dropout: float = 0.1, seed: int = 0,
+               **overrides):
+    """A freshly initialised ``transformers.GPT2LMHeadModel`` (same weights for the same seed).
+
+    The model maps ``input_ids`` (batch, seq) to ``logits`` (batch, seq, vocab_size).
+    Eager attention is used so that the single-device reference and the hand-written
+    parallel versions compute attention the same way.
+    """
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    config = gpt2_config(preset, vocab_size, n_positions, dropout, **overrides)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def count_parameters(model) -> int:
+    """Number of trainable parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
