@@ -131,10 +131,12 @@ def _teardown_worker() -> None:
 
 
 def _spawned_entry(rank, world_size, init_method, device_type, backend, collective_timeout,
-                   worker, args, results):
+                   worker, args, results, init_group):
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
     try:
-        _setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
+        if init_group:
+            _setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
         value = worker(rank, world_size, *args)
         results.put((rank, "ok", value))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
@@ -162,7 +164,7 @@ def _stop(procs) -> None:
 
 def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str | None = "auto",
            backend: str | None = "auto", timeout: float | None = 600.0,
-           collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT) -> dict[int, Any]:
+           collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT, init_process_group: bool = True) -> dict[int, Any]:
     """Run ``worker(rank, world_size, *args)`` on every rank of a process group.
 
     Args:
@@ -174,6 +176,9 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
         device, backend: see :func:`resolve_device_backend`.
         timeout: wall-clock limit of the whole run in seconds (None: no limit).
         collective_timeout: seconds a rank may block in one collective before it raises.
+        init_process_group: False leaves forming the group to the worker (spawn mode only):
+            ``MASTER_ADDR``/``MASTER_PORT`` are set for it, and the launcher still bounds
+            the run and tears the group down.
 
     Returns:
         ``{rank: worker's return value}`` for every rank (spawn mode) or for this
@@ -188,6 +193,8 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
     if in_torchrun():
+        if not init_process_group:
+            raise ValueError("init_process_group=False is for spawn mode; under torchrun the group exists")
         return _join_torchrun(worker, world_size, args, device, backend, collective_timeout)
 
     device_type, backend = resolve_device_backend(device, backend, world_size)
@@ -206,7 +213,7 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_spawned_entry, daemon=True, name=f"rank{rank}",
                          args=(rank, world_size, init_method, device_type, backend, collective_timeout,
-                               worker, args, results))
+                               worker, args, results, init_process_group))
              for rank in range(world_size)]
     outputs: dict[int, Any] = {}
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -75,3 +75,13 @@ def build_gpt2(preset: str, vocab_size: int, n_positions: int = 128, dropout: fl
 def count_parameters(model) -> int:
     """Number of trainable parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def parameter_fingerprint(model) -> str:
+    """SHA-256 of every parameter's bytes, in order: equal on two ranks iff their weights are bit-identical."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

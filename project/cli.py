@@ -1,0 +1,83 @@
+"""Command-line options shared by every run script, and their checks.
+
+Every check runs in the parent process, before any worker is started, and ends the
+script with a message that says what to change (``parser.error``, exit code 2).
+"""
+from __future__ import annotations
+
+import argparse
+
+from project.launch import in_torchrun, resolve_device_backend
+from project.model import PRESETS, default_preset
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_epochs: int = 1,
+                    learning_rate: float = 1e-3) -> argparse.ArgumentParser:
+    """Add the data, model, training and device options (snake_case, as in the course anchor)."""
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", default="multi30k",
+                      help="'multi30k' (local files) or a Hugging Face dataset with a 'translation' column")
+    data.add_argument("--data_dir", default=None, help="folder holding the Multi30k *.gz files")
+    data.add_argument("--src_lang", default="de")
+    data.add_argument("--tgt_lang", default="en")
+    data.add_argument("--vocab_size", type=int, default=5000, help="BPE vocabulary size (tokens)")
+    data.add_argument("--model_max_length", type=int, default=128, help="longest sequence (tokens)")
+
+    model = parser.add_argument_group("model and training")
+    model.add_argument("--preset", default="auto", choices=["auto", *PRESETS],
+                       help="GPT-2 size; auto: tiny on CPU, gpt2 on GPU")
+    model.add_argument("--batch_size", type=int, default=batch_size, help="global batch size (sequences per step)")
+    model.add_argument("--n_epochs", type=int, default=n_epochs)
+    model.add_argument("--learning_rate", type=float, default=learning_rate, help="AdamW learning rate")
+    model.add_argument("--max_batches", type=int, default=None,
+                       help="stop each epoch after this many batches (quick runs)")
+    model.add_argument("--n_bleu", type=int, default=100, help="test sentences translated for BLEU (0: skip)")
+    model.add_argument("--seed", type=int, default=11)
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--workdir", default="workdir", help="where results, translations and the tokenizer go")
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    run.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of the whole run (seconds)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> argparse.Namespace:
+    """Validate the shared options; fill in ``device``, ``backend``, ``preset``.
+
+    Exits through ``parser.error`` (code 2) with a message that says what to change.
+    """
+    from project.data import DataNotFoundError, resolve_data_dir
+
+    positive = {"batch_size": args.batch_size, "n_epochs": args.n_epochs, "learning_rate": args.learning_rate}
+    for name, value in positive.items():
+        if value <= 0:
+            parser.error(f"--{name} must be positive, not {value}")
+    if args.max_batches is not None and args.max_batches < 1:
+        parser.error(f"--max_batches must be >= 1 (or left out for whole epochs), not {args.max_batches}")
+    if args.n_bleu < 0:
+        parser.error(f"--n_bleu must be >= 0, not {args.n_bleu}")
+    if args.model_max_length < 4:
+        parser.error(f"--model_max_length must be >= 4, not {args.model_max_length}")
+    if args.vocab_size < 300:
+        parser.error(f"--vocab_size must be >= 300 for a byte-level BPE, not {args.vocab_size}")
+    try:
+        args.device, args.backend = resolve_device_backend(args.device, args.backend, world_size)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.preset == "auto":
+        args.preset = default_preset(args.device)
+    if args.dataset == "multi30k" and not in_torchrun():
+        try:
+            resolve_data_dir(args.data_dir)
+        except DataNotFoundError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def run_config(args: argparse.Namespace, **extra) -> dict:
+    """The configuration recorded in every results file."""
+    keys = ("dataset", "preset", "batch_size", "n_epochs", "learning_rate", "model_max_length", "vocab_size",
+            "max_batches", "device", "backend", "seed")
+    return dict({k: getattr(args, k) for k in keys}, **extra)

@@ -1,0 +1,54 @@
+"""Everything a rank needs before it trains: corpus, tokenizer, encoded splits, collate, model.
+
+Run scripts call :func:`prepare_data` inside each worker (rank 0 trains the tokenizer,
+the others wait), then build their model with :func:`build_model`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from project.collate import Collate, encode_pairs, make_collate
+from project.data import load_translation_dataset
+from project.model import build_gpt2
+from project.tokenizer import CourseTokenizer, get_tokenizer
+
+
+@dataclass
+class Data:
+    """Tokenized splits (lists of dicts, see :func:`project.collate.encode_pairs`) and their collate."""
+
+    tokenizer: CourseTokenizer
+    train: list
+    validation: list
+    test: list
+    collate: Collate
+
+
+def prepare_data(args) -> Data:
+    """Load the corpus, get the (cached) tokenizer and encode every split.
+
+    ``args`` holds the options of :func:`project.cli.add_common_args`.
+    """
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    corpus = load_translation_dataset(args.dataset, args.data_dir, args.src_lang, args.tgt_lang)
+    tokenizer = get_tokenizer(corpus, args.workdir, args.vocab_size, args.src_lang, args.tgt_lang, args.dataset)
+    splits = {name: encode_pairs(corpus[name], tokenizer, args.src_lang, args.tgt_lang)
+              for name in ("train", "validation", "test")}
+    return Data(tokenizer, splits["train"], splits["validation"], splits["test"],
+                make_collate(tokenizer, args.model_max_length))
+
+
+def build_model(args, vocab_size: int, dropout: float = 0.1, **overrides):
+    """The GPT-2 of ``args.preset`` with the same initial weights on every rank (seeded)."""
+    return build_gpt2(args.preset, vocab_size, n_positions=args.model_max_length, dropout=dropout,
+                      seed=args.seed, **overrides)
+
+
+def worker_env_quiet() -> None:
+    """Silence library chatter that would repeat once per rank."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()

@@ -1,0 +1,57 @@
+"""Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1).
+
+    python project/run_data_parallel.py --world_size 2
+    torchrun --standalone --nproc_per_node=2 project/run_data_parallel.py
+
+Spawns ``--world_size`` processes (gloo on CPU, NCCL with one GPU each), or joins the
+group torchrun made. Writes ``<workdir>/rank{r}_results_epoch{e}.json`` and the scored
+translations ``<workdir>/translations_epoch{e}.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from project.cli import add_common_args, check_common_args  # noqa: E402
+from project.launch import RankFailure, default_world_size, launch  # noqa: E402
+from project.report import print_epoch_table  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--world_size", type=int, default=None,
+                        help="number of data-parallel processes (default: torchrun's WORLD_SIZE, else 2)")
+    add_common_args(parser)
+    args = parser.parse_args(argv)
+    args.world_size = args.world_size if args.world_size is not None else default_world_size(2)
+    if args.world_size < 1:
+        parser.error(f"--world_size must be >= 1, not {args.world_size}")
+    if args.batch_size % args.world_size:
+        parser.error(f"--batch_size {args.batch_size} is not divisible by --world_size {args.world_size}: "
+                     f"each rank takes batch_size // world_size examples; try --batch_size "
+                     f"{max(args.world_size, args.batch_size // args.world_size * args.world_size)}")
+    return check_common_args(parser, args, args.world_size)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from data_parallel.train import run_dp
+
+    print(f"data parallel: world_size={args.world_size} device={args.device} backend={args.backend} "
+          f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank)",
+          flush=True)
+    try:
+        launch(run_dp, args.world_size, args, device=args.device, backend=args.backend, timeout=args.timeout)
+    except RankFailure as exc:
+        print(f"run failed: {exc}", file=sys.stderr)
+        return 1
+    print_epoch_table(args.workdir, prefix="", n_epochs=args.n_epochs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
