@@ -49,6 +49,12 @@ def run_dp(rank: int, world_size: int, args) -> dict:
     Args:
         args: the options of ``project/run_data_parallel.py`` (``batch_size`` is global).
 
+    In epoch e, rank r trains on ``partition_dataset(r, world_size, train, batch_size,
+    collate, seed=args.seed + e)`` — a new shuffle each epoch, the same on every rank —
+    for the number of batches every rank has, averaging gradients after each backward.
+    With ``args.save_checkpoint``, rank 0 saves the final weights to
+    ``<workdir>/checkpoint_data_parallel.pt``.
+
     Returns:
         ``{"results": [paths], "initial_sha256": ..., "final_sha256": ...}`` — the
         fingerprints of the weights before and after training (equal across ranks when
@@ -101,5 +107,7 @@ def run_dp(rank: int, world_size: int, args) -> dict:
         written.append(str(write_results(args.workdir, rank, epoch, payload)))
         if rank == 0 and translations:
             write_json(Path(args.workdir) / f"translations_epoch{epoch}.json", translations)
+    if rank == 0 and args.save_checkpoint:
+        torch.save(model.state_dict(), Path(args.workdir) / "checkpoint_data_parallel.pt")
     return {"results": written, "initial_sha256": initial_sha, "final_sha256": parameter_fingerprint(model)}
 

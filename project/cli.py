@@ -32,6 +32,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_
     model.add_argument("--max_batches", type=int, default=None,
                        help="stop each epoch after this many batches (quick runs)")
     model.add_argument("--n_bleu", type=int, default=100, help="test sentences translated for BLEU (0: skip)")
+    model.add_argument("--dropout", type=float, default=0.1, help="GPT-2 dropout probability (0 for exact comparisons)")
     model.add_argument("--seed", type=int, default=11)
 
     run = parser.add_argument_group("run")
@@ -56,6 +57,8 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             parser.error(f"--{name} must be positive, not {value}")
     if args.max_batches is not None and args.max_batches < 1:
         parser.error(f"--max_batches must be >= 1 (or left out for whole epochs), not {args.max_batches}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), not {args.dropout}")
     if args.n_bleu < 0:
         parser.error(f"--n_bleu must be >= 0, not {args.n_bleu}")
     if args.model_max_length < 4:
@@ -78,6 +81,6 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 def run_config(args: argparse.Namespace, **extra) -> dict:
     """The configuration recorded in every results file."""
-    keys = ("dataset", "preset", "batch_size", "n_epochs", "learning_rate", "model_max_length", "vocab_size",
+    keys = ("dataset", "preset", "dropout", "batch_size", "n_epochs", "learning_rate", "model_max_length", "vocab_size",
             "max_batches", "device", "backend", "seed")
     return dict({k: getattr(args, k) for k in keys}, **extra)

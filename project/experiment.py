@@ -40,9 +40,9 @@ def prepare_data(args) -> Data:
                 make_collate(tokenizer, args.model_max_length))
 
 
-def build_model(args, vocab_size: int, dropout: float = 0.1, **overrides):
-    """The GPT-2 of ``args.preset`` with the same initial weights on every rank (seeded)."""
-    return build_gpt2(args.preset, vocab_size, n_positions=args.model_max_length, dropout=dropout,
+def build_model(args, vocab_size: int, **overrides):
+    """The GPT-2 of ``args.preset`` (dropout ``args.dropout``) with the same initial weights on every rank (seeded)."""
+    return build_gpt2(args.preset, vocab_size, n_positions=args.model_max_length, dropout=args.dropout,
                       seed=args.seed, **overrides)
 
 

@@ -25,6 +25,8 @@ def parse_args(argv=None):
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--world_size", type=int, default=None,
                         help="number of data-parallel processes (default: torchrun's WORLD_SIZE, else 2)")
+    parser.add_argument("--save_checkpoint", action="store_true",
+                        help="rank 0 saves the final weights to <workdir>/checkpoint_data_parallel.pt")
     add_common_args(parser)
     args = parser.parse_args(argv)
     args.world_size = args.world_size if args.world_size is not None else default_world_size(2)

@@ -1,0 +1,82 @@
+"""Assignment 5.1.2 — process group set-up/tear-down and all-reduce gradient averaging (graded).
+
+Real 2- and 3-process gloo runs: after ``average_gradients`` every rank must hold the
+gradient that one process computes on the whole global batch (the mean of the ranks'
+mean losses), identical on every rank.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from project.launch import launch
+
+pytestmark = pytest.mark.a5_1_2
+
+PER_RANK = 4
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model.unused = nn.Linear(3, 3)  # never in the forward pass: its grads stay None
+    return model
+
+
+def global_batch(world_size):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(world_size * PER_RANK, 6, generator=g), torch.randn(world_size * PER_RANK, 3, generator=g)
+
+
+def grad_worker(rank, world_size):
+    from data_parallel.comm import average_gradients
+
+    model = make_model()
+    x, y = global_batch(world_size)
+    shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    average_gradients(model)
+    return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
+
+
+def setup_worker(rank, world_size):
+    from data_parallel.comm import cleanup, setup
+
+    setup(rank, world_size, backend="gloo")
+    joined = (dist.is_initialized(), dist.get_rank(), dist.get_world_size())
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    cleanup()
+    return joined, float(t), dist.is_initialized()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_averaged_gradients_equal_single_process_gradients(world_size):
+    outputs = launch(grad_worker, world_size, timeout=120, collective_timeout=60)
+
+    model = make_model()
+    x, y = global_batch(world_size)
+    shard_losses = [nn.functional.mse_loss(model(x[r * PER_RANK:(r + 1) * PER_RANK]), y[r * PER_RANK:(r + 1) * PER_RANK])
+                    for r in range(world_size)]
+    (sum(shard_losses) / world_size).backward()  # equal shards: also the mean loss over the whole batch
+    for name, p in model.named_parameters():
+        for rank in range(world_size):
+            got = outputs[rank][name]
+            if p.grad is None:
+                assert got is None, f"{name} had no gradient and must stay None on rank {rank}"
+                continue
+            assert torch.allclose(got, p.grad, **TOL), (
+                f"rank {rank} {name}: averaged gradient differs from single-process gradient "
+                f"(ratio {float((got / p.grad).median()):.3f}; did you divide by the world size?)")
+        if p.grad is not None:
+            for rank in range(1, world_size):
+                assert torch.equal(outputs[rank][name], outputs[0][name]), f"{name} differs between ranks"
+
+
+def test_setup_joins_the_group_and_cleanup_leaves_it():
+    outputs = launch(setup_worker, 2, timeout=120, collective_timeout=60, init_process_group=False)
+    for rank, (joined, total, still_initialized) in outputs.items():
+        assert joined == (True, rank, 2)
+        assert total == 3.0, "the group must connect both ranks (all_reduce of 1 and 2)"
+        assert still_initialized is False, "cleanup must destroy the process group"
