@@ -53,7 +53,7 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     positive = {"batch_size": args.batch_size, "n_epochs": args.n_epochs, "learning_rate": args.learning_rate}
     for name, value in positive.items():
-        if value <= 0:
+        if not value > 0:  # also refuses nan
             parser.error(f"--{name} must be positive, not {value}")
     if args.max_batches is not None and args.max_batches < 1:
         parser.error(f"--max_batches must be >= 1 (or left out for whole epochs), not {args.max_batches}")
