@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue as queue_module
 import socket
 import time
@@ -138,7 +139,8 @@ def _spawned_entry(rank, world_size, init_method, device_type, backend, collecti
         if init_group:
             _setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
         value = worker(rank, world_size, *args)
-        results.put((rank, "ok", value))
+        # Plain pickle bytes: tensors must not travel as shared-memory handles, which die with this process.
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -239,7 +241,7 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
                 continue
             if status == "error":
                 raise RankFailure(rank, f"rank {rank} raised:\n{value}")
-            outputs[rank] = value
+            outputs[rank] = pickle.loads(value)
         for p in procs:
             p.join(timeout=30)
         return outputs
