@@ -1,0 +1,215 @@
+"""Write the student release of the course: every solution block replaced by a stub.
+
+    python project/release.py --out ../student-release
+
+Every ``# BEGIN ASSIGN5_x_y`` ... ``# END ASSIGN5_x_y`` block in the packages, scripts and
+notebooks becomes one line, indented like the block,
+
+    raise NotImplementedError("Assignment 5.1.2: implement average_gradients (...). See
+        notebooks/01_data_parallel.ipynb; check with: pytest -k a5_1_2")
+
+Signatures, docstrings and the code around the blocks are kept, the markers are removed,
+notebook outputs are cleared, and every Python file of the release is checked to parse.
+Instructor-only files (this script, the grading-integrity check) are left out.
+
+Errors (:class:`ReleaseError`, naming file and line): a BEGIN without END, an END without
+BEGIN, nested blocks, a BEGIN and END of different keys, an unknown key, a block that is
+not inside a function (its stub would break the import).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from project.grading import key_of_marker  # noqa: E402
+
+BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
+END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
+ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
+INSTRUCTOR_ONLY = {"project/release.py", "project/integrity.py", "tests/test_release.py"}
+SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
+
+
+class ReleaseError(ValueError):
+    """A marker problem; the message names the file and line."""
+
+
+@dataclass
+class Block:
+    marker: str
+    begin: int  # 0-based line index of the BEGIN line
+    end: int    # 0-based line index of the END line
+    indent: str
+
+
+def find_blocks(lines: list[str], where: str) -> list[Block]:
+    """The marker blocks of ``lines`` (no trailing newlines), checked for pairing and keys."""
+    blocks, open_block = [], None
+    for i, line in enumerate(lines):
+        b, e = BEGIN.match(line), END.match(line)
+        if b:
+            if open_block:
+                raise ReleaseError(f"{where}:{i + 1}: BEGIN {b.group(2)} inside the block opened at line "
+                                   f"{open_block.begin + 1} (blocks do not nest)")
+            if key_of_marker(b.group(2)) is None:
+                raise ReleaseError(f"{where}:{i + 1}: unknown assignment key {b.group(2)} "
+                                   "(declare it in project/grading.py and pyproject.toml)")
+            open_block = Block(b.group(2), i, -1, b.group(1))
+        elif e:
+            if not open_block:
+                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} without a BEGIN")
+            if e.group(2) != open_block.marker:
+                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} closes BEGIN {open_block.marker} "
+                                   f"of line {open_block.begin + 1}")
+            open_block.end = i
+            blocks.append(open_block)
+            open_block = None
+        elif ANY_MARKER.search(line):
+            raise ReleaseError(f"{where}:{i + 1}: malformed marker line {line.strip()!r} "
+                               "(write '# BEGIN ASSIGN5_x_y' / '# END ASSIGN5_x_y' alone on the line)")
+    if open_block:
+        raise ReleaseError(f"{where}:{open_block.begin + 1}: BEGIN {open_block.marker} has no END")
+    return blocks
+
+
+def _enclosing_functions(source: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function, 1-based."""
+    found = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((child.lineno, child.end_lineno, prefix + child.name))
+                visit(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def stub_message(marker: str, where: str | None) -> str:
+    key = key_of_marker(marker)
+    what = f"implement {where}" if where else "implement this cell"
+    return (f"Assignment {key.number}: {what} ({key.topic}). See {key.notebook}; "
+            f"check with: pytest -k {key.key}")
+
+
+def stub_source(source: str, where: str, python_file: bool = True,
+                only: set[str] | None = None) -> tuple[str, list[str]]:
+    """``source`` with every block replaced by its stub; also the markers stubbed.
+
+    With ``only``, just the blocks of those markers are stubbed; the others keep their
+    solution code (their marker lines are dropped).
+    """
+    lines = source.split("\n")
+    blocks = find_blocks(lines, where)
+    if not blocks:
+        return source, []
+    functions = _enclosing_functions(source) if python_file else []
+    stubbed = []
+    for block in reversed(blocks):
+        if only is not None and block.marker not in only:
+            lines[block.begin:block.end + 1] = lines[block.begin + 1:block.end]
+            continue
+        stubbed.append(block.marker)
+        name = None
+        if python_file:
+            inside = [f for f in functions if f[0] < block.begin + 1 <= f[1]]
+            if not inside:
+                raise ReleaseError(f"{where}:{block.begin + 1}: block {block.marker} is not inside a function; "
+                                   "its stub would break the import")
+            name = max(inside, key=lambda f: f[0])[2]
+        stub = f"{block.indent}raise NotImplementedError({stub_message(block.marker, name)!r})"
+        lines[block.begin:block.end + 1] = [stub]
+    return "\n".join(lines), stubbed
+
+
+def stub_notebook(text: str, where: str, only: set[str] | None = None) -> tuple[str, list[str]]:
+    """A notebook (JSON text) with solution cells stubbed and every output cleared."""
+    nb = json.loads(text)
+    markers = []
+    for index, cell in enumerate(nb.get("cells", [])):
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "code":
+            source, found = stub_source(source, f"{where} cell {index}", python_file=False, only=only)
+            markers += found
+            cell["outputs"], cell["execution_count"] = [], None
+            cell["source"] = source
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n", markers
+
+
+def course_files(root: Path) -> list[str]:
+    """The files of the course: git's tracked and untracked-but-not-ignored files, else a walk."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
+                             capture_output=True, check=True)
+        names = [n for n in out.stdout.decode().split("\0") if n and (root / n).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        names = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                 and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
+    return sorted(names)
+
+
+def make_release(src: Path, out: Path, only: set[str] | None = None) -> dict[str, int]:
+    """Write the student release of ``src`` into ``out``; returns the stub count per marker.
+
+    ``only``: stub just these markers (e.g. ``{"ASSIGN5_1_2"}``) and keep the other solutions.
+    """
+    counts: dict[str, int] = {}
+    for name in course_files(src):
+        if name in INSTRUCTOR_ONLY:
+            continue
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".py") or name.endswith(".ipynb"):
+            text = (src / name).read_text(encoding="utf-8")
+            text, markers = (stub_notebook(text, name, only) if name.endswith(".ipynb")
+                             else stub_source(text, name, only=only))
+            for m in markers:
+                counts[m] = counts.get(m, 0) + 1
+            target.write_text(text, encoding="utf-8")
+            if name.endswith(".py"):
+                ast.parse(text, filename=str(target))  # the release must still parse
+        else:
+            shutil.copy2(src / name, target)
+    return counts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write the student release (solutions replaced by stubs).")
+    parser.add_argument("--out", required=True, help="folder to write the release into (must be empty or absent)")
+    parser.add_argument("--src", default=str(Path(__file__).resolve().parent.parent), help="the solution repository")
+    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out folder")
+    args = parser.parse_args(argv)
+    src, out = Path(args.src).resolve(), Path(args.out).resolve()
+    if out == src or src in out.parents and not args.force:
+        parser.error(f"--out {out} is inside the solution repository; choose a folder outside it")
+    if out.exists() and any(out.iterdir()):
+        if not args.force:
+            parser.error(f"--out {out} is not empty; pass --force to overwrite it")
+        shutil.rmtree(out)
+    try:
+        counts = make_release(src, out)
+    except ReleaseError as exc:
+        print(f"release failed: {exc}", file=sys.stderr)
+        return 1
+    for marker in sorted(counts):
+        print(f"{marker}: {counts[marker]} block(s) stubbed")
+    print(f"student release written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The student-release generator and the grader (instructor tools; not shipped to students)."""
+import ast
+import json
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from project.grade import grade_key, gradescope
+from project.release import ReleaseError, make_release, stub_notebook, stub_source
+
+GOOD = textwrap.dedent('''
+    def average_gradients(model):
+        """Docstring kept."""
+        world_size = 2
+        # BEGIN ASSIGN5_1_2
+        for p in model.parameters():
+            p.grad /= world_size
+        # END ASSIGN5_1_2
+        return None
+''')
+
+
+def test_a_block_becomes_a_stub_that_names_key_function_notebook_and_command():
+    out, markers = stub_source(GOOD, "x.py")
+    assert markers == ["ASSIGN5_1_2"]
+    assert "BEGIN" not in out and "END ASSIGN" not in out and "p.grad /= world_size" not in out
+    assert '"""Docstring kept."""' in out and "world_size = 2" in out and "return None" in out
+    ast.parse(out)
+    namespace = {}
+    exec(out, namespace)
+    with pytest.raises(NotImplementedError) as info:
+        namespace["average_gradients"](None)
+    message = str(info.value)
+    for part in ("Assignment 5.1.2", "average_gradients", "notebooks/01_data_parallel.ipynb", "pytest -k a5_1_2"):
+        assert part in message
+
+
+def test_only_stubs_the_chosen_keys_and_drops_the_other_markers():
+    out, markers = stub_source(GOOD, "x.py", only={"ASSIGN5_1_1"})
+    assert markers == [] and "p.grad /= world_size" in out and "# BEGIN" not in out
+
+
+@pytest.mark.parametrize("source,message", [
+    ("def f():\n    # BEGIN ASSIGN5_1_2\n    pass\n", "x.py:2: BEGIN ASSIGN5_1_2 has no END"),
+    ("def f():\n    pass\n    # END ASSIGN5_1_2\n", "x.py:3: END ASSIGN5_1_2 without a BEGIN"),
+    ("def f():\n    # BEGIN ASSIGN5_1_2\n    # BEGIN ASSIGN5_1_2\n    pass\n    # END ASSIGN5_1_2\n    # END ASSIGN5_1_2\n",
+     "x.py:3: BEGIN ASSIGN5_1_2 inside the block opened at line 2"),
+    ("def f():\n    # BEGIN ASSIGN9_9_9\n    pass\n    # END ASSIGN9_9_9\n", "x.py:2: unknown assignment key ASSIGN9_9_9"),
+    ("def f():\n    # BEGIN ASSIGN5_1_2\n    pass\n    # END ASSIGN5_1_1\n", "x.py:4: END ASSIGN5_1_1 closes BEGIN ASSIGN5_1_2"),
+    ("# BEGIN ASSIGN5_1_2\nx = 1\n# END ASSIGN5_1_2\n", "x.py:1: block ASSIGN5_1_2 is not inside a function"),
+    ("def f():\n    # BEGIN  ASSIGN5_1_2 extra\n    pass\n", "x.py:2: malformed marker line"),
+])
+def test_marker_errors_name_file_and_line(source, message):
+    with pytest.raises(ReleaseError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        stub_source(source, "x.py")
+
+
+def test_notebook_cells_are_stubbed_and_outputs_cleared():
+    nb = {"cells": [{"cell_type": "code", "execution_count": 3, "metadata": {}, "outputs": [{"output_type": "stream"}],
+                     "source": ["x = 1\n", "# BEGIN ASSIGN5_2_1\n", "y = x + 1\n", "# END ASSIGN5_2_1\n"]},
+                    {"cell_type": "markdown", "metadata": {}, "source": "text"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    out, markers = stub_notebook(json.dumps(nb), "n.ipynb")
+    cell = json.loads(out)["cells"][0]
+    assert markers == ["ASSIGN5_2_1"] and cell["outputs"] == [] and cell["execution_count"] is None
+    assert "raise NotImplementedError" in cell["source"] and "y = x + 1" not in cell["source"]
+
+
+def test_release_of_this_repository_parses_has_no_markers_and_keeps_instructor_files_out(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    counts = make_release(root, tmp_path / "release")
+    assert {"ASSIGN5_1_1", "ASSIGN5_1_2", "ASSIGN5_1_3"} <= set(counts)
+    release = tmp_path / "release"
+    assert not (release / "project" / "release.py").exists() and not (release / "tests" / "test_release.py").exists()
+    for path in list(release.rglob("*.py")) + list(release.rglob("*.ipynb")):
+        text = path.read_text()
+        assert "# BEGIN ASSIGN" not in text and "# END ASSIGN" not in text, path
+        if path.suffix == ".py":
+            ast.parse(text)
+    # The stubbed packages still import.
+    code = "import data_parallel, data_parallel.train, project.launch"
+    subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
+
+
+HANGING_TEST = textwrap.dedent('''
+    import time, pytest
+    from project.launch import launch
+
+    def deadlock(rank, world_size):
+        import os, pathlib, torch, torch.distributed as dist
+        pathlib.Path(__file__).with_name(f"pid{rank}").write_text(str(os.getpid()))
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))   # rank 1 skips this collective
+        else:
+            time.sleep(600)
+
+    @pytest.mark.a5_1_1
+    def test_hangs():
+        launch(deadlock, 2, timeout=None, collective_timeout=600)
+
+    @pytest.mark.a5_1_2
+    def test_passes():
+        assert True
+''')
+
+
+def test_grading_scores_a_hanging_key_zero_kills_its_workers_and_goes_on(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_sub.py").write_text(HANGING_TEST)
+    start = time.monotonic()
+    hung = grade_key("a5_1_1", timeout=20, root=tmp_path)
+    assert time.monotonic() - start < 60
+    assert hung.points == 0 and "timed out after 20 s" in hung.output
+    ok = grade_key("a5_1_2", timeout=60, root=tmp_path)
+    assert (ok.passed, ok.total, ok.points) == (1, 1, ok.max_points)
+    pids = [int((tmp_path / "tests" / f"pid{r}").read_text()) for r in (0, 1)]
+    time.sleep(0.5)
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "grading left rank processes behind"
+    payload = gradescope([hung, ok])
+    assert payload["score"] == ok.max_points
+    assert [t["score"] for t in payload["tests"]] == [0, ok.max_points]
+    assert all({"name", "score", "max_score", "output"} <= set(t) for t in payload["tests"])
+    assert not multiprocessing.active_children()
