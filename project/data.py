@@ -57,18 +57,24 @@ def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
 def download_multi30k(target: Path, base_url: str = MULTI30K_URL, timeout: float = 30.0) -> Path:
     """Download the Multi30k files into ``target``.
 
+    Each file is written under a name of this process's own and renamed into place, so
+    ranks that download at the same time never see or leave a half-written file.
+
     Raises:
-        OSError: a file could not be fetched (nothing partial is left behind).
+        OSError: a file could not be fetched.
     """
     target.mkdir(parents=True, exist_ok=True)
     for name in multi30k_files():
         dest = target / name
         if dest.is_file():
             continue
-        tmp = dest.with_suffix(".part")
-        with urllib.request.urlopen(f"{base_url}/{name}", timeout=timeout) as response, open(tmp, "wb") as out:
-            shutil.copyfileobj(response, out)
-        os.replace(tmp, dest)
+        tmp = dest.with_name(f"{name}.{os.getpid()}.part")  # several ranks may download at once
+        try:
+            with urllib.request.urlopen(f"{base_url}/{name}", timeout=timeout) as response, open(tmp, "wb") as out:
+                shutil.copyfileobj(response, out)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
     return target
 
 

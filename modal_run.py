@@ -1,0 +1,105 @@
+"""Run the course scripts on cloud GPUs with Modal (modal.com).
+
+    modal run modal_run.py --world-size 2 --n-epochs 5                 # data parallel on 2 GPUs
+    modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --n-chunk 8
+    modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
+    modal run modal_run.py --grade                                     # the graded tests, on GPUs
+
+One container gets ``--world-size`` GPUs of type ``--gpu`` (default L4); the script runs
+there with NCCL, one process per GPU (``--launcher spawn``, the script's own launcher, or
+``--launcher torchrun``, ``torchrun --standalone``). Results land on the Modal volume
+``llmsys-parallel-course`` under ``runs/<run name>/``, come back to
+``workdir/modal/<run name>/`` and are summarised here. Multi30k is downloaded once from
+its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face dataset.
+``--extra "..."`` passes further options to the script (e.g. ``--learning_rate 3e-4``).
+
+Options are checked here before anything is sent (see ``project/modal_support.py``).
+The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
+local Python sources (and ``tests/``, ``pyproject.toml`` for ``--grade``).
+"""
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import modal
+
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
+
+from project.modal_support import (DEFAULT_GPU, GRADE_LOG_FILE, grade_table, make_request,  # noqa: E402
+                                   options_from_argv, remote_run, run_name, save_files, summarize)
+
+APP_NAME = "llmsys-parallel-course"
+VOLUME_NAME = "llmsys-parallel-course"
+VOLUME_PATH = "/vol"
+TIMEOUT = 4 * 60 * 60  # seconds one remote run may take
+PACKAGES = ("project", "data_parallel", "pipeline", "tensor_parallel")
+
+
+def image_requirements(path: Path = REPO / "requirements.txt") -> list[str]:
+    """The pinned requirements, without comments and the editable install of the course (``-e .``)."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith(("-e", "--editable", "."))]
+
+
+# requirements.txt exists on the laptop only; in the container the image is already built.
+image = (
+    modal.Image.debian_slim(python_version="3.11")
+    .pip_install(*(image_requirements() if modal.is_local() else []))
+    .env({"HF_HOME": f"{VOLUME_PATH}/hf", "TQDM_MININTERVAL": "30", "PYTHONUNBUFFERED": "1"})
+    .add_local_python_source(*PACKAGES)
+    .add_local_dir(REPO / "tests", "/root/tests", ignore=["**/__pycache__/**"])
+    .add_local_file(REPO / "pyproject.toml", "/root/pyproject.toml")
+)
+app = modal.App(APP_NAME, image=image)
+volume = modal.Volume.from_name(VOLUME_NAME, create_if_missing=True)
+
+
+@app.function(gpu=f"{DEFAULT_GPU}:2", timeout=TIMEOUT, volumes={VOLUME_PATH: volume}, cpu=4.0, memory=16384)
+def train(request: dict, name: str) -> dict:
+    """Run one checked request (see ``make_request``) on this container's GPUs; return its files."""
+    return remote_run(request, name, volume_root=VOLUME_PATH, timeout=TIMEOUT - 600, after_run=volume.commit)
+
+
+@app.local_entrypoint()
+def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
+         batch_size: Optional[int] = None, preset: Optional[str] = None, n_chunk: Optional[int] = None,
+         tp_size: Optional[int] = None, model_parallel_mode: Optional[str] = None,
+         max_batches: Optional[int] = None, dataset: Optional[str] = None, launcher: str = "spawn",
+         extra: str = "", grade: bool = False, results_dir: str = "workdir/modal"):
+    """Train with --mode data|pipeline|tensor on --world-size GPUs of type --gpu (or --grade)."""
+    try:
+        request = make_request(mode=mode, world_size=world_size, gpu=gpu, launcher=launcher, extra=extra,
+                               grade=grade, n_epochs=n_epochs, batch_size=batch_size, preset=preset,
+                               n_chunk=n_chunk, tp_size=tp_size, model_parallel_mode=model_parallel_mode,
+                               max_batches=max_batches, dataset=dataset)
+    except ValueError as exc:
+        raise SystemExit(f"modal_run.py: {exc}")
+    name = run_name(request)
+    print(f"{name}: {'graded tests' if grade else mode} on {request.gpu_spec} (launcher {request.launcher})")
+    remote = train.with_options(gpu=request.gpu_spec, cpu=float(max(4, 2 * request.world_size)),
+                                memory=max(16384, 6144 * request.world_size))
+    result = remote.remote(asdict(request), name)
+    folder = save_files(result["files"], Path(results_dir) / name)
+    print(f"\n$ {' '.join(result['command'])}\nexit code {result['returncode']} after {result['seconds']:.0f} s; "
+          f"files on the volume {VOLUME_NAME}: {result['workdir']} (modal volume get {VOLUME_NAME} "
+          f"runs/{name}), copied to {folder}")
+    if grade:
+        log = result["files"].get(GRADE_LOG_FILE)
+        print(grade_table(log) if log else "\n".join(result["log_tail"]))
+    else:
+        print(summarize(result["files"]))
+    if result["returncode"] != 0:
+        raise SystemExit("the remote run failed; its last lines:\n" + "\n".join(result["log_tail"]))
+
+
+if modal.is_local():  # under `modal run modal_run.py ...`: check the options before the app is created
+    _cli = options_from_argv(sys.argv, main.info.raw_f, __file__)
+    if _cli is not None:
+        _cli.pop("results_dir", None)
+        try:
+            make_request(**_cli)
+        except ValueError as _exc:
+            print(f"modal_run.py: {_exc}", file=sys.stderr)
+            raise SystemExit(2)

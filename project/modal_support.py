@@ -1,0 +1,354 @@
+"""The logic behind ``modal_run.py``: check a request, build the command, run it, summarise it.
+
+``modal_run.py`` only declares the Modal app; everything that can be tested without Modal
+credentials, network or GPUs lives here:
+
+* :func:`make_request` checks the options on the laptop, before anything is sent
+  (unknown mode, more GPUs than Modal attaches to one container, ``tp_size`` other than
+  the world size, ...) and raises ``ValueError`` with what to change;
+* :func:`build_command` turns a request into the command line of a run script (spawn
+  mode, or ``torchrun --standalone --nproc_per_node``), from the script's path and options;
+* :func:`remote_run` is the body of the remote function: data, command, log, results;
+* :func:`summarize` and :func:`grade_table` print what came back.
+
+This module imports nothing heavy (no torch): it runs inside ``modal run`` on the laptop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {"data": "project/run_data_parallel.py", "pipeline": "project/run_pipeline.py",
+           "tensor": "project/run_tensor_parallel.py"}
+# The option of each script that sets how many GPUs (processes, stages, shards) it uses.
+SIZE_OPTION = {"data": "--world_size", "pipeline": "--n_stages", "tensor": "--tp_size"}
+# Options that only one mode understands.
+MODE_ONLY_OPTIONS = {"n_chunk": "pipeline", "model_parallel_mode": "pipeline", "tp_size": "tensor"}
+# Options passed through to the script unchanged (``--name value``) when given.
+PASSTHROUGH = ("batch_size", "n_epochs", "preset", "dataset", "max_batches", "n_chunk", "model_parallel_mode")
+# Pipeline modes that run in one process (stage s on cuda:s): torchrun cannot start them.
+SINGLE_PROCESS_PIPELINE_MODES = ("model_parallel", "pipeline_parallel")
+LAUNCHERS = ("spawn", "torchrun")
+# GPUs Modal attaches to one container, per type (modal.com/docs/guide/gpu, "Specifying GPU
+# count"): A10 (alias A10G) up to 4, the others up to 8. Add a type here with its limit.
+MAX_GPUS_PER_CONTAINER = {"T4": 8, "L4": 8, "A10": 4, "A10G": 4, "L40S": 8, "A100": 8, "A100-40GB": 8,
+                          "A100-80GB": 8, "H100": 8, "H100!": 8, "H200": 8, "B200": 8, "B200+": 8}
+DEFAULT_GPU = "L4"
+# What --grade runs on the GPUs. Switch to ("{python}", "project/grade.py") once it exists
+# (issue 5); until then pytest over every graded marker, with this module as a plugin that
+# records each test's markers so that grade_table() can print one row per assignment key.
+GRADE_COMMAND = ("{python}", "-m", "pytest", "tests", "-m", "{markers}", "-p", "project.modal_support",
+                 "-q", "-rfE", "--no-header")
+GRADE_LOG_ENV = "COURSE_GRADE_LOG"
+GRADE_LOG_FILE = "grade_log.jsonl"
+
+
+@dataclass
+class RunRequest:
+    """A checked request: what to run on how many GPUs of which type."""
+
+    mode: str
+    world_size: int
+    gpu: str
+    launcher: str = "spawn"
+    options: dict = field(default_factory=dict)  # script option name (snake_case) -> value
+    extra: list = field(default_factory=list)  # further script arguments, appended last
+    grade: bool = False
+    grade_markers: str = ""
+
+    @property
+    def gpu_spec(self) -> str:
+        """Modal's ``gpu=`` string, e.g. ``"L4:2"``."""
+        return f"{self.gpu}:{self.world_size}"
+
+
+def graded_markers(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
+    """``"a5_1_1 or a5_1_2 or ..."``: every assignment marker declared in pyproject.toml."""
+    keys = re.findall(r'"(a5_\d+_\d+):', pyproject.read_text())
+    if not keys:
+        raise ValueError(f"no a5_x_y markers declared in {pyproject}")
+    return " or ".join(dict.fromkeys(keys))
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, not {value!r}")
+
+
+def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
+                 extra: str = "", grade: bool = False, **options) -> RunRequest:
+    """Check the options of ``modal run modal_run.py`` and return the :class:`RunRequest`.
+
+    ``options`` are the script options of :data:`PASSTHROUGH` plus ``tp_size`` (None: not given).
+
+    Raises:
+        ValueError: with what to change — unknown mode, GPU type or launcher; ``world_size``
+            above the per-container limit of the GPU type; an option of another mode;
+            ``tp_size`` other than ``world_size``; shapes that do not split (heads or
+            layers over the GPUs, batch over ranks or micro-batches).
+    """
+    from project.model import DEFAULT_GPU_PRESET, PRESETS  # light: no torch
+
+    if mode not in SCRIPTS:
+        raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(SCRIPTS)}")
+    gpu_type = str(gpu).upper()
+    if gpu_type not in MAX_GPUS_PER_CONTAINER:
+        raise ValueError(f"unknown --gpu {gpu!r}: choose one of {', '.join(MAX_GPUS_PER_CONTAINER)}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown --launcher {launcher!r}: choose spawn or torchrun")
+    _positive("world_size", world_size)
+    limit = MAX_GPUS_PER_CONTAINER[gpu_type]
+    if world_size > limit:
+        raise ValueError(f"--world-size {world_size} needs {world_size} GPUs in one container, but Modal attaches "
+                         f"at most {limit} {gpu_type} to a container; use --world-size <= {limit}, or a GPU type "
+                         "that allows 8 (e.g. --gpu L4, --gpu H100); beyond 8, use torchrun across nodes (README)")
+    unknown = set(options) - set(PASSTHROUGH) - {"tp_size"}
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)}")
+    for name in ("batch_size", "n_epochs", "max_batches", "n_chunk", "tp_size"):
+        _positive(name, options.get(name))
+    for name, owner in MODE_ONLY_OPTIONS.items():
+        if options.get(name) is not None and mode != owner:
+            raise ValueError(f"--{name.replace('_', '-')} is an option of --mode {owner}, not of --mode {mode}")
+
+    preset = options.get("preset") or "auto"
+    if preset != "auto" and preset not in PRESETS:
+        raise ValueError(f"unknown --preset {preset!r}: choose one of {', '.join(PRESETS)} (or leave it out: gpt2)")
+    shape = PRESETS[DEFAULT_GPU_PRESET if preset == "auto" else preset]
+    batch = options.get("batch_size")
+    if not grade and mode == "data" and batch is not None and batch % world_size:
+        raise ValueError(f"--batch-size {batch} is not divisible by --world-size {world_size} "
+                         f"(each GPU takes batch_size // world_size sequences)")
+    if not grade and mode == "tensor":
+        tp = options.pop("tp_size", None)
+        if tp is not None and tp != world_size:
+            raise ValueError(f"--tp-size {tp} differs from --world-size {world_size}: tensor parallelism splits the "
+                             f"model over every GPU of the run; drop --tp-size or use --world-size {tp}")
+        for name in ("n_head", "n_embd"):
+            if shape[name] % world_size:
+                raise ValueError(f"{name}={shape[name]} of the GPT-2 preset does not split over --world-size "
+                                 f"{world_size} GPUs; choose a world size that divides {shape[name]}")
+    options.pop("tp_size", None)
+    if not grade and mode == "pipeline":
+        if world_size > shape["n_layer"]:
+            raise ValueError(f"--world-size {world_size} pipeline stages is more than the {shape['n_layer']} "
+                             "transformer blocks of the preset; use fewer GPUs or a bigger --preset")
+        n_chunk = options.get("n_chunk")
+        if batch is not None and n_chunk is not None and batch % n_chunk:
+            raise ValueError(f"--batch-size {batch} is not divisible by --n-chunk {n_chunk} micro-batches")
+        pmode = options.get("model_parallel_mode")
+        if pmode is not None:
+            import importlib  # the script's own choices (imports torch: only in this case)
+
+            choices = getattr(importlib.import_module("project.run_pipeline"), "MODES", None)
+            if choices and pmode not in choices:
+                raise ValueError(f"unknown --model-parallel-mode {pmode!r}: choose one of {', '.join(choices)}")
+        if launcher == "torchrun" and (pmode is None or pmode in SINGLE_PROCESS_PIPELINE_MODES):
+            raise ValueError(f"--model-parallel-mode {pmode or 'pipeline_parallel (the default)'} runs in one "
+                             "process; --launcher torchrun needs a multi-process mode (1f1b or gpipe)")
+    return RunRequest(mode, world_size, gpu_type, launcher, {k: v for k, v in options.items() if v is not None},
+                      shlex.split(extra or ""), bool(grade), graded_markers() if grade else "")
+
+
+def build_command(request: RunRequest, workdir: str, *, python: str = sys.executable,
+                  repo_root: Path = REPO_ROOT, timeout: float | None = None) -> list[str]:
+    """The command line that runs ``request``'s script on its GPUs (``--device cuda``).
+
+    ``request.extra`` comes last, so it can override anything (e.g. ``--device cpu``).
+    """
+    script = str(Path(repo_root) / SCRIPTS[request.mode])
+    args = [SIZE_OPTION[request.mode], str(request.world_size)]
+    for name in PASSTHROUGH:
+        if name in request.options:
+            args += [f"--{name}", str(request.options[name])]
+    args += ["--device", "cuda", "--workdir", str(workdir)]
+    if timeout is not None:
+        args += ["--timeout", str(int(timeout))]
+    args += list(request.extra)
+    if request.launcher == "torchrun":
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.world_size}",
+                script, *args]
+    return [python, script, *args]
+
+
+def grade_command(markers: str, *, python: str = sys.executable) -> list[str]:
+    """:data:`GRADE_COMMAND` filled in (run it from the repository root)."""
+    return [part.format(python=python, markers=markers) for part in GRADE_COMMAND]
+
+
+def run_name(request: RunRequest) -> str:
+    """A name for the run's folder, e.g. ``data-2xL4-20250101-120000``."""
+    gpu = re.sub(r"[^A-Za-z0-9-]", "", request.gpu)
+    what = "grade" if request.grade else request.mode
+    return f"{what}-{request.world_size}x{gpu}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def ensure_multi30k(target: Path) -> Path:
+    """A folder with the Multi30k files: a local copy if one is found, else downloaded into ``target``."""
+    from project.data import DataNotFoundError, download_multi30k, resolve_data_dir
+
+    for where in (dict(data_dir=target), dict(download=False)):
+        try:
+            return resolve_data_dir(**where)
+        except DataNotFoundError:
+            pass
+    return download_multi30k(target)
+
+
+def _tee(command: list[str], cwd, env, log_path: Path) -> int:
+    """Run ``command``, streaming its output to stdout and to ``log_path``; return its exit code."""
+    with open(log_path, "w") as log, subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        return proc.wait()
+
+
+def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_ROOT, python: str = sys.executable,
+               timeout: float | None = None, after_run=None) -> dict:
+    """The body of the remote function: run ``request`` and collect its results from the volume.
+
+    Results go to ``<volume_root>/runs/<name>/``; Multi30k to ``<volume_root>/data/multi30k``
+    (downloaded from its raw URLs once, unless a local copy exists). ``after_run()`` (e.g.
+    ``volume.commit``) is called once the files are written.
+
+    Returns:
+        dict with ``command``, ``returncode``, ``seconds``, ``workdir``, ``log_tail`` and
+        ``files`` ({file name: text} of the results, translations and grade files).
+    """
+    req = RunRequest(**request)
+    workdir = Path(volume_root) / "runs" / name
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_MININTERVAL=os.environ.get("TQDM_MININTERVAL", "30"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
+    if req.options.get("dataset", "multi30k") == "multi30k":
+        env["LLMSYS_DATA_DIR"] = str(ensure_multi30k(Path(volume_root) / "data" / "multi30k"))
+    if req.grade:
+        command = grade_command(req.grade_markers, python=python)
+        env[GRADE_LOG_ENV] = str(workdir / GRADE_LOG_FILE)
+    else:
+        command = build_command(req, str(workdir), python=python, repo_root=repo_root, timeout=timeout)
+    print(f"$ {shlex.join(command)}", flush=True)
+    start = time.monotonic()
+    code = _tee(command, repo_root, env, workdir / "log.txt")
+    seconds = time.monotonic() - start
+    files = {p.name: p.read_text() for p in sorted(workdir.glob("*.json*"))
+             if "results" in p.name or "translations" in p.name or p.name.startswith("grade")}
+    if after_run is not None:
+        after_run()
+    tail = (workdir / "log.txt").read_text().splitlines()[-40:]
+    return dict(command=command, returncode=code, seconds=seconds, workdir=str(workdir), log_tail=tail, files=files)
+
+
+def save_files(files: dict, folder) -> Path:
+    """Write the files a remote run returned into ``folder`` (created)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / Path(name).name).write_text(text)
+    return folder
+
+
+def summarize(files: dict) -> str:
+    """One line per run kind and epoch (lowest rank): validation loss, BLEU, seconds, tokens/s."""
+    rows = {}
+    for name, text in files.items():
+        m = re.fullmatch(r"(.*)rank(\d+)_results_epoch(\d+)\.json", name)
+        if m:
+            key, rank = (m.group(1).rstrip("_") or "data_parallel", int(m.group(3))), int(m.group(2))
+            if key not in rows or rank < rows[key][0]:
+                rows[key] = (rank, json.loads(text))
+    if not rows:
+        return "no results files came back"
+    lines = [f"{'run':<28} {'epoch':>5} {'val loss':>9} {'BLEU':>6} {'s/epoch':>8} {'tokens/s':>10}"]
+    for (kind, epoch), (_, r) in sorted(rows.items()):
+        tokens = r.get("global_tokens_per_sec", r["tokens_per_sec"])
+        lines.append(f"{kind:<28} {epoch:>5} {r['validation_loss']:>9.3f} {r['bleu']:>6.2f} "
+                     f"{r['training_time']:>8.1f} {tokens:>10.0f}")
+    return "\n".join(lines)
+
+
+def grade_table(log_text: str) -> str:
+    """Per assignment key: tests passed / failed / skipped, from the lines the grade plugin wrote.
+
+    A test counts as failed if any phase (setup, call, teardown) failed.
+    """
+    severity = {"passed": 0, "skipped": 1, "failed": 2}
+    status, keys = {}, {}
+    for line in filter(None, log_text.splitlines()):
+        rec = json.loads(line)
+        keys[rec["nodeid"]] = rec["keys"]
+        status[rec["nodeid"]] = max(status.get(rec["nodeid"], "passed"), rec["outcome"], key=severity.get)
+    table = {}
+    for nodeid, ks in keys.items():
+        for k in ks:
+            table.setdefault(k, dict.fromkeys(severity, 0))[status[nodeid]] += 1
+    lines = [f"{'key':<8} {'passed':>6} {'failed':>6} {'skipped':>7}  grade"]
+    for k in sorted(table, key=lambda s: [int(x) for x in s.split("_")[1:]]):
+        t = table[k]
+        verdict = "PASS" if t["failed"] == 0 and t["passed"] > 0 else "FAIL"
+        lines.append(f"{k:<8} {t['passed']:>6} {t['failed']:>6} {t['skipped']:>7}  {verdict}")
+    return "\n".join(lines)
+
+
+def pytest_runtest_logreport(report) -> None:
+    """pytest hook (``-p project.modal_support``): append each test phase and its a5_x_y markers."""
+    path = os.environ.get(GRADE_LOG_ENV)
+    if not path or (report.when != "call" and report.outcome == "passed"):
+        return
+    keys = sorted(k for k in report.keywords if re.fullmatch(r"a5_\d+_\d+", k))
+    with open(path, "a") as f:
+        f.write(json.dumps(dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, keys=keys)) + "\n")
+
+
+def options_from_argv(argv: list[str], entrypoint, this_file) -> dict | None:
+    """The entrypoint options in ``argv`` when it is ``modal run <this_file> ...``, else None.
+
+    ``modal run`` creates the app (and builds its image) before the entrypoint's body runs,
+    so ``modal_run.py`` calls this when it is imported, to check the options first. Options
+    are read like Modal's CLI does (``world_size`` -> ``--world-size``, ``--grade/--no-grade``);
+    anything this cannot read (``--help``, a malformed value) is left to Modal's CLI.
+    """
+    import argparse
+    import inspect
+
+    if "run" not in argv:
+        return None
+    this = Path(this_file).resolve()
+    start = None
+    for i, arg in enumerate(argv):
+        ref = arg.split("::")[0]
+        if (ref.endswith(".py") and Path(ref).resolve() == this) or (argv[i - 1:i] == ["-m"] and ref == this.stem):
+            start = i + 1
+            break
+    if start is None or any(a in ("--help", "-h") for a in argv[start:]):
+        return None
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    takes_value = set()
+    for name, param in inspect.signature(entrypoint).parameters.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(param.default, bool):
+            parser.add_argument(flag, dest=name, action="store_true", default=param.default)
+            parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_false")
+        else:
+            kind = int if "int" in str(param.annotation) else str
+            parser.add_argument(flag, dest=name, type=kind, default=param.default)
+            takes_value.add(flag)
+    rest, joined = argv[start:], []
+    while rest:  # like click, `--extra --sequence_parallel` gives --extra the value "--sequence_parallel"
+        token = rest.pop(0)
+        joined.append(f"{token}={rest.pop(0)}" if token in takes_value and rest else token)
+    try:
+        known, _ = parser.parse_known_args(joined)
+    except (argparse.ArgumentError, SystemExit):
+        return None
+    return vars(known)
