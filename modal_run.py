@@ -15,7 +15,8 @@ its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face data
 
 Options are checked here before anything is sent (see ``project/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
-local Python sources (and ``tests/``, ``pyproject.toml`` for ``--grade``).
+local Python sources (among them ``project/grade.py`` and ``project/grading.py``, which
+``--grade`` runs), and ``tests/`` and ``pyproject.toml`` (the graded tests and their markers).
 """
 import sys
 from dataclasses import asdict
@@ -27,8 +28,8 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (DEFAULT_GPU, GRADE_LOG_FILE, grade_table, make_request,  # noqa: E402
-                                   options_from_argv, remote_run, run_name, save_files, summarize)
+from project.modal_support import (DEFAULT_GPU, GRADE_JSON, make_request, options_from_argv,  # noqa: E402
+                                   print_grade, remote_run, run_name, save_files, summarize)
 
 APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
@@ -85,9 +86,10 @@ def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epoc
     print(f"\n$ {' '.join(result['command'])}\nexit code {result['returncode']} after {result['seconds']:.0f} s; "
           f"files on the volume {VOLUME_NAME}: {result['workdir']} (modal volume get {VOLUME_NAME} "
           f"runs/{name}), copied to {folder}")
-    if grade:
-        log = result["files"].get(GRADE_LOG_FILE)
-        print(grade_table(log) if log else "\n".join(result["log_tail"]))
+    if grade and GRADE_JSON in result["files"]:
+        print_grade(result["files"][GRADE_JSON])
+    elif grade:
+        print("\n".join(result["log_tail"]))
     else:
         print(summarize(result["files"]))
     if result["returncode"] != 0:

@@ -7,9 +7,10 @@ credentials, network or GPUs lives here:
   (unknown mode, more GPUs than Modal attaches to one container, ``tp_size`` other than
   the world size, ...) and raises ``ValueError`` with what to change;
 * :func:`build_command` turns a request into the command line of a run script (spawn
-  mode, or ``torchrun --standalone --nproc_per_node``), from the script's path and options;
+  mode, or ``torchrun --standalone --nproc_per_node``), from the script's path and options,
+  or of the course grader ``project/grade.py`` for ``--grade``;
 * :func:`remote_run` is the body of the remote function: data, command, log, results;
-* :func:`summarize` and :func:`grade_table` print what came back.
+* :func:`summarize` and :func:`print_grade` print what came back.
 
 This module imports nothing heavy (no torch): it runs inside ``modal run`` on the laptop.
 """
@@ -42,13 +43,11 @@ LAUNCHERS = ("spawn", "torchrun")
 MAX_GPUS_PER_CONTAINER = {"T4": 8, "L4": 8, "A10": 4, "A10G": 4, "L40S": 8, "A100": 8, "A100-40GB": 8,
                           "A100-80GB": 8, "H100": 8, "H100!": 8, "H200": 8, "B200": 8, "B200+": 8}
 DEFAULT_GPU = "L4"
-# What --grade runs on the GPUs. Switch to ("{python}", "project/grade.py") once it exists
-# (issue 5); until then pytest over every graded marker, with this module as a plugin that
-# records each test's markers so that grade_table() can print one row per assignment key.
-GRADE_COMMAND = ("{python}", "-m", "pytest", "tests", "-m", "{markers}", "-p", "project.modal_support",
-                 "-q", "-rfE", "--no-header")
-GRADE_LOG_ENV = "COURSE_GRADE_LOG"
-GRADE_LOG_FILE = "grade_log.jsonl"
+# What --grade runs on the GPUs (from the repository root): the course grader, which also
+# writes the Gradescope results.json into the run's folder as GRADE_JSON.
+GRADE_SCRIPT = "project/grade.py"
+GRADE_JSON = "grade_results.json"
+LOG_FILE = "log.txt"
 
 
 @dataclass
@@ -62,20 +61,11 @@ class RunRequest:
     options: dict = field(default_factory=dict)  # script option name (snake_case) -> value
     extra: list = field(default_factory=list)  # further script arguments, appended last
     grade: bool = False
-    grade_markers: str = ""
 
     @property
     def gpu_spec(self) -> str:
         """Modal's ``gpu=`` string, e.g. ``"L4:2"``."""
         return f"{self.gpu}:{self.world_size}"
-
-
-def graded_markers(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
-    """``"a5_1_1 or a5_1_2 or ..."``: every assignment marker declared in pyproject.toml."""
-    keys = re.findall(r'"(a5_\d+_\d+):', pyproject.read_text())
-    if not keys:
-        raise ValueError(f"no a5_x_y markers declared in {pyproject}")
-    return " or ".join(dict.fromkeys(keys))
 
 
 def _positive(name: str, value) -> None:
@@ -155,15 +145,19 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
             raise ValueError(f"--model-parallel-mode {pmode or 'pipeline_parallel (the default)'} runs in one "
                              "process; --launcher torchrun needs a multi-process mode (1f1b or gpipe)")
     return RunRequest(mode, world_size, gpu_type, launcher, {k: v for k, v in options.items() if v is not None},
-                      shlex.split(extra or ""), bool(grade), graded_markers() if grade else "")
+                      shlex.split(extra or ""), bool(grade))
 
 
 def build_command(request: RunRequest, workdir: str, *, python: str = sys.executable,
                   repo_root: Path = REPO_ROOT, timeout: float | None = None) -> list[str]:
     """The command line that runs ``request``'s script on its GPUs (``--device cuda``).
 
-    ``request.extra`` comes last, so it can override anything (e.g. ``--device cpu``).
+    ``request.extra`` comes last, so it can override anything (e.g. ``--device cpu``). For
+    ``--grade``: ``python project/grade.py --json <workdir>/grade_results.json`` (run it
+    from the repository root; the grader picks the device itself).
     """
+    if request.grade:
+        return [python, GRADE_SCRIPT, "--json", str(Path(workdir) / GRADE_JSON)]
     script = str(Path(repo_root) / SCRIPTS[request.mode])
     args = [SIZE_OPTION[request.mode], str(request.world_size)]
     for name in PASSTHROUGH:
@@ -177,11 +171,6 @@ def build_command(request: RunRequest, workdir: str, *, python: str = sys.execut
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.world_size}",
                 script, *args]
     return [python, script, *args]
-
-
-def grade_command(markers: str, *, python: str = sys.executable) -> list[str]:
-    """:data:`GRADE_COMMAND` filled in (run it from the repository root)."""
-    return [part.format(python=python, markers=markers) for part in GRADE_COMMAND]
 
 
 def run_name(request: RunRequest) -> str:
@@ -223,7 +212,7 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
 
     Returns:
         dict with ``command``, ``returncode``, ``seconds``, ``workdir``, ``log_tail`` and
-        ``files`` ({file name: text} of the results, translations and grade files).
+        ``files`` ({file name: text} of the results, translations, grade results and the log).
     """
     req = RunRequest(**request)
     workdir = Path(volume_root) / "runs" / name
@@ -232,20 +221,17 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
     if req.options.get("dataset", "multi30k") == "multi30k":
         env["LLMSYS_DATA_DIR"] = str(ensure_multi30k(Path(volume_root) / "data" / "multi30k"))
-    if req.grade:
-        command = grade_command(req.grade_markers, python=python)
-        env[GRADE_LOG_ENV] = str(workdir / GRADE_LOG_FILE)
-    else:
-        command = build_command(req, str(workdir), python=python, repo_root=repo_root, timeout=timeout)
+    command = build_command(req, str(workdir), python=python, repo_root=repo_root, timeout=timeout)
     print(f"$ {shlex.join(command)}", flush=True)
     start = time.monotonic()
-    code = _tee(command, repo_root, env, workdir / "log.txt")
+    code = _tee(command, repo_root, env, workdir / LOG_FILE)
     seconds = time.monotonic() - start
     files = {p.name: p.read_text() for p in sorted(workdir.glob("*.json*"))
-             if "results" in p.name or "translations" in p.name or p.name.startswith("grade")}
+             if "results" in p.name or "translations" in p.name}
+    files[LOG_FILE] = (workdir / LOG_FILE).read_text()
     if after_run is not None:
         after_run()
-    tail = (workdir / "log.txt").read_text().splitlines()[-40:]
+    tail = files[LOG_FILE].splitlines()[-40:]
     return dict(command=command, returncode=code, seconds=seconds, workdir=str(workdir), log_tail=tail, files=files)
 
 
@@ -277,37 +263,21 @@ def summarize(files: dict) -> str:
     return "\n".join(lines)
 
 
-def grade_table(log_text: str) -> str:
-    """Per assignment key: tests passed / failed / skipped, from the lines the grade plugin wrote.
+def print_grade(payload: str) -> None:
+    """Print ``project/grade.py``'s table (its ``print_table``) from the Gradescope JSON it wrote.
 
-    A test counts as failed if any phase (setup, call, teardown) failed.
+    The rows are rebuilt as ``project.grade.KeyResult`` from each test's name (``key: topic``),
+    scores and output (``passed/total tests passed in S s`` then the details).
     """
-    severity = {"passed": 0, "skipped": 1, "failed": 2}
-    status, keys = {}, {}
-    for line in filter(None, log_text.splitlines()):
-        rec = json.loads(line)
-        keys[rec["nodeid"]] = rec["keys"]
-        status[rec["nodeid"]] = max(status.get(rec["nodeid"], "passed"), rec["outcome"], key=severity.get)
-    table = {}
-    for nodeid, ks in keys.items():
-        for k in ks:
-            table.setdefault(k, dict.fromkeys(severity, 0))[status[nodeid]] += 1
-    lines = [f"{'key':<8} {'passed':>6} {'failed':>6} {'skipped':>7}  grade"]
-    for k in sorted(table, key=lambda s: [int(x) for x in s.split("_")[1:]]):
-        t = table[k]
-        verdict = "PASS" if t["failed"] == 0 and t["passed"] > 0 else "FAIL"
-        lines.append(f"{k:<8} {t['passed']:>6} {t['failed']:>6} {t['skipped']:>7}  {verdict}")
-    return "\n".join(lines)
+    from project.grade import KeyResult, print_table
 
-
-def pytest_runtest_logreport(report) -> None:
-    """pytest hook (``-p project.modal_support``): append each test phase and its a5_x_y markers."""
-    path = os.environ.get(GRADE_LOG_ENV)
-    if not path or (report.when != "call" and report.outcome == "passed"):
-        return
-    keys = sorted(k for k in report.keywords if re.fullmatch(r"a5_\d+_\d+", k))
-    with open(path, "a") as f:
-        f.write(json.dumps(dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome, keys=keys)) + "\n")
+    rows = []
+    for test in json.loads(payload)["tests"]:
+        key, _, topic = test["name"].partition(": ")
+        m = re.match(r"(\d+)/(\d+) tests passed in (\d+) s\n?", test["output"])
+        rows.append(KeyResult(key, topic, int(m[1]), int(m[2]), test["score"], test["max_score"], float(m[3]),
+                              test["output"][m.end():]))
+    print_table(rows)
 
 
 def options_from_argv(argv: list[str], entrypoint, this_file) -> dict | None:
