@@ -51,12 +51,19 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def _progress(iterable, total, desc, show):
+def _progress(loader, total, desc, show):
+    """``iter(loader)``, wrapped in a tqdm bar when ``show``.
+
+    The loader is iterated exactly once here: handing tqdm the DataLoader itself draws from
+    a shuffling loader's generator an extra time, so the rank with the bar would see a
+    different batch order than the others.
+    """
+    batches = iter(loader)
     if not show:
-        return iterable
+        return batches
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True, leave=True)
+    return tqdm(batches, total=total, desc=desc, dynamic_ncols=True, leave=True)
 
 
 def train_epoch(model, loader, optimizer, device, *, loss_fn: Callable | None = None,
