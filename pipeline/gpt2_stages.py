@@ -1,0 +1,70 @@
+"""GPT-2 cut into per-process stages for the multi-process pipeline (:mod:`pipeline.multiprocess`).
+
+Every rank builds the same full GPT-2 (same seed) and keeps the layers of its stage
+(:func:`gpt2_stage`), balanced as in :func:`pipeline.gpt2.gpt2_balance`: the embeddings go
+with the first blocks on rank 0, the final norm and LM head with the last blocks on
+rank p - 1.
+
+The LM head's weight is tied to the token embedding, which lives on rank 0. As in
+Megatron-LM, the last rank keeps its own copy of it, and the two copies' gradients are
+summed between the first and the last rank before every optimizer step
+(:class:`TiedGradients`), so both copies stay equal and the update is the one of the
+tied model (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 4.1 note on shared embeddings).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
+
+
+def gpt2_stage(model, rank: int, n_stages: int) -> tuple[nn.Sequential, nn.Parameter | None]:
+    """The layers of ``model`` (a ``GPT2LMHeadModel``) that rank ``rank`` of ``n_stages`` runs.
+
+    Returns:
+        ``(stage, tied)``: the stage maps input_ids (batch, seq) [rank 0] or the hidden
+        state (batch, seq, n_embd) to the hidden state or, on the last rank, to logits
+        (batch, seq, vocab). ``tied`` is this rank's copy of the tied embedding/head
+        weight (first and last rank of a pipeline with several stages), else None.
+
+    Raises:
+        ValueError: more stages than transformer blocks.
+    """
+    layers = list(gpt2_layers(model))
+    balance = gpt2_balance(model.config.n_layer, n_stages)
+    start = sum(balance[:rank])
+    stage = nn.Sequential(*layers[start:start + balance[rank]])
+    tied = None
+    head = layers[-1]
+    if n_stages > 1 and isinstance(head, GPT2Head) and head.weight is None:  # the head shares wte's weight
+        if rank == 0:
+            tied = layers[0].wte.weight
+        elif rank == n_stages - 1:
+            tied = head.untie()
+    return stage, tied
+
+
+class TiedGradients:
+    """Sums the tied embedding/head gradient between the first and the last rank.
+
+    Collective at construction (every rank must create it: it makes a process group of
+    ranks 0 and p - 1). Call it after the backward of every step on every rank.
+    """
+
+    def __init__(self, n_stages: int):
+        self.group = dist.new_group([0, n_stages - 1]) if n_stages > 1 else None
+
+    def __call__(self, tied: nn.Parameter | None) -> None:
+        if self.group is not None and tied is not None:
+            if tied.grad is None:
+                tied.grad = torch.zeros_like(tied)
+            dist.all_reduce(tied.grad, group=self.group)
+
+
+def named_stage_parameters(model, stage: nn.Module) -> dict[str, torch.Tensor]:
+    """``{name in model: tensor}`` for the parameters of ``stage`` that belong to ``model``
+    (the last rank's untied head copy is left out: rank 0 has the original)."""
+    ids = {id(p) for p in stage.parameters()}
+    return {name: p.detach() for name, p in model.named_parameters() if id(p) in ids}

@@ -1,0 +1,57 @@
+"""Ungraded: bubble fraction, in-flight counts and timelines of the pipeline schedules.
+
+The idealised timelines (:func:`pipeline.metrics.simulate`) of GPipe and 1F1B have exactly
+the bubble (p - 1) / (m + p - 1); a real 3-process 1F1B run with stages of equal cost
+(each forward and backward sleeps 50 ms, so the cost does not depend on how many cores the
+machine has) measures it within ``TOLERANCE`` — what is left is the send/recv latency between
+processes, which the formula leaves out.
+"""
+import pytest
+
+from pipeline.metrics import bubble_fraction, measured_bubble_fraction, peak_in_flight, simulate
+from pipeline.schedules_1f1b import all_actions
+
+TOLERANCE = 0.05  # absolute, on a fraction in [0, 1]
+
+
+@pytest.mark.needs_solution
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (2, 4), (3, 3), (4, 8), (4, 2)])
+@pytest.mark.parametrize("t_backward", [1.0, 2.0])
+def test_idealised_bubble_matches_formula(schedule, p, m, t_backward):
+    events = simulate(all_actions(schedule, p, m), 1.0, t_backward)
+    assert measured_bubble_fraction(events) == pytest.approx(bubble_fraction(p, m), abs=1e-12)
+    assert sum(len(e) for e in events) == 2 * p * m
+
+
+@pytest.mark.needs_solution
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 2), (3, 1)])
+def test_peak_in_flight_gpipe_m_and_1f1b_p_minus_rank(p, m):
+    assert [peak_in_flight(a) for a in all_actions("gpipe", p, m)] == [m] * p
+    assert [peak_in_flight(a) for a in all_actions("1f1b", p, m)] == [min(p - r, m) for r in range(p)]
+
+
+def test_simulate_reports_a_deadlock():
+    broken = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]  # rank 1 wants B0 before it has F0
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate(broken)
+
+
+def test_bubble_fraction_rejects_bad_input():
+    with pytest.raises(ValueError):
+        bubble_fraction(0, 4)
+    with pytest.raises(ValueError):
+        all_actions("zigzag", 2, 2)
+
+
+@pytest.mark.needs_solution
+@pytest.mark.timeout(200)
+def test_real_1f1b_run_with_equal_stages_has_the_formula_bubble():
+    from pipeline.bubble_experiment import measure_bubble
+
+    p, ms = 3, [1, 6]
+    report = measure_bubble(p, ms, "1f1b", t_forward=0.05, t_backward=0.05, repeats=2)
+    for m in ms:
+        measured, formula = report["bubble"][m], bubble_fraction(p, m)
+        assert abs(measured - formula) <= TOLERANCE, f"m={m}: measured {measured:.3f}, formula {formula:.3f}"
+        assert report["peak_in_flight"][m] == [min(p - r, m) for r in range(p)]
