@@ -6,7 +6,6 @@ bytes of the tensors autograd saves for the backward pass while micro-batches ar
 """
 from __future__ import annotations
 
-import torch
 
 SCHEDULE_NAMES = ("gpipe", "1f1b")
 

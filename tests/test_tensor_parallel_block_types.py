@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from tests.test_tensor_parallel_gpt2 import N_LAYER, case
+from tests.test_tensor_parallel_gpt2 import N_LAYER, gpt2_case
 
 WORLD = 2
 
@@ -42,7 +42,7 @@ def test_block_runs():
 
 
 def _block_counts(name, rank, phase):
-    got = case(WORLD, name, rank)["comm"].get(f"blocks/{phase}", {})
+    got = gpt2_case(WORLD, name, rank)["comm"].get(f"blocks/{phase}", {})
     return {kind: int(v["count"]) for kind, v in got.items()}
 
 
@@ -62,9 +62,9 @@ def test_block_type_collectives(name, expected):
 
 @pytest.mark.needs_solution
 def test_spd_and_parallel_are_approximations_of_tp():
-    tp = case(WORLD, "tp")
+    tp = gpt2_case(WORLD, "tp")
     for name in ("spd", "parallel", "mixed"):
-        r = case(WORLD, name)
+        r = gpt2_case(WORLD, name)
         diff = float((r["logits"] - tp["logits"]).abs().max())
         assert math.isfinite(r["loss"]) and diff > 1e-4, f"{name}: max |logits - tp logits| = {diff:.2e}"
 
@@ -73,16 +73,16 @@ def test_spd_and_parallel_are_approximations_of_tp():
 def test_one_parallel_block_equals_spd_and_sequence_parallel_versions_agree():
     for rank in range(WORLD):
         for a, b in (("parallel_first", "spd_first"), ("spd_sp", "spd"), ("parallel_sp", "parallel")):
-            diff = float((case(WORLD, a, rank)["logits"] - case(WORLD, b, rank)["logits"]).abs().max())
+            diff = float((gpt2_case(WORLD, a, rank)["logits"] - gpt2_case(WORLD, b, rank)["logits"]).abs().max())
             assert diff <= 1e-5, f"rank {rank}: {a} vs {b} logits differ by {diff:.2e}"
-            ga, gb = case(WORLD, a, rank)["replicated_grads"], case(WORLD, b, rank)["replicated_grads"]
+            ga, gb = gpt2_case(WORLD, a, rank)["replicated_grads"], gpt2_case(WORLD, b, rank)["replicated_grads"]
             assert torch.allclose(ga, gb, atol=1e-5), f"rank {rank}: {a} vs {b} replicated gradients differ"
 
 
 @pytest.mark.needs_solution
 @pytest.mark.parametrize("name", ["tp", "sp", "spd", "parallel", "mixed", "spd_sp", "parallel_sp"])
 def test_replicated_gradients_agree_across_ranks(name):
-    grads = [case(WORLD, name, rank)["replicated_grads"] for rank in range(WORLD)]
+    grads = [gpt2_case(WORLD, name, rank)["replicated_grads"] for rank in range(WORLD)]
     assert torch.allclose(grads[0], grads[1], atol=1e-6), f"{name}: replicated parameters' gradients differ by rank"
 
 

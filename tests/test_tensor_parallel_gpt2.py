@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.tp_support import case
 
 VOCAB, N_LAYER, N_EMBD, N_HEAD, N_POSITIONS = 97, 4, 64, 4, 32  # 97: the vocabulary needs padding to split
 BATCH, SEQ = 2, 12
@@ -136,16 +137,14 @@ def gpt2_results(tp_size: int) -> dict:
     return launch(gpt2_worker, tp_size, timeout=240)
 
 
-def case(tp_size, name, rank=0):
-    r = gpt2_results(tp_size)[rank][name]
-    if "error" in r:
-        pytest.fail(f"case {name!r} raised on rank {rank} (tp_size {tp_size}):\n{r['error']}")
-    return r
+def gpt2_case(tp_size, name, rank=0):
+    """Case ``name`` of rank ``rank`` in the tp_size launch (the test fails with its traceback if it raised)."""
+    return case(gpt2_results(tp_size), name, rank)
 
 
 def assert_matches_transformers(tp_size, name):
     for rank in range(tp_size):
-        r = case(tp_size, name, rank)
+        r = gpt2_case(tp_size, name, rank)
         assert not r["unmatched_params"], f"parameters without a counterpart: {r['unmatched_params']}"
         assert r["logits_diff"] <= TOL, f"rank {rank}: logits differ from transformers by {r['logits_diff']:.2e}"
         assert r["loss_diff"] <= TOL, f"rank {rank}: loss differs from transformers by {r['loss_diff']:.2e}"
@@ -181,7 +180,7 @@ def test_tp_gpt2_equals_transformers(tp_size):
 def test_tp_gpt2_two_all_reduces_per_layer_each_way():
     n_bytes = BATCH * SEQ * N_EMBD * 4
     for rank in range(2):
-        comm = case(2, "tp", rank)["comm"]
+        comm = gpt2_case(2, "tp", rank)["comm"]
         for phase in ("forward", "backward"):
             got = comm.get(f"blocks/{phase}", {})
             assert set(got) == {"all_reduce"} and got["all_reduce"]["count"] == 2 * N_LAYER, (

@@ -13,12 +13,11 @@ The loss on every rank is ``sum(output * G)`` for the same fixed G. Also checked
 column layer followed by a row layer equals the dense two-layer MLP. Tolerance: float32,
 atol 1e-5.
 """
-import functools
-import traceback
 
 import pytest
 import torch
 from torch import nn
+from tests.tp_support import assert_close, case, launch_once, attempt
 
 pytestmark = pytest.mark.a5_3_2
 
@@ -64,22 +63,16 @@ def layers_worker(rank, world_size):
     grad, chunk = data(OUT, 3), OUT // world_size
     out = {}
 
-    def attempt(name, fn):
-        try:
-            out[name] = fn()
-        except Exception:  # noqa: BLE001
-            out[name] = {"error": traceback.format_exc()}
-
-    attempt("column", lambda: _parallel(
+    attempt(out, "column", lambda: _parallel(
         ColumnParallelLinear(IN, OUT, master_weight=lin.weight, master_bias=lin.bias),
         x, grad[..., rank * chunk:(rank + 1) * chunk]))
-    attempt("column_gather", lambda: _parallel(
+    attempt(out, "column_gather", lambda: _parallel(
         ColumnParallelLinear(IN, OUT, gather_output=True, master_weight=lin.weight, master_bias=lin.bias), x, grad))
     in_chunk = IN // world_size
-    attempt("row_parallel_input", lambda: _parallel(
+    attempt(out, "row_parallel_input", lambda: _parallel(
         RowParallelLinear(IN, OUT, input_is_parallel=True, master_weight=lin.weight, master_bias=lin.bias),
         x_row[..., rank * in_chunk:(rank + 1) * in_chunk], grad))
-    attempt("row_full_input", lambda: _parallel(
+    attempt(out, "row_full_input", lambda: _parallel(
         RowParallelLinear(IN, OUT, input_is_parallel=False, master_weight=lin.weight, master_bias=lin.bias),
         x_row, grad))
 
@@ -92,26 +85,19 @@ def layers_worker(rank, world_size):
         y.backward(data(IN, 6))
         return {"y": y.detach(), "x": xin.grad}
 
-    attempt("mlp", mlp)
+    attempt(out, "mlp", mlp)
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def results():
-    from project.launch import launch
-
-    return launch(layers_worker, WORLD, timeout=120)
+results = launch_once(layers_worker, WORLD)
 
 
-def get(case, rank):
-    r = results()[rank][case]
-    if "error" in r:
-        pytest.fail(f"{case} raised on rank {rank}:\n{r['error']}")
-    return r
+def get(name, rank):
+    return case(results(), name, rank)
 
 
 def close(actual, expected, what):
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: {m}")
+    assert_close(actual, expected, what, atol=1e-5, rtol=1e-5)
 
 
 def test_column_parallel_equals_linear():

@@ -13,11 +13,10 @@ The collectives must go through ``tensor_parallel.comm`` so the counter sees the
 forward and g's backward communicate nothing, f's backward is one all-reduce, etc.
 Tolerance: float32, atol 1e-6.
 """
-import functools
-import traceback
 
 import pytest
 import torch
+from tests.tp_support import assert_close, case, launch_once, run_operator
 
 WORLD = 2
 SHAPE = (2, 3, 4)  # last dim divisible by WORLD
@@ -39,20 +38,6 @@ def upstream(rank, shape=SHAPE):
     return _tensor(200 + rank, shape)
 
 
-def _run(fn, x, grad_out):
-    from tensor_parallel.comm import CommCounter
-
-    try:
-        x = x.clone().requires_grad_(True)
-        with CommCounter() as counter:
-            y = fn(x)
-            forward = counter.counts()
-            counter.reset()
-            y.backward(grad_out)
-            backward = counter.counts()
-        return {"y": y.detach(), "grad": x.grad, "forward": forward, "backward": backward}
-    except Exception:  # noqa: BLE001 - reported by the test that reads it
-        return {"error": traceback.format_exc()}
 
 
 def mappings_worker(rank, world_size):
@@ -61,31 +46,24 @@ def mappings_worker(rank, world_size):
     chunk = SHAPE[-1] // world_size
     small = SHAPE[:-1] + (chunk,)
     return {
-        "f": _run(M.copy_to_tensor_parallel_region, per_rank_input(rank), upstream(rank)),
-        "g": _run(M.reduce_from_tensor_parallel_region, per_rank_input(rank), upstream(rank)),
-        "scatter": _run(M.scatter_to_tensor_parallel_region, shared_input(), upstream(rank, small)),
-        "gather": _run(M.gather_from_tensor_parallel_region, per_rank_input(rank)[..., :chunk], upstream(rank)),
-        "roundtrip": _run(lambda x: M.gather_from_tensor_parallel_region(M.scatter_to_tensor_parallel_region(x)),
+        "f": run_operator(M.copy_to_tensor_parallel_region, per_rank_input(rank), upstream(rank)),
+        "g": run_operator(M.reduce_from_tensor_parallel_region, per_rank_input(rank), upstream(rank)),
+        "scatter": run_operator(M.scatter_to_tensor_parallel_region, shared_input(), upstream(rank, small)),
+        "gather": run_operator(M.gather_from_tensor_parallel_region, per_rank_input(rank)[..., :chunk], upstream(rank)),
+        "roundtrip": run_operator(lambda x: M.gather_from_tensor_parallel_region(M.scatter_to_tensor_parallel_region(x)),
                           shared_input(), upstream(rank)),
     }
 
 
-@functools.lru_cache(maxsize=None)
-def results():
-    from project.launch import launch
-
-    return launch(mappings_worker, WORLD, timeout=120)
+results = launch_once(mappings_worker, WORLD)
 
 
 def get(op, rank):
-    r = results()[rank][op]
-    if "error" in r:
-        pytest.fail(f"{op} raised on rank {rank}:\n{r['error']}")
-    return r
+    return case(results(), op, rank)
 
 
 def close(actual, expected, what):
-    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0, msg=lambda m: f"{what}: {m}")
+    assert_close(actual, expected, what, atol=1e-6, rtol=0)
 
 
 def counted(r, forward, backward, op):

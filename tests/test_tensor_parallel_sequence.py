@@ -11,13 +11,12 @@
 * Its collectives per layer: 2 all-gathers and 2 reduce-scatters forward and backward,
   no all-reduce, and the same ring traffic as plain TP's 2 all-reduces.
 """
-import functools
-import traceback
 
 import pytest
 import torch
 
-from tests.test_tensor_parallel_gpt2 import N_LAYER, assert_matches_transformers, case
+from tests.test_tensor_parallel_gpt2 import N_LAYER, assert_matches_transformers, gpt2_case
+from tests.tp_support import assert_close, case, launch_once, run_operator
 
 pytestmark = pytest.mark.a5_3_5
 
@@ -33,49 +32,28 @@ def _chunk(x, rank, world=WORLD):
     return x.chunk(world, dim=1)[rank]
 
 
-def _run(fn, x, grad_out):
-    from tensor_parallel.comm import CommCounter
-
-    try:
-        x = x.clone().requires_grad_(True)
-        with CommCounter() as counter:
-            y = fn(x)
-            forward = counter.counts()
-            counter.reset()
-            y.backward(grad_out)
-            backward = counter.counts()
-        return {"y": y.detach(), "grad": x.grad, "forward": forward, "backward": backward}
-    except Exception:  # noqa: BLE001
-        return {"error": traceback.format_exc()}
 
 
 def sequence_worker(rank, world_size):
     from tensor_parallel import mappings as M
 
     return {
-        "scatter": _run(M.scatter_to_sequence_parallel_region, _tensor(7), _chunk(_tensor(200 + rank), rank)),
-        "gather": _run(M.gather_from_sequence_parallel_region, _chunk(_tensor(100 + rank), rank), _tensor(200 + rank)),
-        "reduce_scatter": _run(M.reduce_scatter_to_sequence_parallel_region, _tensor(100 + rank),
+        "scatter": run_operator(M.scatter_to_sequence_parallel_region, _tensor(7), _chunk(_tensor(200 + rank), rank)),
+        "gather": run_operator(M.gather_from_sequence_parallel_region, _chunk(_tensor(100 + rank), rank), _tensor(200 + rank)),
+        "reduce_scatter": run_operator(M.reduce_scatter_to_sequence_parallel_region, _tensor(100 + rank),
                                _chunk(_tensor(200 + rank), rank)),
     }
 
 
-@functools.lru_cache(maxsize=None)
-def results():
-    from project.launch import launch
-
-    return launch(sequence_worker, WORLD, timeout=120)
+results = launch_once(sequence_worker, WORLD)
 
 
 def get(op, rank):
-    r = results()[rank][op]
-    if "error" in r:
-        pytest.fail(f"{op} raised on rank {rank}:\n{r['error']}")
-    return r
+    return case(results(), op, rank)
 
 
 def close(actual, expected, what):
-    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0, msg=lambda m: f"{what}: {m}")
+    assert_close(actual, expected, what, atol=1e-6, rtol=0)
 
 
 def test_scatter_to_sequence_parallel_region():
@@ -111,7 +89,7 @@ def test_reduce_scatter_to_sequence_parallel_region():
 def test_sequence_parallel_gpt2_equals_transformers_and_plain_tp(tp_size):
     assert_matches_transformers(tp_size, "sp")
     for rank in range(tp_size):
-        sp, tp = case(tp_size, "sp", rank), case(tp_size, "tp", rank)
+        sp, tp = gpt2_case(tp_size, "sp", rank), gpt2_case(tp_size, "tp", rank)
         diff = float((sp["logits"] - tp["logits"]).abs().max())
         assert diff <= 1e-5, f"rank {rank}: sequence-parallel logits differ from plain TP by {diff:.2e}"
 
@@ -122,7 +100,7 @@ def test_sequence_parallel_pads_a_length_not_divisible_by_tp_size():
 
 def test_sequence_parallel_collectives_per_layer():
     for rank in range(WORLD):
-        sp, tp = case(WORLD, "sp", rank)["comm"], case(WORLD, "tp", rank)["comm"]
+        sp, tp = gpt2_case(WORLD, "sp", rank)["comm"], gpt2_case(WORLD, "tp", rank)["comm"]
         for phase in ("forward", "backward"):
             got = sp.get(f"blocks/{phase}", {})
             counts = {kind: int(v["count"]) for kind, v in got.items()}

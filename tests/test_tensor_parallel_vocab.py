@@ -14,12 +14,12 @@ Across 2 real processes:
 
 Tolerance: float32, atol/rtol 1e-5.
 """
-import functools
 import traceback
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.tp_support import assert_close, case, launch_once
 
 pytestmark = pytest.mark.a5_3_3
 
@@ -95,22 +95,15 @@ def vocab_worker(rank, world_size):
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def results():
-    from project.launch import launch
-
-    return launch(vocab_worker, WORLD, timeout=120)
+results = launch_once(vocab_worker, WORLD)
 
 
-def get(case, rank):
-    r = results()[rank][case]
-    if "error" in r:
-        pytest.fail(f"{case} raised on rank {rank}:\n{r['error']}")
-    return r
+def get(name, rank):
+    return case(results(), name, rank)
 
 
 def close(actual, expected, what):
-    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: {m}")
+    assert_close(actual, expected, what, atol=1e-5, rtol=1e-5)
 
 
 def test_vocab_parallel_embedding_equals_embedding():
