@@ -195,7 +195,8 @@ def check(keys: list[str], timeout: float, run_solution: bool = True) -> list[st
         with tempfile.TemporaryDirectory() as tmp:
             tree = Path(tmp) / "tree"
             make_release(ROOT, tree, only={marker})
-            got = run_pytest(tree, expr, sorted(reach), timeout) if reach else {}
+            present = sorted(t for t in reach if (tree / t).is_file())  # instructor-only tests are left out
+            got = run_pytest(tree, expr, present, timeout) if present else {}
         own = {t: ok for t, (ok, marks) in got.items() if key in marks}
         others = {t: (ok, marks) for t, (ok, marks) in got.items() if key not in marks}
         problems += [f"isolation {key}: its test {t} passes with {key} stubbed" for t, ok in own.items() if ok]
