@@ -142,26 +142,24 @@ def tp_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum of ``x`` over the ranks (a new tensor, same shape; ``x`` is left unchanged)."""
+def _all_reduce(x: torch.Tensor, op) -> torch.Tensor:
     p = tp_world_size()
     if p == 1:
         return x
     out = x.contiguous().clone()
     _record("all_reduce", out, p)
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    dist.all_reduce(out, op=op)
     return out
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum of ``x`` over the ranks (a new tensor, same shape; ``x`` is left unchanged)."""
+    return _all_reduce(x, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
     """Element-wise maximum of ``x`` over the ranks (a new tensor; counted as an all-reduce)."""
-    p = tp_world_size()
-    if p == 1:
-        return x
-    out = x.contiguous().clone()
-    _record("all_reduce", out, p)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out
+    return _all_reduce(x, dist.ReduceOp.MAX)
 
 
 def all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
