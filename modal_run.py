@@ -15,8 +15,9 @@ its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face data
 
 Options are checked here before anything is sent (see ``project/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
-local Python sources (among them ``project/grade.py`` and ``project/grading.py``, which
-``--grade`` runs), and ``tests/`` and ``pyproject.toml`` (the graded tests and their markers).
+local Python sources (among them ``instructor/grade.py`` and ``instructor/keys.py``, which
+``--grade`` runs), and ``tests/``, ``pyproject.toml`` and ``conftest.py`` (the graded tests,
+their configuration, and the markers registered from the table of keys).
 """
 import sys
 from dataclasses import asdict
@@ -35,7 +36,7 @@ APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
 VOLUME_PATH = "/vol"
 TIMEOUT = 4 * 60 * 60  # seconds one remote run may take
-PACKAGES = ("project", "data_parallel", "pipeline", "tensor_parallel")
+PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "project", "instructor")
 
 
 def image_requirements(path: Path = REPO / "requirements.txt") -> list[str]:
@@ -52,6 +53,7 @@ image = (
     .add_local_python_source(*PACKAGES)
     .add_local_dir(REPO / "tests", "/root/tests", ignore=["**/__pycache__/**"])
     .add_local_file(REPO / "pyproject.toml", "/root/pyproject.toml")
+    .add_local_file(REPO / "conftest.py", "/root/conftest.py")
 )
 app = modal.App(APP_NAME, image=image)
 volume = modal.Volume.from_name(VOLUME_NAME, create_if_missing=True)

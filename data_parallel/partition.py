@@ -86,7 +86,7 @@ def partition_dataset(rank: int, world_size: int, dataset, batch_size: int = 128
         world_size: number of data-parallel ranks.
         batch_size: the GLOBAL batch size; each rank loads ``batch_size // world_size``
             examples per step, so one step of all ranks together sees ``batch_size``.
-        collate_fn: turns a list of examples into a batch (see project.collate).
+        collate_fn: turns a list of examples into a batch (see course.collate).
 
     Returns:
         ``DataLoader`` over ``DataPartitioner(dataset, [1/world_size] * world_size, seed).use(rank)``

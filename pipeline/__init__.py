@@ -1,19 +1,21 @@
 """Assignment 5.2: pipeline parallelism, built by hand.
 
-* ``schedule``         — the clock-cycle schedule ``_clock_cycles`` (5.2.1)
+* ``clock_cycles``     — the clock-cycle schedule ``_clock_cycles`` (5.2.1)
 * ``partition``        — ``_split_module``, ``WithDevice``, stage placement (5.2.1)
 * ``worker``, ``pipe`` — per-stage worker threads and ``Pipe`` (5.2.2)
 * ``gpt2``             — GPT-2 as a chain of stage-able layers, ``GPT2Pipeline`` (5.2.3)
-* ``schedules_1f1b``, ``p2p``, ``multiprocess`` — GPipe and 1F1B action lists run across
-  processes with send/recv (5.2.4); ``gpt2_stages`` cuts GPT-2 into per-process stages
-* ``metrics``, ``plots``, ``bubble_experiment``, ``memory_experiment`` — bubble, in-flight
-  micro-batches, timelines and the notebook's measurements
+* ``schedules``, ``p2p``, ``stage_runner`` — GPipe and 1F1B action lists run across
+  processes with send/recv in the pipeline's group (5.2.4); ``gpt2_stages`` cuts GPT-2
+  into per-process stages and sums the tied embedding gradient
+* ``training``         — the training modes of ``project/run_pipeline.py``
+* ``metrics``, ``bubble_experiment``, ``memory_experiment`` — bubble, in-flight
+  micro-batches and the notebook's measurements (plots: :mod:`course.plots`)
 
 See notebooks/02_pipeline_parallel.ipynb.
 """
+from pipeline.clock_cycles import _clock_cycles
 from pipeline.partition import WithDevice, _split_module
 from pipeline.pipe import Pipe
-from pipeline.schedule import _clock_cycles
-from pipeline.schedules_1f1b import gpipe_actions, one_f_one_b_actions
+from pipeline.schedules import gpipe_actions, one_f_one_b_actions
 
 __all__ = ["Pipe", "WithDevice", "_clock_cycles", "_split_module", "gpipe_actions", "one_f_one_b_actions"]

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from pipeline.metrics import measured_bubble_fraction
-from pipeline.multiprocess import StageRunner
-from pipeline.schedules_1f1b import schedule_actions
+from pipeline.stage_runner import StageRunner
+from pipeline.schedules import schedule_actions
 
 
 class Sleep(torch.autograd.Function):
@@ -56,23 +56,24 @@ def sleep_pipeline_worker(rank: int, world_size: int, schedule: str, micro_batch
                           t_forward: float, t_backward: float, repeats: int = 2, width: int = 8) -> dict:
     """Run ``schedule`` with every ``m`` of ``micro_batches``, ``repeats`` steps each; return this rank's timelines.
 
-    A worker for :func:`project.launch.launch`. Returns ``{m: [StepResult as dict per step]}``.
+    A worker for :func:`course.launch.launch`. Returns ``{m: [StepResult as dict per step]}``.
     """
-    from project.launch import context
+    from course.launch import context
+    from course.mesh import Mesh
 
     device = context().device
+    mesh = Mesh.build(pp=world_size)
     torch.manual_seed(0)
     stage = SleepStage(width, t_forward, t_backward).to(device)
-    runner = StageRunner(stage, rank, world_size, device,
-                         loss_fn=lambda y, t: ((y - t) ** 2).mean())
+    runner = StageRunner(stage, device, loss_fn=lambda y, t: ((y - t) ** 2).mean(), group=mesh.pp_group)
     out = {}
     for m in micro_batches:
-        actions = schedule_actions(schedule, rank, world_size, m)
-        inputs = [torch.randn(2, width) for _ in range(m)] if rank == 0 else None
-        targets = [torch.zeros(2, width, device=device) for _ in range(m)] if rank == world_size - 1 else None
+        actions = schedule_actions(schedule, mesh.stage, world_size, m)
+        inputs = [torch.randn(2, width) for _ in range(m)] if mesh.is_first_stage else None
+        targets = [torch.zeros(2, width, device=device) for _ in range(m)] if mesh.is_last_stage else None
         steps = []
         for _ in range(repeats):
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=mesh.pp_group)
             result = runner.run(actions, inputs, targets)
             steps.append(dict(events=result.events, peak_in_flight=result.peak_in_flight,
                               peak_activation_bytes=result.peak_activation_bytes))
@@ -88,7 +89,7 @@ def measure_bubble(n_stages: int, micro_batches: list[int], schedule: str = "1f1
         ``{"bubble": {m: measured fraction (min over the repeats)}, "events": {m: events[r]
         of the step with that fraction}, "peak_in_flight": {m: [per rank]}}``.
     """
-    from project.launch import launch
+    from course.launch import launch
 
     per_rank = launch(sleep_pipeline_worker, n_stages, schedule, list(micro_batches), t_forward, t_backward,
                       repeats, device="cpu", timeout=timeout, collective_timeout=60)

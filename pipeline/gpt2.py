@@ -95,7 +95,7 @@ class GPT2Head(nn.Module):
         """Give the head its own copy of the tied weight (for a last stage in another process).
 
         The two copies stay equal if their gradients are summed before each optimizer step
-        (:func:`pipeline.gpt2_stages.sync_tied_grads`). Returns the new parameter.
+        (:class:`pipeline.gpt2_stages.TiedGradients`). Returns the new parameter.
         """
         if self._tied_head is not None:
             self.weight = nn.Parameter(self._tied_head[0].weight.detach().clone())

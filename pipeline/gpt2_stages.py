@@ -1,15 +1,16 @@
-"""GPT-2 cut into per-process stages for the multi-process pipeline (:mod:`pipeline.multiprocess`).
+"""GPT-2 cut into per-process stages for the multi-process pipeline (:mod:`pipeline.stage_runner`).
 
 Every rank builds the same full GPT-2 (same seed) and keeps the layers of its stage
 (:func:`gpt2_stage`), balanced as in :func:`pipeline.gpt2.gpt2_balance`: the embeddings go
-with the first blocks on rank 0, the final norm and LM head with the last blocks on
-rank p - 1.
+with the first blocks on stage 0, the final norm and LM head with the last blocks on
+stage p - 1.
 
-The LM head's weight is tied to the token embedding, which lives on rank 0. As in
-Megatron-LM, the last rank keeps its own copy of it, and the two copies' gradients are
-summed between the first and the last rank before every optimizer step
-(:class:`TiedGradients`), so both copies stay equal and the update is the one of the
-tied model (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 4.1 note on shared embeddings).
+The LM head's weight is tied to the token embedding, which lives on stage 0. As in
+Megatron-LM, the last stage keeps its own copy of it, and the two copies' gradients are
+summed between the first and the last stage before every optimizer step, in the embedding
+group of the run's mesh (:class:`TiedGradients`), so both copies stay equal and the update
+is the one of the tied model (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 4.1 note on
+shared embeddings).
 """
 from __future__ import annotations
 
@@ -20,41 +21,45 @@ from torch import nn
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
-def gpt2_stage(model, rank: int, n_stages: int) -> tuple[nn.Sequential, nn.Parameter | None]:
-    """The layers of ``model`` (a ``GPT2LMHeadModel``) that rank ``rank`` of ``n_stages`` runs.
+def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Parameter | None]:
+    """The layers of ``model`` (a ``GPT2LMHeadModel``) that stage ``stage`` of ``n_stages`` runs.
 
     Returns:
-        ``(stage, tied)``: the stage maps input_ids (batch, seq) [rank 0] or the hidden
-        state (batch, seq, n_embd) to the hidden state or, on the last rank, to logits
-        (batch, seq, vocab). ``tied`` is this rank's copy of the tied embedding/head
-        weight (first and last rank of a pipeline with several stages), else None.
+        ``(layers, tied)``: the layers map input_ids (batch, seq) [stage 0] or the hidden
+        state (batch, seq, n_embd) to the hidden state or, on the last stage, to logits
+        (batch, seq, vocab). ``tied`` is this stage's copy of the tied embedding/head
+        weight (first and last stage of a pipeline with several stages), else None.
 
     Raises:
         ValueError: more stages than transformer blocks.
     """
     layers = list(gpt2_layers(model))
     balance = gpt2_balance(model.config.n_layer, n_stages)
-    start = sum(balance[:rank])
-    stage = nn.Sequential(*layers[start:start + balance[rank]])
+    start = sum(balance[:stage])
+    mine = nn.Sequential(*layers[start:start + balance[stage]])
     tied = None
     head = layers[-1]
     if n_stages > 1 and isinstance(head, GPT2Head) and head.weight is None:  # the head shares wte's weight
-        if rank == 0:
+        if stage == 0:
             tied = layers[0].wte.weight
-        elif rank == n_stages - 1:
+        elif stage == n_stages - 1:
             tied = head.untie()
-    return stage, tied
+    return mine, tied
 
 
 class TiedGradients:
-    """Sums the tied embedding/head gradient between the first and the last rank.
+    """Sums the tied embedding/head gradient between the first and the last stage.
 
-    Collective at construction (every rank must create it: it makes a process group of
-    ranks 0 and p - 1). Call it after the backward of every step on every rank.
+    Args:
+        group: the embedding group of the run's mesh (:attr:`course.mesh.Mesh.embedding_group`):
+            this pipeline's first and last stage; None on the other stages and without
+            pipeline parallelism (then calling it does nothing).
+
+    Call it after the backward of every step, on every rank.
     """
 
-    def __init__(self, n_stages: int):
-        self.group = dist.new_group([0, n_stages - 1]) if n_stages > 1 else None
+    def __init__(self, group):
+        self.group = group
 
     def __call__(self, tied: nn.Parameter | None) -> None:
         if self.group is not None and tied is not None:

@@ -1,7 +1,7 @@
 """Peak activation memory of GPipe and 1F1B on GPT-2, measured in real processes.
 
 Every rank builds the same GPT-2, keeps its stage (:func:`pipeline.gpt2_stages.gpt2_stage`)
-and runs one batch with each schedule. :class:`pipeline.multiprocess.StageRunner` counts the
+and runs one batch with each schedule. :class:`pipeline.stage_runner.StageRunner` counts the
 bytes of the tensors autograd saves for the backward pass while micro-batches are in flight.
 """
 from __future__ import annotations
@@ -11,32 +11,34 @@ SCHEDULE_NAMES = ("gpipe", "1f1b")
 
 
 def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int, preset: str, n_micro: int) -> dict:
-    """A worker for :func:`project.launch.launch`: ``{schedule: {peak_activation_bytes, peak_in_flight, events}}``.
+    """A worker for :func:`course.launch.launch`: ``{schedule: {peak_activation_bytes, peak_in_flight, events}}``.
 
     ``batch`` holds ``input_ids`` and ``labels`` (batch, seq); it is cut into ``n_micro``
     micro-batches. Dropout is 0.
     """
     from pipeline.gpt2_stages import gpt2_stage
-    from pipeline.multiprocess import StageRunner
-    from pipeline.schedules_1f1b import schedule_actions
-    from project.launch import context
-    from project.model import build_gpt2
-    from project.train import count_target_tokens, lm_loss
+    from pipeline.stage_runner import StageRunner
+    from pipeline.schedules import schedule_actions
+    from course.launch import context
+    from course.loss import count_target_tokens, lm_loss
+    from course.mesh import Mesh
+    from course.model import build_gpt2
 
     device = context().device
+    mesh = Mesh.build(pp=world_size)
     model = build_gpt2(preset, vocab_size, n_positions=batch["input_ids"].shape[1], dropout=0.0, seed=0)
-    stage, _ = gpt2_stage(model, rank, world_size)
+    stage, _ = gpt2_stage(model, mesh.stage, world_size)
     stage.to(device)
     n_target = max(1, count_target_tokens(batch["labels"]))
-    runner = StageRunner(stage, rank, world_size, device,
+    runner = StageRunner(stage, device, group=mesh.pp_group,
                          loss_fn=lambda logits, labels: lm_loss(logits, labels, reduction="sum") / n_target)
     size = -(-batch["input_ids"].shape[0] // n_micro)
-    inputs = list(batch["input_ids"].split(size)) if rank == 0 else None
-    targets = [t.to(device) for t in batch["labels"].split(size)] if rank == world_size - 1 else None
+    inputs = list(batch["input_ids"].split(size)) if mesh.is_first_stage else None
+    targets = [t.to(device) for t in batch["labels"].split(size)] if mesh.is_last_stage else None
     out = {}
     for schedule in SCHEDULE_NAMES:
         stage.zero_grad(set_to_none=True)
-        result = runner.run(schedule_actions(schedule, rank, world_size, len(batch["input_ids"].split(size))),
+        result = runner.run(schedule_actions(schedule, mesh.stage, world_size, len(batch["input_ids"].split(size))),
                             inputs, targets)
         out[schedule] = {"peak_activation_bytes": result.peak_activation_bytes,
                          "peak_in_flight": result.peak_in_flight, "events": result.events}
@@ -46,7 +48,7 @@ def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int,
 def measure_gpt2_memory(batch: dict, vocab_size: int, n_stages: int = 2, n_micro: int = 8, preset: str = "tiny",
                         timeout: float = 300.0) -> list[dict]:
     """Launch ``n_stages`` processes; rows ``{schedule, stage, peak_activation_bytes, peak_in_flight}``."""
-    from project.launch import launch
+    from course.launch import launch
 
     batch = {k: batch[k] for k in ("input_ids", "labels")}
     per_rank = launch(gpt2_memory_worker, n_stages, batch, vocab_size, preset, n_micro, device="cpu",

@@ -51,7 +51,7 @@ def simulate(actions: list[list[tuple[str, int]]], t_forward: float = 1.0, t_bac
 
     Args:
         actions: ``actions[r]`` is rank r's list (e.g. from
-            :func:`pipeline.schedules_1f1b.all_actions`).
+            :func:`pipeline.schedules.all_actions`).
         t_forward, t_backward: duration of one forward / backward.
 
     Returns:

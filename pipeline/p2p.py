@@ -10,20 +10,27 @@ the order they were sent.
 The same code runs with gloo (CPU tensors) and NCCL (CUDA tensors): the header is
 created on the tensor's device.
 
+Peers are addressed by their **global** rank, and every transfer names the pipeline's
+process group (the ``pp`` group of the run's mesh): a stage's neighbour is
+``dist.get_global_rank(pp_group, stage ± 1)`` (:class:`pipeline.stage_runner.StageRunner`).
+The data messages are counted by :class:`course.communication.CommCounter` (kind ``send``
+/ ``recv``, group ``pp``); the small headers are not.
+
 Source: PyTorch ``torch.distributed`` point-to-point API (send/recv/isend);
 Narayanan et al. 2021, Sec. 4.1 (p2p communication between pipeline stages).
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from course.communication import isend, recv
 
 MAX_DIMS = 6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 
 
-def send_tensor(tensor: torch.Tensor, dst: int) -> list:
-    """Start sending ``tensor`` (any shape, up to ``MAX_DIMS`` dims) to rank ``dst``.
+def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> list:
+    """Start sending ``tensor`` (any shape, up to ``MAX_DIMS`` dims) to global rank ``dst`` of ``group``.
 
     Returns:
         The pending ``dist.Work`` handles; keep them (and so the tensors) until ``wait()``.
@@ -38,15 +45,14 @@ def send_tensor(tensor: torch.Tensor, dst: int) -> list:
     header[0] = DTYPES.index(tensor.dtype)
     header[1] = tensor.dim()
     header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    return [dist.isend(header, dst), dist.isend(tensor, dst)]
+    return [isend(header, dst, group, counted=False), isend(tensor, dst, group)]
 
 
-def recv_tensor(src: int, device: torch.device) -> torch.Tensor:
-    """Receive the next tensor that rank ``src`` sent with :func:`send_tensor` (blocks until it arrives)."""
+def recv_tensor(src: int, device: torch.device, group=None) -> torch.Tensor:
+    """Receive the next tensor that global rank ``src`` of ``group`` sent with :func:`send_tensor` (blocking)."""
     header = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=device)
-    dist.recv(header, src)
+    recv(header, src, group, counted=False)
     dtype, ndim = DTYPES[int(header[0])], int(header[1])
     shape = [int(s) for s in header[2:2 + ndim]]
     tensor = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(tensor, src)
-    return tensor
+    return recv(tensor, src, group)

@@ -1,7 +1,7 @@
 """``Pipe``: a single-process pipeline over per-stage worker threads (GPipe forward schedule).
 
 The batch is cut into micro-batches of ``split_size`` rows; the micro-batches flow through
-the stages following the clock-cycle schedule (:func:`pipeline.schedule._clock_cycles`);
+the stages following the clock-cycle schedule (:func:`pipeline.clock_cycles._clock_cycles`);
 in each clock cycle every busy stage works on its own micro-batch at the same time,
 each in its own worker thread (:mod:`pipeline.worker`). Autograd records the whole
 pipelined forward, so ``loss.backward()`` on the output gives the same gradients as
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pipeline.partition import _split_module, place
-from pipeline.schedule import _clock_cycles
+from pipeline.clock_cycles import _clock_cycles
 from pipeline.worker import StageWorkers, Task
 
 

@@ -1,1 +1,1 @@
-"""Shared training code of the course: data, tokenizer, model presets, train/eval loop, launcher, results, plots."""
+"""The run scripts the course's users launch (run_data_parallel.py, run_pipeline.py, run_tensor_parallel.py) and what they alone need (Modal support, Slurm)."""

@@ -8,7 +8,7 @@ credentials, network or GPUs lives here:
   the world size, ...) and raises ``ValueError`` with what to change;
 * :func:`build_command` turns a request into the command line of a run script (spawn
   mode, or ``torchrun --standalone --nproc_per_node``), from the script's path and options,
-  or of the course grader ``project/grade.py`` for ``--grade``;
+  or of the course grader ``instructor/grade.py`` for ``--grade``;
 * :func:`remote_run` is the body of the remote function: data, command, log, results;
 * :func:`summarize` and :func:`print_grade` print what came back.
 
@@ -45,7 +45,7 @@ MAX_GPUS_PER_CONTAINER = {"T4": 8, "L4": 8, "A10": 4, "A10G": 4, "L40S": 8, "A10
 DEFAULT_GPU = "L4"
 # What --grade runs on the GPUs (from the repository root): the course grader, which also
 # writes the Gradescope results.json into the run's folder as GRADE_JSON.
-GRADE_SCRIPT = "project/grade.py"
+GRADE_SCRIPT = "instructor/grade.py"
 GRADE_JSON = "grade_results.json"
 LOG_FILE = "log.txt"
 
@@ -85,7 +85,7 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
             ``tp_size`` other than ``world_size``; shapes that do not split (heads or
             layers over the GPUs, batch over ranks or micro-batches).
     """
-    from project.model import DEFAULT_GPU_PRESET, PRESETS  # light: no torch
+    from course.model import DEFAULT_GPU_PRESET, PRESETS  # light: no torch
 
     if mode not in SCRIPTS:
         raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(SCRIPTS)}")
@@ -153,7 +153,7 @@ def build_command(request: RunRequest, workdir: str, *, python: str = sys.execut
     """The command line that runs ``request``'s script on its GPUs (``--device cuda``).
 
     ``request.extra`` comes last, so it can override anything (e.g. ``--device cpu``). For
-    ``--grade``: ``python project/grade.py --json <workdir>/grade_results.json`` (run it
+    ``--grade``: ``python instructor/grade.py --json <workdir>/grade_results.json`` (run it
     from the repository root; the grader picks the device itself).
     """
     if request.grade:
@@ -182,7 +182,7 @@ def run_name(request: RunRequest) -> str:
 
 def ensure_multi30k(target: Path) -> Path:
     """A folder with the Multi30k files: a local copy if one is found, else downloaded into ``target``."""
-    from project.data import DataNotFoundError, download_multi30k, resolve_data_dir
+    from course.data import DataNotFoundError, download_multi30k, resolve_data_dir
 
     for where in (dict(data_dir=target), dict(download=False)):
         try:
@@ -264,12 +264,12 @@ def summarize(files: dict) -> str:
 
 
 def print_grade(payload: str) -> None:
-    """Print ``project/grade.py``'s table (its ``print_table``) from the Gradescope JSON it wrote.
+    """Print ``instructor/grade.py``'s table (its ``print_table``) from the Gradescope JSON it wrote.
 
-    The rows are rebuilt as ``project.grade.KeyResult`` from each test's name (``key: topic``),
+    The rows are rebuilt as ``instructor.grade.KeyResult`` from each test's name (``key: topic``),
     scores and output (``passed/total tests passed in S s`` then the details).
     """
-    from project.grade import KeyResult, print_table
+    from instructor.grade import KeyResult, print_table
 
     rows = []
     for test in json.loads(payload)["tests"]:

@@ -13,11 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.cli import add_common_args, check_common_args  # noqa: E402
-from project.launch import RankFailure, default_world_size, launch  # noqa: E402
-from project.report import print_epoch_table  # noqa: E402
+from course.cli import add_common_args, check_common_args  # noqa: E402
+from course.launch import RankFailure, default_world_size, launch  # noqa: E402
+from course.results import print_epoch_table  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -41,7 +42,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from data_parallel.train import run_dp
+    from data_parallel.training import run_dp
 
     print(f"data parallel: world_size={args.world_size} device={args.device} backend={args.backend} "
           f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank)",

@@ -17,12 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.cli import add_common_args, check_common_args  # noqa: E402
-from project.launch import RankFailure, default_world_size, in_torchrun, launch  # noqa: E402
-from project.model import PRESETS  # noqa: E402
-from project.report import print_epoch_table  # noqa: E402
+from course.cli import add_common_args, check_common_args  # noqa: E402
+from course.launch import RankFailure, default_world_size, in_torchrun, launch  # noqa: E402
+from course.model import PRESETS  # noqa: E402
+from course.results import print_epoch_table  # noqa: E402
 
 MODES = ("model_parallel", "pipeline_parallel", "1f1b", "gpipe")
 
@@ -70,7 +71,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from project.pipeline_train import results_prefix, run_single_process, run_stage_worker
+    from pipeline.training import results_prefix, run_single_process, run_stage_worker
 
     mode = args.model_parallel_mode
     print(f"{mode}: n_stages={args.n_stages} n_chunk={1 if mode == 'model_parallel' else args.n_chunk} "

@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.cli import add_common_args, check_common_args  # noqa: E402
-from project.launch import RankFailure, default_world_size, launch  # noqa: E402
-from project.model import PRESETS  # noqa: E402
-from project.report import print_epoch_table  # noqa: E402
+from course.cli import add_common_args, check_common_args  # noqa: E402
+from course.launch import RankFailure, default_world_size, launch  # noqa: E402
+from course.model import PRESETS  # noqa: E402
+from course.results import print_epoch_table  # noqa: E402
 
 RESULTS_PREFIX = "tensor_parallel_"
 
@@ -62,7 +63,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from tensor_parallel.train import run_tp
+    from tensor_parallel.training import run_tp
 
     kinds = ",".join(args.block_types)
     print(f"tensor parallel: tp_size={args.tp_size} sequence_parallel={args.sequence_parallel} block_types={kinds} "

@@ -41,7 +41,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from tensor_parallel.comm import tp_rank
+from course.communication import group_rank
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       reduce_from_tensor_parallel_region, reduce_scatter_to_sequence_parallel_region)
 
@@ -80,26 +80,31 @@ def parse_block_types(block_types: str | Sequence[str] | None, n_layer: int) -> 
     return names
 
 
-def enter_region(x: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
+def enter_region(x: torch.Tensor, sequence_parallel: bool, group=None) -> torch.Tensor:
     """Start of a tensor-parallel region: ``f``, or the sequence all-gather under sequence parallelism."""
-    return gather_from_sequence_parallel_region(x) if sequence_parallel else copy_to_tensor_parallel_region(x)
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(x, group)
+    return copy_to_tensor_parallel_region(x, group)
 
 
-def exit_region(x: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
+def exit_region(x: torch.Tensor, sequence_parallel: bool, group=None) -> torch.Tensor:
     """End of a tensor-parallel region: ``g``, or the sequence reduce-scatter under sequence parallelism."""
-    return reduce_scatter_to_sequence_parallel_region(x) if sequence_parallel else reduce_from_tensor_parallel_region(x)
+    if sequence_parallel:
+        return reduce_scatter_to_sequence_parallel_region(x, group)
+    return reduce_from_tensor_parallel_region(x, group)
 
 
 class BlockBase(nn.Module):
-    """The parts of a tensor-parallel GPT-2 block: replicated layer norms, split attention and MLP."""
+    """The parts of a tensor-parallel GPT-2 block: replicated layer norms, split attention and MLP,
+    over the tensor-parallel ``group`` (None: the world)."""
 
     block_type = "base"
 
     def __init__(self, ln_1: nn.LayerNorm, attn: nn.Module, ln_2: nn.LayerNorm, mlp: nn.Module,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, group=None):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, attn, ln_2, mlp
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.group = sequence_parallel, group
 
     def replicated_params(self) -> list[nn.Parameter]:
         """Layer norms and the output biases: the same full tensor on every rank."""
@@ -124,7 +129,7 @@ class BlockBase(nn.Module):
         m = self.mlp.dropout(self.mlp.partial(self.ln_2(s)))
         s = s + m + self.mlp.c_proj.bias
         d = a + m
-        if tp_rank() == 0:
+        if group_rank(self.group) == 0:
             d = d + self.attn.c_proj.bias + self.mlp.c_proj.bias
         return s, d
 
@@ -138,8 +143,8 @@ class SyncPointDropBlock(BlockBase):
         return self.replicated_params()
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
-        _, d = self.local_step(enter_region(x, self.sequence_parallel), attn_bias)
-        return x + exit_region(d, self.sequence_parallel)
+        _, d = self.local_step(enter_region(x, self.sequence_parallel, self.group), attn_bias)
+        return x + exit_region(d, self.sequence_parallel, self.group)
 
 
 class ParallelBlock(BlockBase):
@@ -151,11 +156,11 @@ class ParallelBlock(BlockBase):
         return self.replicated_params()
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
-        return run_parallel_blocks([self], x, attn_bias, self.sequence_parallel)
+        return run_parallel_blocks([self], x, attn_bias, self.sequence_parallel, self.group)
 
 
 def run_parallel_blocks(blocks: Sequence[BlockBase], x: torch.Tensor, attn_bias: torch.Tensor,
-                        sequence_parallel: bool = False) -> torch.Tensor:
+                        sequence_parallel: bool = False, group=None) -> torch.Tensor:
     """A run of ``parallel`` blocks: communicate at its start (``f``) and end (``g``) only.
 
     Args:
@@ -165,12 +170,12 @@ def run_parallel_blocks(blocks: Sequence[BlockBase], x: torch.Tensor, attn_bias:
     Returns:
         ``x + sum_r d_r``, same shape as ``x``.
     """
-    s = enter_region(x, sequence_parallel)
+    s = enter_region(x, sequence_parallel, group)
     total = torch.zeros_like(s)
     for block in blocks:
         s, d = block.local_step(s, attn_bias)
         total = total + d
-    return x + exit_region(total, sequence_parallel)
+    return x + exit_region(total, sequence_parallel, group)
 
 
 def block_runs(block_types: Sequence[str]) -> list[tuple[int, int]]:

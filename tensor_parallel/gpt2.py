@@ -16,7 +16,7 @@ GPT-2 stores its linear layers as ``transformers.pytorch_utils.Conv1D`` with wei
 (in, out) and ``y = x W + b``; ``nn.Linear``'s layout is (out, in), so weights are
 transposed when they are cut into shards.
 
-With ``dropout=0`` (and eager attention, as :func:`project.model.build_gpt2` sets) the
+With ``dropout=0`` (and eager attention, as :func:`course.model.build_gpt2` sets) the
 tensor-parallel model's logits, loss and gradients equal the single-device model's up to
 float32 rounding. Dropout on replicated tensors draws from each rank's default generator;
 the ranks are seeded alike, so the masks agree (they must, or the replicas would diverge).
@@ -32,7 +32,7 @@ from torch import nn
 
 from tensor_parallel.block_types import (BlockBase, ParallelBlock, SyncPointDropBlock, block_runs, parse_block_types,
                                          run_parallel_blocks)
-from tensor_parallel.comm import mark_backward, region, tp_world_size
+from course.communication import group_size, mark_backward, region
 from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region)
@@ -101,21 +101,22 @@ class TensorParallelAttention(nn.Module):
 
     Shapes: (batch, seq, n_embd) -> (batch, seq, n_embd), same on every rank (sequence
     parallel: (batch, seq / tp_size, n_embd) in and out). ``attn_bias``: see :func:`attention_bias`.
+    ``group``: the tensor-parallel process group (None: the world).
     """
 
-    def __init__(self, hf_attn, sequence_parallel: bool = False):
+    def __init__(self, hf_attn, sequence_parallel: bool = False, group=None):
         super().__init__()
-        p = tp_world_size()
+        p = group_size(group)
         n_embd, n_head = hf_attn.embed_dim, hf_attn.num_heads
         self.local_heads = divide(n_head, p, "n_head")
         self.head_dim = hf_attn.head_dim
         self.scaling = hf_attn.scaling
         w, b = reorder_qkv_for_tensor_parallel(hf_attn.c_attn.weight.detach().t(), hf_attn.c_attn.bias.detach(), p)
         self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, master_weight=w, master_bias=b,
-                                           sequence_parallel=sequence_parallel)
+                                           sequence_parallel=sequence_parallel, group=group)
         self.c_proj = RowParallelLinear(n_embd, n_embd, master_weight=hf_attn.c_proj.weight.detach().t(),
                                         master_bias=hf_attn.c_proj.bias.detach(), input_is_parallel=True,
-                                        sequence_parallel=sequence_parallel)
+                                        sequence_parallel=sequence_parallel, group=group)
         self.attn_dropout = nn.Dropout(hf_attn.attn_dropout.p)
         self.resid_dropout = nn.Dropout(hf_attn.resid_dropout.p)
 
@@ -139,16 +140,18 @@ class TensorParallelAttention(nn.Module):
 
 
 class TensorParallelMLP(nn.Module):
-    """GPT-2 MLP, ``c_fc`` column parallel and ``c_proj`` row parallel: (batch, seq, n_embd) -> same."""
+    """GPT-2 MLP, ``c_fc`` column parallel and ``c_proj`` row parallel over ``group``:
+    (batch, seq, n_embd) -> same."""
 
-    def __init__(self, hf_mlp, sequence_parallel: bool = False):
+    def __init__(self, hf_mlp, sequence_parallel: bool = False, group=None):
         super().__init__()
         inner, n_embd = hf_mlp.c_fc.weight.shape[1], hf_mlp.c_fc.weight.shape[0]
         self.c_fc = ColumnParallelLinear(n_embd, inner, master_weight=hf_mlp.c_fc.weight.detach().t(),
-                                         master_bias=hf_mlp.c_fc.bias.detach(), sequence_parallel=sequence_parallel)
+                                         master_bias=hf_mlp.c_fc.bias.detach(), sequence_parallel=sequence_parallel,
+                                         group=group)
         self.c_proj = RowParallelLinear(inner, n_embd, master_weight=hf_mlp.c_proj.weight.detach().t(),
                                         master_bias=hf_mlp.c_proj.bias.detach(), input_is_parallel=True,
-                                        sequence_parallel=sequence_parallel)
+                                        sequence_parallel=sequence_parallel, group=group)
         self.act = hf_mlp.act
         self.dropout = nn.Dropout(hf_mlp.dropout.p)
 
@@ -186,7 +189,7 @@ class TensorParallelOutput:
 
 
 class TensorParallelGPT2(nn.Module):
-    """GPT-2 split over the ranks of the default process group (``tp_size = world_size``).
+    """GPT-2 split over the ranks of a tensor-parallel process group (``tp_size`` = its size).
 
     Built on every rank from the same ``transformers.GPT2LMHeadModel`` (same seed), of
     which each rank keeps its shards. ``forward(input_ids, attention_mask=None,
@@ -201,15 +204,18 @@ class TensorParallelGPT2(nn.Module):
         block_types: one of ``tp``/``spd``/``parallel`` per layer (see
             :mod:`tensor_parallel.block_types`); None: all ``tp``.
         sequence_parallel: Korthikanti et al. 2022 sequence parallelism.
+        group: the tensor-parallel process group (the ``tp`` group of the run's mesh; None:
+            the whole world). Every collective of the model runs in it.
 
     Raises:
         ValueError: ``n_head`` or the MLP width not divisible by ``tp_size``; bad ``block_types``.
     """
 
-    def __init__(self, hf_model, block_types=None, sequence_parallel: bool = False):
+    def __init__(self, hf_model, block_types=None, sequence_parallel: bool = False, group=None):
         super().__init__()
         config = hf_model.config
-        p = tp_world_size()
+        self.group = group
+        p = group_size(group)
         self.block_types = validate_tp_config(config, p, block_types)
         self.tp_size, self.sequence_parallel = p, sequence_parallel
         self.vocab_size = config.vocab_size
@@ -218,13 +224,13 @@ class TensorParallelGPT2(nn.Module):
         wte = tr.wte.weight.detach()
         if self.padded_vocab_size > self.vocab_size:
             wte = torch.cat([wte, wte.new_zeros(self.padded_vocab_size - self.vocab_size, wte.size(1))])
-        self.wte = VocabParallelEmbedding(self.padded_vocab_size, config.n_embd, master_weight=wte)
+        self.wte = VocabParallelEmbedding(self.padded_vocab_size, config.n_embd, master_weight=wte, group=group)
         self.wpe = copy.deepcopy(tr.wpe)
         self.drop = nn.Dropout(tr.drop.p)
         self.h = nn.ModuleList(
-            BLOCK_CLASSES[kind](copy.deepcopy(block.ln_1), TensorParallelAttention(block.attn, sequence_parallel),
-                                copy.deepcopy(block.ln_2), TensorParallelMLP(block.mlp, sequence_parallel),
-                                sequence_parallel)
+            BLOCK_CLASSES[kind](copy.deepcopy(block.ln_1), TensorParallelAttention(block.attn, sequence_parallel, group),
+                                copy.deepcopy(block.ln_2), TensorParallelMLP(block.mlp, sequence_parallel, group),
+                                sequence_parallel, group)
             for kind, block in zip(self.block_types, tr.h))
         self.ln_f = copy.deepcopy(tr.ln_f)
         self.runs = block_runs(self.block_types)
@@ -232,7 +238,7 @@ class TensorParallelGPT2(nn.Module):
     def _blocks(self, x: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
         for start, end in self.runs:
             if self.block_types[start] == "parallel":
-                x = run_parallel_blocks(list(self.h[start:end]), x, attn_bias, self.sequence_parallel)
+                x = run_parallel_blocks(list(self.h[start:end]), x, attn_bias, self.sequence_parallel, self.group)
             else:
                 x = self.h[start](x, attn_bias)
         return x
@@ -248,7 +254,7 @@ class TensorParallelGPT2(nn.Module):
             h = self.wte(input_ids) + self.wpe(positions)
             if self.sequence_parallel:
                 # BEGIN ASSIGN5_3_5
-                h = scatter_to_sequence_parallel_region(h)
+                h = scatter_to_sequence_parallel_region(h, self.group)
                 # END ASSIGN5_3_5
             h = self.drop(h)
         h = mark_backward(h, "embedding")
@@ -260,11 +266,11 @@ class TensorParallelGPT2(nn.Module):
             h = self.ln_f(h)
             if self.sequence_parallel:
                 # BEGIN ASSIGN5_3_5
-                h = gather_from_sequence_parallel_region(h)
+                h = gather_from_sequence_parallel_region(h, self.group)
                 # END ASSIGN5_3_5
             else:
                 # BEGIN ASSIGN5_3_4
-                h = copy_to_tensor_parallel_region(h)
+                h = copy_to_tensor_parallel_region(h, self.group)
                 # END ASSIGN5_3_4
             logits = F.linear(h, self.wte.weight)[:, :seq]
             if self.padded_vocab_size > self.vocab_size:  # padding rows never win the softmax
@@ -272,12 +278,12 @@ class TensorParallelGPT2(nn.Module):
                 logits = logits.masked_fill(ids >= self.vocab_size, torch.finfo(logits.dtype).min)
             loss = None
             if labels is not None:
-                loss = mark_backward(vocab_parallel_lm_loss(logits, labels), "head")
+                loss = mark_backward(vocab_parallel_lm_loss(logits, labels, group=self.group), "head")
         return TensorParallelOutput(logits, loss)
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """(batch, seq, padded_vocab / tp_size) -> (batch, seq, vocab_size), the same on every rank."""
-        return gather_from_tensor_parallel_region(logits)[..., : self.vocab_size]
+        return gather_from_tensor_parallel_region(logits, self.group)[..., : self.vocab_size]
 
     def partial_grad_params(self) -> list[nn.Parameter]:
         """Replicated parameters whose per-rank gradient is a partial sum (see :meth:`sync_grads`)."""
@@ -288,4 +294,4 @@ class TensorParallelGPT2(nn.Module):
 
     def sync_grads(self, *_ignored) -> None:
         """All-reduce the partial gradients (one call; usable as ``train_epoch(after_backward=...)``)."""
-        sync_partial_grads(self.partial_grad_params())
+        sync_partial_grads(self.partial_grad_params(), self.group)

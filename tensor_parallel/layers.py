@@ -12,7 +12,9 @@ A linear layer ``Y = X A^T + b`` with ``A`` of shape (out_features, in_features)
   (an all-reduce), then the bias is added **once**, after the reduction.
 
 Both are built from the full ("master") weight of a dense layer, so the parallel layer
-computes the same function as the dense one. With ``sequence_parallel=True`` (Korthikanti
+computes the same function as the dense one. Both take the tensor-parallel ``group`` (the
+``tp`` group of the run's mesh; None: the whole world) and communicate only in it; "rank"
+and ``tp_size`` are the rank in that group and its size. With ``sequence_parallel=True`` (Korthikanti
 et al. 2022, Sec. 4.2.2) the column layer all-gathers its input along the sequence instead
 of ``f``, and the row layer reduce-scatters its output along the sequence instead of ``g``.
 """
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensor_parallel.comm import tp_rank, tp_world_size
+from course.communication import group_rank, group_size
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                                       reduce_scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
@@ -71,6 +73,7 @@ class ColumnParallelLinear(nn.Module):
     Args:
         master_weight, master_bias: the dense (out, in) weight and (out,) bias to cut the
             shard from (e.g. ``nn.Linear.weight``); drawn from ``seed`` if None.
+        group: the tensor-parallel process group (None: the world).
 
     Raises:
         ValueError: ``out_features`` not divisible by ``tp_size``; master shapes wrong.
@@ -80,9 +83,10 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
                  sequence_parallel: bool = False, master_weight: torch.Tensor | None = None,
-                 master_bias: torch.Tensor | None = None, seed: int = 0):
+                 master_bias: torch.Tensor | None = None, seed: int = 0, group=None):
         super().__init__()
-        p, rank = tp_world_size(), tp_rank()
+        self.group = group
+        p, rank = group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = divide(out_features, p, "out_features")
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
@@ -105,15 +109,15 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
             # BEGIN ASSIGN5_3_5
-            x = gather_from_sequence_parallel_region(x)
+            x = gather_from_sequence_parallel_region(x, self.group)
             # END ASSIGN5_3_5
         else:
             # BEGIN ASSIGN5_3_2
-            x = copy_to_tensor_parallel_region(x)
+            x = copy_to_tensor_parallel_region(x, self.group)
             # END ASSIGN5_3_2
         # BEGIN ASSIGN5_3_2
         y = self.local(x)
-        return gather_from_tensor_parallel_region(y) if self.gather_output else y
+        return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
         # END ASSIGN5_3_2
 
     def extra_repr(self) -> str:
@@ -133,6 +137,10 @@ class RowParallelLinear(nn.Module):
     ``[r * in/p, (r + 1) * in/p)`` of the master weight; ``bias`` (out_features,), the whole
     bias, replicated — added once, after the partial sums are reduced.
 
+    Args:
+        master_weight, master_bias: the dense (out, in) weight and (out,) bias to cut from.
+        group: the tensor-parallel process group (None: the world).
+
     Raises:
         ValueError: ``in_features`` not divisible by ``tp_size``; master shapes wrong;
             ``sequence_parallel`` without ``input_is_parallel``.
@@ -142,9 +150,10 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, input_is_parallel: bool = True,
                  sequence_parallel: bool = False, master_weight: torch.Tensor | None = None,
-                 master_bias: torch.Tensor | None = None, seed: int = 0):
+                 master_bias: torch.Tensor | None = None, seed: int = 0, group=None):
         super().__init__()
-        p, rank = tp_world_size(), tp_rank()
+        self.group = group
+        p, rank = group_size(group), group_rank(group)
         self.in_features, self.out_features = in_features, out_features
         self.in_per_rank = divide(in_features, p, "in_features")
         if sequence_parallel and not input_is_parallel:
@@ -166,15 +175,15 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
-            x = scatter_to_tensor_parallel_region(x)
+            x = scatter_to_tensor_parallel_region(x, self.group)
         partial = self.local(x)
         if self.sequence_parallel:
             # BEGIN ASSIGN5_3_5
-            y = reduce_scatter_to_sequence_parallel_region(partial)
+            y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
             # END ASSIGN5_3_5
         else:
             # BEGIN ASSIGN5_3_2
-            y = reduce_from_tensor_parallel_region(partial)
+            y = reduce_from_tensor_parallel_region(partial, self.group)
             # END ASSIGN5_3_2
         # BEGIN ASSIGN5_3_2
         return y + self.bias if self.bias is not None else y

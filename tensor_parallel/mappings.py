@@ -23,29 +23,34 @@ along the sequence dimension (dim 1 of (batch, seq, hidden) tensors):
 * ``reduce_scatter_to_sequence_parallel_region`` — reduce-scatter forward, all-gather backward,
 * ``scatter_to_sequence_parallel_region`` — keep this rank's chunk forward, all-gather backward.
 
-All tensors keep their dtype and device; chunks are equal, rank r holds chunk r.
+All tensors keep their dtype and device; chunks are equal, rank r holds chunk r. Every
+operator takes the tensor-parallel ``group`` (the ``tp`` group of the run's mesh; None: the
+whole world, when tensor parallelism is the only parallelism) and communicates in it only;
+"rank" here is the rank in that group.
 """
 from __future__ import annotations
 
 import torch
 
-from tensor_parallel.comm import all_gather, all_reduce, reduce_scatter, tp_rank, tp_world_size
+from course.communication import all_gather, all_reduce, group_rank, group_size, reduce_scatter
 
 SEQUENCE_DIM = 1
 
 
-def split_along_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
+def split_along_dim(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
     """This rank's chunk of ``x`` along ``dim`` (size ``x.size(dim) // tp_size``; no communication).
+
+    ``tp_size`` is the size of ``group`` and "this rank" its rank in ``group``.
 
     Raises:
         ValueError: ``x.size(dim)`` is not divisible by ``tp_size``.
     """
-    p = tp_world_size()
+    p = group_size(group)
     if x.size(dim) % p:
         raise ValueError(f"cannot split size {x.size(dim)} of dim {dim} into {p} equal chunks; "
                          f"make it divisible by tp_size={p}")
     # BEGIN ASSIGN5_3_1
-    return x.chunk(p, dim=dim)[tp_rank()].contiguous()
+    return x.chunk(p, dim=dim)[group_rank(group)].contiguous()
     # END ASSIGN5_3_1
 
 
@@ -53,7 +58,8 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
     """``f``: forward identity, backward all-reduce of the gradient."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_1
         return x.view_as(x)
         # END ASSIGN5_3_1
@@ -61,7 +67,7 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_1
-        return all_reduce(grad)
+        return all_reduce(grad, ctx.group), None
         # END ASSIGN5_3_1
 
 
@@ -69,15 +75,16 @@ class ReduceFromTensorParallelRegion(torch.autograd.Function):
     """``g``: forward all-reduce, backward identity."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_1
-        return all_reduce(x)
+        return all_reduce(x, ctx.group)
         # END ASSIGN5_3_1
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_1
-        return grad
+        return grad, None
         # END ASSIGN5_3_1
 
 
@@ -85,15 +92,16 @@ class ScatterToTensorParallelRegion(torch.autograd.Function):
     """Keep this rank's chunk of the last dimension; backward all-gathers the gradient's chunks."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_1
-        return split_along_dim(x, -1)
+        return split_along_dim(x, -1, ctx.group)
         # END ASSIGN5_3_1
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_1
-        return all_gather(grad, -1)
+        return all_gather(grad, -1, ctx.group), None
         # END ASSIGN5_3_1
 
 
@@ -101,15 +109,16 @@ class GatherFromTensorParallelRegion(torch.autograd.Function):
     """Concatenate every rank's chunk along the last dimension; backward keeps this rank's chunk."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_1
-        return all_gather(x, -1)
+        return all_gather(x, -1, ctx.group)
         # END ASSIGN5_3_1
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_1
-        return split_along_dim(grad, -1)
+        return split_along_dim(grad, -1, ctx.group), None
         # END ASSIGN5_3_1
 
 
@@ -117,15 +126,16 @@ class ScatterToSequenceParallelRegion(torch.autograd.Function):
     """Keep this rank's chunk of the sequence; backward all-gathers the gradient along the sequence."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_5
-        return split_along_dim(x, SEQUENCE_DIM)
+        return split_along_dim(x, SEQUENCE_DIM, ctx.group)
         # END ASSIGN5_3_5
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_5
-        return all_gather(grad, SEQUENCE_DIM)
+        return all_gather(grad, SEQUENCE_DIM, ctx.group), None
         # END ASSIGN5_3_5
 
 
@@ -133,15 +143,16 @@ class GatherFromSequenceParallelRegion(torch.autograd.Function):
     """All-gather along the sequence; backward reduce-scatters (the ranks' gradients are partial sums)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_5
-        return all_gather(x, SEQUENCE_DIM)
+        return all_gather(x, SEQUENCE_DIM, ctx.group)
         # END ASSIGN5_3_5
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_5
-        return reduce_scatter(grad, SEQUENCE_DIM)
+        return reduce_scatter(grad, SEQUENCE_DIM, ctx.group), None
         # END ASSIGN5_3_5
 
 
@@ -149,51 +160,52 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     """Reduce-scatter along the sequence (sum partial outputs, keep own chunk); backward all-gathers."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         # BEGIN ASSIGN5_3_5
-        return reduce_scatter(x, SEQUENCE_DIM)
+        return reduce_scatter(x, SEQUENCE_DIM, ctx.group)
         # END ASSIGN5_3_5
 
     @staticmethod
     def backward(ctx, grad):
         # BEGIN ASSIGN5_3_5
-        return all_gather(grad, SEQUENCE_DIM)
+        return all_gather(grad, SEQUENCE_DIM, ctx.group), None
         # END ASSIGN5_3_5
 
 
-def copy_to_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def copy_to_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """``f`` (Shoeybi et al. 2019, Sec. 3): ``x`` of any shape, same on every rank -> the same tensor."""
-    return CopyToTensorParallelRegion.apply(x)
+    return CopyToTensorParallelRegion.apply(x, group)
 
 
-def reduce_from_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def reduce_from_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """``g`` (Shoeybi et al. 2019, Sec. 3): partial sums of any shape -> their sum over ranks."""
-    return ReduceFromTensorParallelRegion.apply(x)
+    return ReduceFromTensorParallelRegion.apply(x, group)
 
 
-def scatter_to_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def scatter_to_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(..., n) -> (..., n / tp_size): this rank's chunk of the last dimension."""
-    return ScatterToTensorParallelRegion.apply(x)
+    return ScatterToTensorParallelRegion.apply(x, group)
 
 
-def gather_from_tensor_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def gather_from_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(..., n / tp_size) -> (..., n): every rank's chunk, concatenated in rank order."""
-    return GatherFromTensorParallelRegion.apply(x)
+    return GatherFromTensorParallelRegion.apply(x, group)
 
 
-def scatter_to_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(batch, seq, ...) -> (batch, seq / tp_size, ...): this rank's part of the sequence."""
-    return ScatterToSequenceParallelRegion.apply(x)
+    return ScatterToSequenceParallelRegion.apply(x, group)
 
 
-def gather_from_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def gather_from_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(batch, seq / tp_size, ...) -> (batch, seq, ...): all-gather forward, reduce-scatter backward."""
-    return GatherFromSequenceParallelRegion.apply(x)
+    return GatherFromSequenceParallelRegion.apply(x, group)
 
 
-def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
+def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(batch, seq, ...) partial sums -> (batch, seq / tp_size, ...) of their sum: reduce-scatter forward."""
-    return ReduceScatterToSequenceParallelRegion.apply(x)
+    return ReduceScatterToSequenceParallelRegion.apply(x, group)
 
 
 # Short names used in the paper and the notebook.

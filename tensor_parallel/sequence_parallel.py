@@ -30,11 +30,12 @@ from typing import Iterable
 
 import torch
 
-from tensor_parallel.comm import all_reduce, region, tp_world_size
+from course.communication import all_reduce, group_size, region
 
 
-def sync_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over the ranks, in place, in one all-reduce.
+def sync_partial_grads(params: Iterable[torch.nn.Parameter], group=None) -> None:
+    """Sum the gradients of ``params`` over the ranks of the tensor-parallel ``group`` (None:
+    the world), in place, in one all-reduce.
 
     For replicated parameters whose gradient on each rank covers only that rank's part of
     the work (its sequence chunk, or its own residual stream for ``spd``/``parallel``
@@ -42,12 +43,12 @@ def sync_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
     same, complete gradient.
     """
     params = list(params)
-    if not params or tp_world_size() == 1:
+    if not params or group_size(group) == 1:
         return
     with region("grad_sync", "step"):
         # BEGIN ASSIGN5_3_5
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))
+        flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]), group)
         offset = 0
         for p in params:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()

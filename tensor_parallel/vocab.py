@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensor_parallel.comm import all_reduce, all_reduce_max, tp_rank, tp_world_size
+from course.communication import all_reduce, all_reduce_max, group_rank, group_size
 from tensor_parallel.layers import divide
 from tensor_parallel.mappings import reduce_from_tensor_parallel_region
 
@@ -42,16 +42,18 @@ class VocabParallelEmbedding(nn.Module):
     Args:
         master_weight: the dense (num_embeddings, embedding_dim) weight to cut from; drawn
             from N(0, 0.02) with ``seed`` if None (GPT-2's initialisation).
+        group: the tensor-parallel process group (None: the world); rank r is the rank in it.
 
     Raises:
         ValueError: ``num_embeddings`` not divisible by ``tp_size``; master shape wrong.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, master_weight: torch.Tensor | None = None,
-                 seed: int = 0):
+                 seed: int = 0, group=None):
         super().__init__()
+        self.group = group
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.vocab_start, self.vocab_end = vocab_range(num_embeddings, tp_rank(), tp_world_size())
+        self.vocab_start, self.vocab_end = vocab_range(num_embeddings, group_rank(group), group_size(group))
         if master_weight is None:
             gen = torch.Generator().manual_seed(seed)
             master_weight = torch.empty(num_embeddings, embedding_dim).normal_(0.0, 0.02, generator=gen)
@@ -65,7 +67,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
         local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
         partial = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tensor_parallel_region(partial)
+        return reduce_from_tensor_parallel_region(partial, self.group)
         # END ASSIGN5_3_3
 
     def extra_repr(self) -> str:
@@ -77,22 +79,22 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross-entropy over vocabulary-sharded logits; see :func:`vocab_parallel_cross_entropy`."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index):
+    def forward(ctx, logits, target, ignore_index, group):
         # logits: (N, V/p) this rank's vocabulary range; target: (N,) global token ids.
-        vocab_start = tp_rank() * logits.size(-1)
+        vocab_start = group_rank(group) * logits.size(-1)
         ctx.dtype = logits.dtype
         logits = logits.float()
         valid = target != ignore_index
         # BEGIN ASSIGN5_3_3
-        global_max = all_reduce_max(logits.max(dim=-1).values)
+        global_max = all_reduce_max(logits.max(dim=-1).values, group)
         shifted = logits - global_max.unsqueeze(-1)
         local_target = target - vocab_start
         outside = (local_target < 0) | (local_target >= logits.size(-1))
         local_target = local_target.masked_fill(outside, 0)
         target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        target_logit = all_reduce(target_logit)
+        target_logit = all_reduce(target_logit, group)
         exp = shifted.exp()
-        sum_exp = all_reduce(exp.sum(dim=-1))
+        sum_exp = all_reduce(exp.sum(dim=-1), group)
         loss = (sum_exp.log() - target_logit).masked_fill(~valid, 0.0)
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_target, outside, valid)
         # END ASSIGN5_3_3
@@ -106,16 +108,17 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         grad.scatter_add_(-1, local_target.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
         grad = grad * (grad_loss * valid).unsqueeze(-1)
         # END ASSIGN5_3_3
-        return grad.to(ctx.dtype), None, None
+        return grad.to(ctx.dtype), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                                 ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                                 ignore_index: int = IGNORE_INDEX, group=None) -> torch.Tensor:
     """Per-token cross-entropy (nats) from this rank's slice of the logits.
 
     Args:
         logits: (..., vocab_size / tp_size), rank r's columns ``[r * V/p, (r+1) * V/p)``.
         target: (...) token ids in ``[0, vocab_size)``, or ``ignore_index``; same on every rank.
+        group: the tensor-parallel process group (None: the world).
 
     Returns:
         (...) float32 losses, ``logsumexp(all logits) - logit[target]``, 0 where ignored;
@@ -124,12 +127,14 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     Source: Shoeybi et al. 2019, Megatron-LM, Sec. 3 (parallel output embedding + loss fusion).
     """
     shape = target.shape
-    loss = VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index)
+    loss = VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index,
+                                           group)
     return loss.view(shape)
 
 
-def vocab_parallel_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """:func:`project.train.lm_loss` on vocabulary-sharded logits.
+def vocab_parallel_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+                           group=None) -> torch.Tensor:
+    """:func:`course.loss.lm_loss` on vocabulary-sharded logits.
 
     Next-token cross-entropy: position t's logits score label t+1; positions whose label is
     -100 (source, ``<eos_src>``, padding) are not counted.
@@ -137,8 +142,9 @@ def vocab_parallel_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
     Args:
         logits: (batch, seq, vocab_size / tp_size); labels: (batch, seq).
         reduction: ``mean`` over counted tokens (0 if there are none) or ``sum``.
+        group: the tensor-parallel process group (None: the world).
     """
-    per_token = vocab_parallel_cross_entropy(logits[:, :-1], labels[:, 1:])
+    per_token = vocab_parallel_cross_entropy(logits[:, :-1], labels[:, 1:], group=group)
     total = per_token.sum()
     if reduction == "sum":
         return total

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.launch import launch
+from course.launch import launch
 
 pytestmark = pytest.mark.a5_1_2
 
@@ -30,7 +30,7 @@ def global_batch(world_size):
 
 
 def grad_worker(rank, world_size):
-    from data_parallel.comm import average_gradients
+    from data_parallel.gradients import average_gradients
 
     model = make_model()
     x, y = global_batch(world_size)
@@ -41,7 +41,7 @@ def grad_worker(rank, world_size):
 
 
 def setup_worker(rank, world_size):
-    from data_parallel.comm import cleanup, setup
+    from data_parallel.process_group import cleanup, setup
 
     setup(rank, world_size, backend="gloo")
     joined = (dist.is_initialized(), dist.get_rank(), dist.get_world_size())

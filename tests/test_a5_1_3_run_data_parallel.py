@@ -39,8 +39,8 @@ def test_two_rank_run_matches_single_process_training(tmp_path):
     # Single-process reference: the same initial weights, the same global batches (rank 0's and rank 1's
     # shards of each step), the loss averaged over the two shards, the same optimizer.
     from data_parallel.partition import partition_dataset
-    from project.experiment import build_model, prepare_data
-    from project.train import lm_loss
+    from course.task import build_model, prepare_data
+    from course.loss import lm_loss
 
     torch.set_num_threads(1)
     args = parse_args(argv(tmp_path))

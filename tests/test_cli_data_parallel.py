@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import project.run_data_parallel as script
-from project.data import multi30k_files
+from course.data import multi30k_files
 
 SCRIPT = Path(script.__file__)
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-import project.data as data
-from project.data import DataNotFoundError, multi30k_files, resolve_data_dir
+import course.data as data
+from course.data import DataNotFoundError, multi30k_files, resolve_data_dir
 
 def course_copy():
     for folder in data.candidate_dirs():

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from project.launch import RankFailure, launch, resolve_device_backend
+from course.launch import RankFailure, launch, resolve_device_backend
 
 
 def sum_worker(rank, world_size, offset):
-    from project.launch import context
+    from course.launch import context
 
     t = torch.tensor([rank + offset])
     dist.all_reduce(t)

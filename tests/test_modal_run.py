@@ -137,13 +137,13 @@ def test_command_of_each_mode():
 
     grade = ms.make_request(grade=True, world_size=2)
     assert ms.build_command(grade, "/vol/runs/g", python=PY, repo_root=Path("/root"), timeout=3000) == [
-        PY, "project/grade.py", "--json", "/vol/runs/g/grade_results.json"]
-    assert '"--json"' in (REPO / "project/grade.py").read_text()  # the grader's option
+        PY, "instructor/grade.py", "--json", "/vol/runs/g/grade_results.json"]
+    assert '"--json"' in (REPO / "instructor/grade.py").read_text()  # the grader's option
 
 
 def test_every_mode_option_exists_in_its_script():
     """The options modal_run passes are options of the scripts (read from their source)."""
-    sources = {mode: (REPO / script).read_text() + (REPO / "project/cli.py").read_text()
+    sources = {mode: (REPO / script).read_text() + (REPO / "course/cli.py").read_text()
                for mode, script in ms.SCRIPTS.items()}
     for mode, source in sources.items():
         assert f'"{ms.SIZE_OPTION[mode]}"' in source, (mode, ms.SIZE_OPTION[mode])
@@ -172,8 +172,8 @@ def test_summary_and_copies(tmp_path):
 
 
 def _gradescope_payload():
-    """A Gradescope JSON as ``project/grade.py --json`` writes it, and the rows it came from."""
-    from project.grade import KeyResult, gradescope
+    """A Gradescope JSON as ``instructor/grade.py --json`` writes it, and the rows it came from."""
+    from instructor.grade import KeyResult, gradescope
 
     rows = [KeyResult("a5_1_1", "dataset partitioning: Partition", 2, 2, 10.0, 10, 12.0, "all tests passed"),
             KeyResult("a5_1_2", "all-reduce", 1, 2, 5.0, 10, 30.0, "not passed:\ntest_c: failure assert False"),
@@ -182,7 +182,7 @@ def _gradescope_payload():
 
 
 def test_grade_table_from_the_gradescope_json(capsys):
-    from project.grade import print_table
+    from instructor.grade import print_table
 
     payload, rows = _gradescope_payload()
     ms.print_grade(payload)
@@ -201,14 +201,14 @@ def test_remote_grade_returns_the_gradescope_json_and_the_log(tmp_path):
     """``remote_run`` runs the grader from the repository root and returns its JSON and log."""
     payload, _ = _gradescope_payload()
     root = tmp_path / "repo"
-    (root / "project").mkdir(parents=True)
-    (root / "project" / "grade.py").write_text(  # stands in for the grader: argv and cwd as remote_run gives them
+    (root / "instructor").mkdir(parents=True)
+    (root / "instructor" / "grade.py").write_text(  # stands in for the grader: argv and cwd as remote_run gives them
         "import os, sys\nprint('grading in', os.getcwd())\n"
         f"assert sys.argv[1] == '--json'\nopen(sys.argv[2], 'w').write({payload!r})\n")
     request = ms.make_request(grade=True, dataset="not_multi30k")  # no data download
     result = ms.remote_run(asdict(request), "g", volume_root=tmp_path / "vol", repo_root=root)
     assert result["returncode"] == 0, "\n".join(result["log_tail"])
-    assert result["command"][1:] == ["project/grade.py", "--json", str(tmp_path / "vol/runs/g/grade_results.json")]
+    assert result["command"][1:] == ["instructor/grade.py", "--json", str(tmp_path / "vol/runs/g/grade_results.json")]
     assert result["files"][ms.GRADE_JSON] == payload
     assert result["files"]["log.txt"].startswith(f"grading in {root}")
 

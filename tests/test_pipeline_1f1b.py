@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.schedules_1f1b import gpipe_actions, one_f_one_b_actions
+from pipeline.schedules import gpipe_actions, one_f_one_b_actions
 
 pytestmark = pytest.mark.a5_2_4
 
@@ -97,13 +97,13 @@ def _loss(output, target):
 
 def pipeline_worker(rank, world_size, schedules):
     """Each rank runs its stage under every schedule; returns its gradients, losses and peaks."""
-    from pipeline.multiprocess import StageRunner
-    from pipeline.schedules_1f1b import schedule_actions
-    from project.launch import context
+    from pipeline.stage_runner import StageRunner
+    from pipeline.schedules import schedule_actions
+    from course.launch import context
 
     device = context().device
     stage = _full_model()[rank].to(device)
-    runner = StageRunner(stage, rank, world_size, device, loss_fn=_loss)
+    runner = StageRunner(stage, device, loss_fn=_loss)
     inputs, targets = _data()
     out = {}
     for schedule in schedules:
@@ -118,7 +118,7 @@ def pipeline_worker(rank, world_size, schedules):
 
 @pytest.mark.timeout(240)
 def test_multiprocess_gradients_equal_single_process_training():
-    from project.launch import launch
+    from course.launch import launch
 
     results = launch(pipeline_worker, P, ["gpipe", "1f1b"], timeout=150, collective_timeout=30)
 

@@ -14,7 +14,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def make_model():
-    from project.model import build_gpt2
+    from course.model import build_gpt2
 
     return lambda: build_gpt2("tiny", VOCAB, n_positions=32, dropout=0.0, seed=3)
 
@@ -30,7 +30,7 @@ def _batch(batch=5, seq=14):
 @pytest.mark.parametrize("n_stages,split_size", [(2, 2), (3, 1), (4, 5)])
 def test_piped_gpt2_logits_loss_and_gradients_equal_the_plain_model(make_model, n_stages, split_size):
     from pipeline.gpt2 import GPT2Pipeline
-    from project.train import lm_loss
+    from course.loss import lm_loss
 
     plain, piped_source = make_model(), make_model()
     piped = GPT2Pipeline(piped_source, n_stages, split_size)

@@ -9,7 +9,7 @@ processes, which the formula leaves out.
 import pytest
 
 from pipeline.metrics import bubble_fraction, measured_bubble_fraction, peak_in_flight, simulate
-from pipeline.schedules_1f1b import all_actions
+from pipeline.schedules import all_actions
 
 TOLERANCE = 0.05  # absolute, on a fraction in [0, 1]
 

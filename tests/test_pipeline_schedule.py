@@ -11,7 +11,7 @@ from torch import nn
 
 from pipeline.partition import WithDevice, _split_module
 from pipeline.pipe import Pipe
-from pipeline.schedule import _clock_cycles
+from pipeline.clock_cycles import _clock_cycles
 
 pytestmark = pytest.mark.a5_2_1
 

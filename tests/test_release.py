@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from project.grade import grade_key, gradescope
-from project.release import ReleaseError, make_release, stub_notebook, stub_source
+from instructor.grade import grade_key, gradescope
+from instructor.release import ReleaseError, make_release, stub_notebook, stub_source
 
 
 def m(text: str) -> str:
@@ -88,13 +88,13 @@ def test_release_of_this_repository_parses_has_no_markers_and_keeps_instructor_f
         if path.suffix == ".py":
             ast.parse(text)
     # The stubbed packages still import.
-    code = "import data_parallel, data_parallel.train, project.launch"
+    code = "import data_parallel, data_parallel.training, course.launch"
     subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
 
 
 HANGING_TEST = textwrap.dedent('''
     import time, pytest
-    from project.launch import launch
+    from course.launch import launch
 
     def deadlock(rank, world_size):
         import os, pathlib, torch, torch.distributed as dist

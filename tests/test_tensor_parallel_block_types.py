@@ -93,7 +93,7 @@ def test_replicated_gradients_agree_across_ranks(name):
     (["--tp_size", "0"], "--tp_size must be >= 1"),
 ])
 def test_run_script_rejects_bad_input_before_spawning(argv, message, capsys, monkeypatch):
-    from project import launch as launch_module
+    from course import launch as launch_module
     from project.run_tensor_parallel import main
 
     monkeypatch.setattr(launch_module.mp, "get_context", lambda *a: pytest.fail("a process was started"))

@@ -1,7 +1,7 @@
 """Assignment 5.3.4 — tensor-parallel GPT-2 equals the single-device transformers model (graded).
 
 One launch per tp_size (2, and 4: the model has 4 heads) builds the same small GPT-2 on
-every rank with ``project.model.build_gpt2`` (dropout 0, eager attention), runs it on a
+every rank with ``course.model.build_gpt2`` (dropout 0, eager attention), runs it on a
 padded batch with source tokens masked out of the loss, and compares the
 ``TensorParallelGPT2`` built from it:
 
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tests.tp_support import case
+from tests.tp_support import case, expected_shards
 
 VOCAB, N_LAYER, N_EMBD, N_HEAD, N_POSITIONS = 97, 4, 64, 4, 32  # 97: the vocabulary needs padding to split
 BATCH, SEQ = 2, 12
@@ -40,36 +40,10 @@ def gpt2_inputs(seq=SEQ):
     return ids[:, :seq], mask[:, :seq], labels[:, :seq]
 
 
-def expected_shards(hf, rank, tp_size, padded_vocab):
-    """Each TP parameter's expected gradient: the matching shard of the transformers model's gradient."""
-    tr, H = hf.transformer, N_EMBD
-    h_chunk, f_chunk, v_chunk = H // tp_size, 4 * H // tp_size, padded_vocab // tp_size
-    mine = lambda n: slice(rank * n, (rank + 1) * n)  # noqa: E731
-    wte = torch.cat([tr.wte.weight.grad, tr.wte.weight.grad.new_zeros(padded_vocab - VOCAB, H)])
-    out = {"wte.weight": wte[mine(v_chunk)], "wpe.weight": tr.wpe.weight.grad,
-           "ln_f.weight": tr.ln_f.weight.grad, "ln_f.bias": tr.ln_f.bias.grad}
-    for i, block in enumerate(tr.h):
-        p = f"h.{i}."
-        for ln in ("ln_1", "ln_2"):
-            out[p + ln + ".weight"] = getattr(block, ln).weight.grad
-            out[p + ln + ".bias"] = getattr(block, ln).bias.grad
-        qkv_w, qkv_b = block.attn.c_attn.weight.grad.t(), block.attn.c_attn.bias.grad  # (3H, H): rows [Q; K; V]
-        rows = [torch.arange(part * H, (part + 1) * H)[mine(h_chunk)] for part in range(3)]
-        out[p + "attn.c_attn.weight"] = torch.cat([qkv_w[r] for r in rows])
-        out[p + "attn.c_attn.bias"] = torch.cat([qkv_b[r] for r in rows])
-        out[p + "attn.c_proj.weight"] = block.attn.c_proj.weight.grad.t()[:, mine(h_chunk)]
-        out[p + "attn.c_proj.bias"] = block.attn.c_proj.bias.grad
-        out[p + "mlp.c_fc.weight"] = block.mlp.c_fc.weight.grad.t()[mine(f_chunk)]
-        out[p + "mlp.c_fc.bias"] = block.mlp.c_fc.bias.grad[mine(f_chunk)]
-        out[p + "mlp.c_proj.weight"] = block.mlp.c_proj.weight.grad.t()[:, mine(f_chunk)]
-        out[p + "mlp.c_proj.bias"] = block.mlp.c_proj.bias.grad
-    return out
-
-
 def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ):
     """Build a TensorParallelGPT2, run forward + backward + sync_grads with the counter on."""
-    from project.train import lm_loss
-    from tensor_parallel.comm import CommCounter
+    from course.loss import lm_loss
+    from course.communication import CommCounter
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
     ids, mask, labels = gpt2_inputs(seq)
@@ -99,19 +73,18 @@ def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ):
 
 
 def gpt2_worker(rank, world_size):
-    from project.model import build_gpt2
-    from project.train import lm_loss
+    from course.model import build_gpt2
+    from course.loss import lm_loss
 
     hf = build_gpt2("tiny", VOCAB, n_positions=N_POSITIONS, dropout=0.0, seed=0,
                     n_layer=N_LAYER, n_embd=N_EMBD, n_head=N_HEAD)
-    padded = -(-VOCAB // world_size) * world_size
     refs = {}
     for seq in (SEQ, SEQ - 1):
         hf.zero_grad()
         ids, mask, labels = gpt2_inputs(seq)
         logits = hf(input_ids=ids, attention_mask=mask).logits
         lm_loss(logits, labels).backward()
-        refs[seq] = {"logits": logits.detach(), "expected": expected_shards(hf, rank, world_size, padded)}
+        refs[seq] = {"logits": logits.detach(), "expected": expected_shards(hf, rank, world_size)}
     cases = {
         "tp": {}, "sp": {"sequence_parallel": True}, "sp_odd_length": {"sequence_parallel": True, "seq": SEQ - 1},
         "spd": {"block_types": "spd"}, "parallel": {"block_types": "parallel"},
@@ -132,7 +105,7 @@ def gpt2_worker(rank, world_size):
 @functools.lru_cache(maxsize=None)
 def gpt2_results(tp_size: int) -> dict:
     """``{rank: {case: result}}`` of one launch of :func:`gpt2_worker` (cached for the session)."""
-    from project.launch import launch
+    from course.launch import launch
 
     return launch(gpt2_worker, tp_size, timeout=240)
 

@@ -10,7 +10,7 @@ Across 2 real processes:
   of the logits, with targets in every rank's range, ignored targets, and logits as large
   as 1e4 (an unshifted softmax overflows there). It communicates only all-reduces of
   per-token scalars in the forward pass and nothing in the backward pass.
-* ``vocab_parallel_lm_loss`` equals the course's ``project.train.lm_loss``.
+* ``vocab_parallel_lm_loss`` equals the course's ``course.loss.lm_loss``.
 
 Tolerance: float32, atol/rtol 1e-5.
 """
@@ -59,7 +59,7 @@ def lm_inputs():
 
 
 def vocab_worker(rank, world_size):
-    from tensor_parallel.comm import CommCounter
+    from course.communication import CommCounter
     from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 
     chunk = VOCAB // world_size
@@ -135,12 +135,12 @@ def test_vocab_parallel_cross_entropy_communication():
         r = get("ce1", rank)
         assert set(r["forward"]) == {"all_reduce"}, (
             f"forward collectives {r['forward']}: only all-reduces of per-token scalars (max, target logit, "
-            "sum of exponentials) — never gather the logits; go through tensor_parallel.comm")
+            "sum of exponentials) — never gather the logits; go through course.communication")
         assert r["backward"] == {}, f"backward communicated {r['backward']}; it needs no communication"
 
 
 def test_vocab_parallel_lm_loss_equals_course_loss():
-    from project.train import lm_loss
+    from course.loss import lm_loss
 
     logit, labels = lm_inputs()
     logit.requires_grad_(True)

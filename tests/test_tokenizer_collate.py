@@ -2,9 +2,9 @@
 import torch
 import torch.nn.functional as F
 
-from project.collate import IGNORE_INDEX, encode_pairs, make_collate
-from project.tokenizer import get_tokenizer
-from project.train import count_target_tokens, lm_loss
+from course.collate import IGNORE_INDEX, encode_pairs, make_collate
+from course.tokenizer import get_tokenizer
+from course.loss import count_target_tokens, lm_loss
 
 PAIRS = [{"translation": {"de": f"Ein Mann fährt Fahrrad Nummer {i}.", "en": f"A man rides bike number {i}."}}
          for i in range(200)]

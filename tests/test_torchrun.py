@@ -1,7 +1,7 @@
 """The scripts under torchrun and Slurm: they join the group torchrun made instead of spawning their own.
 
 The signal is the process tree, read from /proc while the run is going: torchrun's agent starts
-one process per rank (``RANK`` in its environment); in torchrun mode ``project.launch`` runs the
+one process per rank (``RANK`` in its environment); in torchrun mode ``course.launch`` runs the
 worker in that process, so the rank processes have no children. In spawn mode each would start
 ``world_size`` ``multiprocessing`` children of its own (the control test shows the poller sees
 such children). The Slurm script is checked with stand-ins for ``srun`` and ``scontrol``.

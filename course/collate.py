@@ -74,7 +74,7 @@ class Collate:
 
 
 def make_collate(tokenizer, model_max_length: int = 128) -> Collate:
-    """The :class:`Collate` for a :class:`project.tokenizer.CourseTokenizer`."""
+    """The :class:`Collate` for a :class:`course.tokenizer.CourseTokenizer`."""
     if model_max_length < 4:
         raise ValueError(f"model_max_length {model_max_length} is too short (use >= 4)")
     return Collate(tokenizer.pad_id, tokenizer.eos_src_id, tokenizer.eos_tgt_id, model_max_length)

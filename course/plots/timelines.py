@@ -1,8 +1,8 @@
-"""Plots of the pipeline notebook: Gantt charts of schedules, bubble fraction, memory, throughput.
+"""Timelines of pipeline schedules (Gantt charts), the bubble fraction, and activation memory per stage.
 
 Timelines are ``events[stage] = [(kind, micro-batch, start, end), ...]`` (kind ``"F"`` or
 ``"B"``), as returned by :func:`pipeline.metrics.simulate` (unit time slots) or measured by
-:class:`pipeline.multiprocess.StageRunner` / ``Pipe.timeline`` (seconds).
+:class:`pipeline.stage_runner.StageRunner` / ``Pipe.timeline`` (seconds).
 """
 from __future__ import annotations
 
@@ -98,20 +98,5 @@ def plot_activation_memory(rows: list[dict]):
     ax.set_xticks(stages, [f"stage {s}" for s in stages])
     ax.set(ylabel="peak activations (MiB)", title="Activation memory (labels: micro-batches in flight)")
     ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def plot_modes(df, modes: list[str]):
-    """Bars of seconds per epoch and tokens/s for each mode (rank 0's results rows)."""
-    plt = _plt()
-    rows = df[df["rank"] == 0].set_index("config.mode").loc[modes]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-    ax1.bar(modes, rows["training_time"], color="tab:blue")
-    ax1.set(ylabel="seconds (same batches)", title="training time")
-    ax2.bar(modes, rows["tokens_per_sec"], color="tab:green")
-    ax2.set(ylabel="tokens / s", title="throughput")
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     return fig

@@ -9,15 +9,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from project.collate import Collate, encode_pairs, make_collate
-from project.data import load_translation_dataset
-from project.model import build_gpt2
-from project.tokenizer import CourseTokenizer, get_tokenizer
+from course.collate import Collate, encode_pairs, make_collate
+from course.data import load_translation_dataset
+from course.model import build_gpt2
+from course.tokenizer import CourseTokenizer, get_tokenizer
 
 
 @dataclass
 class Data:
-    """Tokenized splits (lists of dicts, see :func:`project.collate.encode_pairs`) and their collate."""
+    """Tokenized splits (lists of dicts, see :func:`course.collate.encode_pairs`) and their collate."""
 
     tokenizer: CourseTokenizer
     train: list
@@ -29,7 +29,7 @@ class Data:
 def prepare_data(args) -> Data:
     """Load the corpus, get the (cached) tokenizer and encode every split.
 
-    ``args`` holds the options of :func:`project.cli.add_common_args`.
+    ``args`` holds the options of :func:`course.cli.add_common_args`.
     """
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     corpus = load_translation_dataset(args.dataset, args.data_dir, args.src_lang, args.tgt_lang)

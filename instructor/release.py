@@ -1,6 +1,6 @@
 """Write the student release of the course: every solution block replaced by a stub.
 
-    python project/release.py --out ../student-release
+    python instructor/release.py --out ../student-release
 
 Every ``# BEGIN ASSIGN5_x_y`` ... ``# END ASSIGN5_x_y`` block in the packages, scripts and
 notebooks becomes one line, indented like the block,
@@ -28,14 +28,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.grading import key_of_marker  # noqa: E402
+from instructor.keys import key_of_marker  # noqa: E402
 
 BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
 END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
 ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
-INSTRUCTOR_ONLY = {"project/release.py", "project/integrity.py", "tests/test_release.py"}
+INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "tests/test_release.py"}
 SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
 
 
@@ -62,7 +63,7 @@ def find_blocks(lines: list[str], where: str) -> list[Block]:
                                    f"{open_block.begin + 1} (blocks do not nest)")
             if key_of_marker(b.group(2)) is None:
                 raise ReleaseError(f"{where}:{i + 1}: unknown assignment key {b.group(2)} "
-                                   "(declare it in project/grading.py and pyproject.toml)")
+                                   "(declare it in instructor/keys.py)")
             open_block = Block(b.group(2), i, -1, b.group(1))
         elif e:
             if not open_block:

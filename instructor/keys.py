@@ -1,8 +1,10 @@
 """The assignment keys: topic, notebook, points and dependencies, declared in one place.
 
-Used by ``project/release.py`` (stub messages), ``project/grade.py`` (points) and the
-grading-integrity check. The pytest markers of the same names are declared in
-pyproject.toml (COURSE_DESIGN.md §4).
+This is the only list of the keys. The repository's ``conftest.py`` registers one pytest
+marker per key from it (``pytest -k a5_1_2`` / ``-m a5_1_2`` select a key's tests), and it
+is read by ``instructor/release.py`` (stub messages), ``instructor/grade.py`` (points), the
+grading-integrity check and a test that keeps the README's table of keys in step with it
+(docs/architecture.md, "Assignment keys").
 """
 from __future__ import annotations
 
@@ -46,6 +48,18 @@ KEYS: dict[str, Key] = {k.key: k for k in [
 ]}
 
 MARKERS = {k.marker: k for k in KEYS.values()}
+
+# Markers that are not assignment keys.
+OTHER_MARKERS = {
+    "needs_solution": "ungraded, but calls reference-solution code (expected to fail in the student release "
+                      "until the assignments are done)",
+}
+
+
+def marker_lines() -> list[str]:
+    """The ``name: description`` lines pytest registers (``config.addinivalue_line("markers", ...)``)."""
+    return ([f"{k.key}: Assignment {k.number} {k.topic}" for k in KEYS.values()]
+            + [f"{name}: {text}" for name, text in OTHER_MARKERS.items()])
 
 
 def key_of_marker(name: str) -> Key | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from project.launch import in_torchrun, resolve_device_backend
-from project.model import PRESETS, default_preset
+from course.launch import in_torchrun, resolve_device_backend
+from course.model import PRESETS, default_preset
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_epochs: int = 1,
@@ -49,7 +49,7 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     Exits through ``parser.error`` (code 2) with a message that says what to change.
     """
-    from project.data import DataNotFoundError, resolve_data_dir
+    from course.data import DataNotFoundError, resolve_data_dir
 
     positive = {"batch_size": args.batch_size, "n_epochs": args.n_epochs, "learning_rate": args.learning_rate}
     for name, value in positive.items():

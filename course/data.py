@@ -3,7 +3,7 @@
 The default corpus is Multi30k German→English (Elliott et al. 2016, task 1, raw text):
 29,000 training, 1,014 validation and 1,000 test pairs (test_2016_flickr).
 
-Where the Multi30k files are looked for, first match wins (COURSE_DESIGN.md §6):
+Where the Multi30k files are looked for, first match wins (docs/architecture.md, "Data"):
 
 1. ``data_dir`` (the ``--data_dir`` option),
 2. ``$LLMSYS_DATA_DIR``,

@@ -1,4 +1,4 @@
-"""One launcher for every script, notebook and test (COURSE_DESIGN.md §5).
+"""One launcher for every script, notebook and test (docs/architecture.md, "The launcher").
 
 ``launch(worker, world_size, *args)`` runs ``worker(rank, world_size, *args)`` in
 ``world_size`` processes that form one ``torch.distributed`` process group:
@@ -62,7 +62,7 @@ _CONTEXT: DistContext | None = None
 def context() -> DistContext:
     """The :class:`DistContext` of the calling worker. Raises RuntimeError outside :func:`launch`."""
     if _CONTEXT is None:
-        raise RuntimeError("context() is only available inside a worker started by project.launch.launch")
+        raise RuntimeError("context() is only available inside a worker started by course.launch.launch")
     return _CONTEXT
 
 

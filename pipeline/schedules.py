@@ -4,7 +4,7 @@ An action is ``("F", i)`` (forward of micro-batch ``i`` on this rank's stage) or
 ``("B", i)`` (its backward). The communication is implied: a forward receives its input
 from rank - 1 and sends its output to rank + 1; a backward receives the output's
 gradient from rank + 1 and sends the input's gradient to rank - 1
-(:class:`pipeline.multiprocess.StageRunner`).
+(:class:`pipeline.stage_runner.StageRunner`).
 
 * GPipe: all ``m`` forwards, then all ``m`` backwards (Huang et al. 2019, Sec. 2.2).
   Every rank holds the activations of all ``m`` micro-batches at the turn.

@@ -1,4 +1,4 @@
-"""Results files of a run (COURSE_DESIGN.md §7).
+"""Results files of a run (docs/architecture.md, "Results files").
 
 Each script writes, per rank and epoch, ``{prefix}rank{r}_results_epoch{e}.json`` in its
 work directory (data parallel: no prefix; pipeline: ``pipeline_<mode>_``; tensor
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+from course.launch import in_torchrun
 
 REQUIRED_KEYS = ("validation_loss", "bleu", "training_time", "tokens_per_sec", "config")
 
@@ -63,3 +65,20 @@ def load_results(workdir: str | os.PathLike, pattern: str = "*rank*_results_epoc
         data["file"] = f.name
         rows.append(data)
     return pd.json_normalize(rows, sep=".")
+
+
+def print_epoch_table(workdir, prefix: str = "", n_epochs: int = 1, rank: int = 0) -> None:
+    """Print rank ``rank``'s results per epoch: validation loss, BLEU, time, tokens/s.
+
+    Under torchrun only the process of that rank prints (the others have no file to read yet).
+    """
+    if in_torchrun() and int(os.environ["RANK"]) != rank:
+        return
+    print(f"{'epoch':>5} {'val loss':>9} {'BLEU':>6} {'time (s)':>9} {'tokens/s':>10} {'all ranks tok/s':>16}")
+    for epoch in range(n_epochs):
+        path = Path(workdir) / results_name(rank, epoch, prefix)
+        r = json.loads(path.read_text())
+        total = r.get("global_tokens_per_sec", r["tokens_per_sec"])
+        print(f"{epoch:>5} {r['validation_loss']:>9.3f} {r['bleu']:>6.2f} {r['training_time']:>9.1f} "
+              f"{r['tokens_per_sec']:>10.0f} {total:>16.0f}")
+    print(f"results: {Path(workdir).resolve()}/{prefix}rank*_results_epoch*.json")

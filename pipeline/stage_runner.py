@@ -1,12 +1,14 @@
 """A multi-process pipeline: each rank owns one stage and runs its schedule's action list.
 
-Inside a worker started by :func:`project.launch.launch`, rank ``r`` of ``p`` builds its
+Inside a worker started by :func:`course.launch.launch`, the rank at stage ``s`` of ``p``
+(its rank in the pipeline's process group, the ``pp`` group of the run's mesh) builds its
 stage (an ``nn.Module``) and a :class:`StageRunner`, then for every training step calls
-:meth:`StageRunner.run` with its action list (:mod:`pipeline.schedules_1f1b`). Activations
-go forward to rank r + 1 and their gradients back to rank r - 1 by point-to-point
-send/recv (:mod:`pipeline.p2p`). Gradients accumulate in the stage's parameters over the
-micro-batches, exactly as in single-process training of the same micro-batches, so the
-optimizer step after :meth:`run` is the same.
+:meth:`StageRunner.run` with its action list (:mod:`pipeline.schedules`). Activations
+go forward to stage s + 1 and their gradients back to stage s - 1 by point-to-point
+send/recv in the ``pp`` group (:mod:`pipeline.p2p`); a neighbour is addressed by its
+global rank, ``dist.get_global_rank(pp_group, s ± 1)``. Gradients accumulate in the
+stage's parameters over the micro-batches, exactly as in single-process training of the
+same micro-batches, so the optimizer step after :meth:`run` is the same.
 
 The runner also measures what the notebook draws: the start and end of every forward
 and backward (seconds since a common origin, :func:`common_clock_origin`; the time spent waiting
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course.communication import global_rank, group_rank, group_size
 from pipeline.p2p import recv_tensor, send_tensor
 
 
@@ -47,16 +50,19 @@ class StepResult:
     peak_activation_bytes: int = 0
 
 
-def common_clock_origin(device: torch.device) -> float:
-    """Rank 0's wall-clock time (``time.time()``, seconds), taken after a barrier and broadcast.
+def common_clock_origin(device: torch.device, group=None) -> float:
+    """The wall-clock time (``time.time()``, seconds) of ``group``'s first rank, taken after a
+    barrier in ``group`` and broadcast to its ranks.
 
     Every rank measures its events as ``time.time() - origin``: on one machine all
     processes read the same clock, so their timelines line up exactly; across nodes they
     line up as well as the nodes' clocks are synchronised (NTP: about a millisecond).
     """
-    dist.barrier()
+    if not dist.is_initialized():
+        return time.time()
+    dist.barrier(group=group)
     origin = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    dist.broadcast(origin, src=0)
+    dist.broadcast(origin, src=global_rank(group, 0), group=group)
     return float(origin.item())
 
 
@@ -65,34 +71,43 @@ class StageRunner:
 
     Args:
         stage: this rank's layers; maps the previous stage's output to this stage's output.
-        rank, world_size: this rank and the number of stages ``p``.
-        device: this rank's device (``project.launch.context().device``).
+        device: this rank's device (``course.launch.context().device``).
         loss_fn: last stage only: ``loss_fn(output, target) -> scalar``, the micro-batch's
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
+        group: the pipeline's process group (the mesh's ``pp`` group); None: the world.
+            This rank's stage is its rank in ``group``, the number of stages its size.
 
-    The constructor is collective (every rank must build its runner): it sets the common
-    time origin of the recorded events (:func:`common_clock_origin`).
+    Attributes:
+        stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
+        is_first, is_last: ``s == 0``, ``s == p - 1``.
+
+    The constructor is collective in ``group`` (every stage must build its runner): it sets
+    the common time origin of the recorded events (:func:`common_clock_origin`).
     """
 
-    def __init__(self, stage: nn.Module, rank: int, world_size: int, device: torch.device,
-                 loss_fn: Callable | None = None):
-        self.stage, self.rank, self.world_size = stage, rank, world_size
+    def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None):
+        self.stage, self.group = stage, group
+        self.stage_index, self.n_stages = group_rank(group), group_size(group)
         self.device = torch.device(device)
-        self.is_first, self.is_last = rank == 0, rank == world_size - 1
+        self.is_first, self.is_last = self.stage_index == 0, self.stage_index == self.n_stages - 1
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
         self._param_storages = {p.untyped_storage().data_ptr() for p in stage.parameters()}
-        self.origin = common_clock_origin(self.device)
+        self.origin = common_clock_origin(self.device, group)
 
     # ---- helpers the steps call -------------------------------------------------------
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        """Start sending ``tensor`` to rank ``dst`` (non-blocking; finished by the end of :meth:`run`)."""
-        self._pending.append((send_tensor(tensor, dst), tensor))
+    def send(self, tensor: torch.Tensor, stage: int) -> None:
+        """Start sending ``tensor`` to the rank of stage ``stage`` (non-blocking; finished by the end of :meth:`run`)."""
+        self._pending.append((send_tensor(tensor, global_rank(self.group, stage), self.group), tensor))
 
-    def recv(self, src: int) -> torch.Tensor:
-        """Receive the next tensor from rank ``src`` onto this rank's device (blocking)."""
-        return recv_tensor(src, self.device)
+    def recv(self, stage: int) -> torch.Tensor:
+        """Receive the next tensor from the rank of stage ``stage`` onto this rank's device (blocking).
+
+        It arrives as a leaf without ``requires_grad``: a stage that back-propagates into it
+        must call ``.requires_grad_()`` on it before its forward, or its ``.grad`` stays None.
+        """
+        return recv_tensor(global_rank(self.group, stage), self.device, self.group)
 
     def compute_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The stage's forward of micro-batch ``i`` (timed); on the last stage, its loss instead."""
@@ -130,47 +145,48 @@ class StageRunner:
 
     # ---- the two steps of a schedule ------------------------------------------------------
     def forward_step(self, i: int) -> None:
-        """Forward micro-batch ``i``: get its input (data on rank 0, else a receive from rank - 1),
-        run :meth:`compute_forward`, send the output to rank + 1 (not on the last stage), and
-        keep ``(input, output)`` in ``self.in_flight[i]`` for the backward."""
+        """Forward micro-batch ``i``: get its input (data on the first stage, else a receive from
+        stage - 1, made to require grad), run :meth:`compute_forward`, send the output to
+        stage + 1 (not on the last stage), and keep ``(input, output)`` in ``self.in_flight[i]``
+        for the backward."""
         # BEGIN ASSIGN5_2_4
         if self.is_first:
             x = self.inputs[i].to(self.device)
         else:
-            x = self.recv(self.rank - 1).requires_grad_()
+            x = self.recv(self.stage_index - 1).requires_grad_()
         y = self.compute_forward(i, x)
         if not self.is_last:
-            self.send(y, self.rank + 1)
+            self.send(y, self.stage_index + 1)
         self.in_flight[i] = (x, y)
         # END ASSIGN5_2_4
 
     def backward_step(self, i: int) -> None:
         """Backward micro-batch ``i``: take ``self.in_flight[i]``, receive the output's gradient
-        from rank + 1 (none on the last stage), run :meth:`compute_backward`, send the input's
-        gradient to rank - 1 (not on the first stage)."""
+        from stage + 1 (none on the last stage), run :meth:`compute_backward`, send the input's
+        gradient to stage - 1 (not on the first stage)."""
         # BEGIN ASSIGN5_2_4
         x, y = self.in_flight.pop(i)
-        grad = None if self.is_last else self.recv(self.rank + 1)
+        grad = None if self.is_last else self.recv(self.stage_index + 1)
         self.compute_backward(i, y, grad)
         if not self.is_first:
-            self.send(x.grad, self.rank - 1)
+            self.send(x.grad, self.stage_index - 1)
         # END ASSIGN5_2_4
 
     def run(self, actions: list[tuple[str, int]], inputs: list | None = None,
             targets: list | None = None) -> StepResult:
-        """Run ``actions`` (e.g. ``one_f_one_b_actions(rank, p, m)``) for one batch.
+        """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
 
         Args:
-            inputs: rank 0: the ``m`` micro-batch inputs (e.g. input_ids (mb, seq)).
-            targets: last rank: the ``m`` micro-batch targets for ``loss_fn``.
+            inputs: first stage: the ``m`` micro-batch inputs (e.g. input_ids (mb, seq)).
+            targets: last stage: the ``m`` micro-batch targets for ``loss_fn``.
 
         Gradients are accumulated into the stage's ``.grad`` (zero them before, step after).
 
         Raises:
-            ValueError: an unknown action kind; rank 0 without ``inputs``.
+            ValueError: an unknown action kind; the first stage without ``inputs``.
         """
         if self.is_first and inputs is None:
-            raise ValueError("rank 0 needs the micro-batch inputs")
+            raise ValueError("the first stage needs the micro-batch inputs")
         self.inputs, self.targets = inputs, targets
         self.in_flight: dict[int, tuple] = {}
         self._activation_bytes: dict[int, int] = {}

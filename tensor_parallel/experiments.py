@@ -5,9 +5,10 @@
   transformers model (``tp``, ``tp`` + sequence parallelism), distances of ``spd`` and
   ``parallel`` from ``tp``, and the collectives per layer of each.
 * :func:`train_block_types_worker` — short Multi30k runs of the run script's worker
-  (:func:`tensor_parallel.train.run_tp`), one per block type, in one launch.
+  (:func:`tensor_parallel.training.run_tp`), one per block type, in one launch.
 
-Each returns plain Python values (and small tensors) for the notebook to tabulate and plot.
+Each returns plain Python values (and small tensors) for the notebook to tabulate; the plots
+are in :mod:`course.plots`.
 """
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ def _counts(counter, scope=None, phase=None) -> dict:
 
 def basics_worker(rank: int, world_size: int) -> dict:
     """Column vs row split of ``Y = X A^T``, the f/g operators, and the vocab-parallel loss, measured."""
-    from tensor_parallel.comm import CommCounter, tp_rank
+    from course.communication import CommCounter
+    from course.mesh import Mesh
     from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from tensor_parallel.mappings import f, g
     from tensor_parallel.vocab import vocab_parallel_cross_entropy
 
+    mesh = Mesh.build(tp=world_size)
+    group = mesh.tp_group
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4, 8, generator=gen)
     dense = torch.nn.Linear(8, 6)
@@ -37,16 +41,17 @@ def basics_worker(rank: int, world_size: int) -> dict:
         dense.bias.copy_(torch.randn(6, generator=gen))
     out: dict = {"rank": rank, "dense_y": dense(x).detach()}
     with CommCounter() as c:
-        col = ColumnParallelLinear(8, 6, master_weight=dense.weight, master_bias=dense.bias)
+        col = ColumnParallelLinear(8, 6, master_weight=dense.weight, master_bias=dense.bias, group=group)
         out["column"] = {"weight_shape": tuple(col.weight.shape), "y_local": col(x).detach(), "comm": _counts(c)}
         c.reset()
-        row = RowParallelLinear(8, 6, input_is_parallel=False, master_weight=dense.weight, master_bias=dense.bias)
+        row = RowParallelLinear(8, 6, input_is_parallel=False, master_weight=dense.weight, master_bias=dense.bias,
+                                group=group)
         out["row"] = {"weight_shape": tuple(row.weight.shape), "y": row(x).detach(), "comm": _counts(c)}
     # f and g on a per-rank input: what each does forward and backward, and what it communicates.
     for name, op in (("f", f), ("g", g)):
         v = torch.full((3,), float(rank + 1), requires_grad=True)
         with CommCounter() as c:
-            y = op(v)
+            y = op(v, group)
             forward = _counts(c)
             c.reset()
             y.backward(torch.full((3,), 10.0 * (rank + 1)))
@@ -56,9 +61,9 @@ def basics_worker(rank: int, world_size: int) -> dict:
     logits = torch.randn(6, 10, generator=gen) * 1e4
     target = torch.tensor([0, 4, 5, 9, -100, 2])
     chunk = 10 // world_size
-    mine = logits[:, tp_rank() * chunk:(tp_rank() + 1) * chunk].clone().requires_grad_(True)
+    mine = logits[:, mesh.tp_rank * chunk:(mesh.tp_rank + 1) * chunk].clone().requires_grad_(True)
     with CommCounter() as c:
-        loss = vocab_parallel_cross_entropy(mine, target)
+        loss = vocab_parallel_cross_entropy(mine, target, group=group)
         forward = c.summary()
         c.reset()
         loss.sum().backward()
@@ -70,12 +75,12 @@ def basics_worker(rank: int, world_size: int) -> dict:
     return out
 
 
-def _tp_run(hf, batch, ref, block_types=None, sequence_parallel=False):
-    from project.train import lm_loss
-    from tensor_parallel.comm import CommCounter
+def _tp_run(hf, batch, ref, group, block_types=None, sequence_parallel=False):
+    from course.communication import CommCounter, group_rank
+    from course.loss import lm_loss
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
-    model = TensorParallelGPT2(hf, block_types=block_types, sequence_parallel=sequence_parallel)
+    model = TensorParallelGPT2(hf, block_types=block_types, sequence_parallel=sequence_parallel, group=group)
     with CommCounter() as c:
         out = model(batch["input_ids"], batch["attention_mask"], batch["labels"])
         out.loss.backward()
@@ -92,9 +97,7 @@ def _tp_run(hf, batch, ref, block_types=None, sequence_parallel=False):
     if block_types is None:  # exact: compare each gradient with its shard of the transformers gradient
         from tensor_parallel.gpt2 import reorder_qkv_for_tensor_parallel
 
-        from tensor_parallel.comm import tp_rank
-
-        p, r = model.tp_size, tp_rank()
+        p, r = model.tp_size, group_rank(group)
         worst = 0.0
         for i, block in enumerate(hf.transformer.h):
             w, b = reorder_qkv_for_tensor_parallel(block.attn.c_attn.weight.grad.t(), block.attn.c_attn.bias.grad, p)
@@ -121,9 +124,11 @@ def gpt2_report_worker(rank: int, world_size: int, preset: str = "tiny", vocab_s
     the loss, the collectives per layer by phase (count, bytes, ring traffic) and, for the
     exact runs, the largest gradient difference from the transformers model.
     """
-    from project.model import build_gpt2
-    from project.train import lm_loss
+    from course.loss import lm_loss
+    from course.mesh import Mesh
+    from course.model import build_gpt2
 
+    group = Mesh.build(tp=world_size).tp_group
     hf = build_gpt2(preset, vocab_size, n_positions=seq, dropout=0.0, seed=0)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab_size, (batch_size, seq), generator=gen)
@@ -140,7 +145,7 @@ def gpt2_report_worker(rank: int, world_size: int, preset: str = "tiny", vocab_s
                           ("spd", {"block_types": "spd"}), ("spd+sp", {"block_types": "spd", "sequence_parallel": True}),
                           ("parallel", {"block_types": "parallel"}),
                           ("parallel+sp", {"block_types": "parallel", "sequence_parallel": True})):
-        runs[label] = _tp_run(hf, batch, ref, **kwargs)
+        runs[label] = _tp_run(hf, batch, ref, group, **kwargs)
     tp_logits = runs["tp"]["logits"]
     for r in runs.values():
         r["logits_diff_vs_tp"] = float((r.pop("logits") - tp_logits).abs().max())
@@ -151,28 +156,30 @@ def gpt2_report_worker(rank: int, world_size: int, preset: str = "tiny", vocab_s
 
 
 def train_block_types_worker(rank: int, world_size: int, args, block_types_list: list[str]) -> dict:
-    """The run script's training (:func:`tensor_parallel.train.train_tp`) once per block type.
+    """The run script's training (:func:`tensor_parallel.training.train_tp`) once per block type.
 
     Data and tokenizer are prepared once; each run writes its results files into
     ``<workdir>/<block type>/``. Returns ``{block type: train_tp's return value}``.
     """
-    from project.experiment import prepare_data, worker_env_quiet
+    from course.mesh import Mesh
+    from course.task import prepare_data, worker_env_quiet
     from tensor_parallel.block_types import parse_block_types
-    from tensor_parallel.train import train_tp
+    from tensor_parallel.training import train_tp
 
     worker_env_quiet()
+    mesh = Mesh.build(tp=world_size)
     data = prepare_data(args)  # once: the tokenizer and the encoded splits serve every run
     out = {}
     for kind in block_types_list:
         run_args = copy.copy(args)
         run_args.block_types = parse_block_types(kind, n_layer=_n_layer(args.preset))
         run_args.workdir = str(Path(args.workdir) / kind.replace(",", "_"))
-        out[kind] = train_tp(rank, world_size, run_args, data)
+        out[kind] = train_tp(rank, world_size, run_args, data, mesh)
     return out
 
 
 def _n_layer(preset: str) -> int:
-    from project.model import PRESETS
+    from course.model import PRESETS
 
     return PRESETS[preset]["n_layer"]
 
@@ -196,48 +203,3 @@ def comm_table(report: dict):
             row[f"{phase} ring traffic MB / layer"] = sum(v["traffic_bytes"] for v in per.values()) / 1e6
         rows.append(row)
     return pd.DataFrame(rows).set_index("run")
-
-
-def plot_comm_per_layer(report: dict, title: str = "Collectives per transformer layer (forward + backward)"):
-    """Bars: number of collectives and ring traffic (MB sent per rank) per layer, by run and kind."""
-    import matplotlib.pyplot as plt
-
-    kinds = ["all_reduce", "all_gather", "reduce_scatter"]
-    labels = list(report["runs"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
-    bottom_c, bottom_t = [0.0] * len(labels), [0.0] * len(labels)
-    for kind in kinds:
-        counts, traffic = [], []
-        for label in labels:
-            per = report["runs"][label]["per_layer"]
-            counts.append(sum(per[ph].get(kind, {}).get("count", 0) for ph in ("forward", "backward")))
-            traffic.append(sum(per[ph].get(kind, {}).get("traffic_bytes", 0) for ph in ("forward", "backward")) / 1e6)
-        ax1.bar(labels, counts, bottom=bottom_c, label=kind)
-        ax2.bar(labels, traffic, bottom=bottom_t, label=kind)
-        bottom_c = [a + b for a, b in zip(bottom_c, counts)]
-        bottom_t = [a + b for a, b in zip(bottom_t, traffic)]
-    ax1.set(ylabel="collectives per layer", title="count")
-    ax2.set(ylabel="MB sent per rank per layer (ring)", title="traffic")
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", rotation=30)
-    ax1.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_loss_difference(runs, reference: str = "tp", title: str = "Training loss minus the tp run's, per step"):
-    """Per-step ``loss(block) - loss(reference)`` of rank 0 (``runs`` has a ``block`` column, see notebook 03)."""
-    import matplotlib.pyplot as plt
-
-    rank0 = runs[runs["rank"] == 0].set_index("block")
-    base = rank0.loc[reference, "train_losses"]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for block, losses in rank0["train_losses"].items():
-        if block != reference:
-            ax.plot(range(1, len(losses) + 1), [a - b for a, b in zip(losses, base)], label=block)
-    ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set(xlabel="step", ylabel=f"loss - {reference} loss (nats/token)", title=title)
-    ax.legend()
-    fig.tight_layout()
-    return fig

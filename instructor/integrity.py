@@ -1,7 +1,7 @@
 """Grading integrity: do the graded tests really tell a solution from a stub? (instructor-only)
 
-    python project/integrity.py            # all three checks, all keys
-    python project/integrity.py --keys a5_1_1 a5_1_2
+    python instructor/integrity.py            # all three checks, all keys
+    python instructor/integrity.py --keys a5_1_1 a5_1_2
 
 1. **solution**: on this repository every graded test passes (``--skip_solution_run``: only
    collect them, when the plain ``pytest`` has just run them);
@@ -9,7 +9,7 @@
    infrastructure test (neither graded nor ``needs_solution``) still passes;
 3. **isolation**: for each key K, in a tree where only K's blocks are stubbed, K's tests
    all fail and the tests of every other key pass — except keys that declare K among
-   ``depends_on`` (project/grading.py), which may fail too.
+   ``depends_on`` (instructor/keys.py), which may fail too.
 
 To stay fast, check 3 runs only the test files that can reach K's code: a test file is
 run when its static import closure (``import``/``from`` statements anywhere in it and in
@@ -30,13 +30,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(ROOT))
 
-from project.data import resolve_data_dir  # noqa: E402
-from project.grading import KEYS  # noqa: E402
-from project.release import BEGIN, course_files, make_release  # noqa: E402
+from course.data import resolve_data_dir  # noqa: E402
+from instructor.keys import KEYS  # noqa: E402
+from instructor.release import BEGIN, course_files, make_release  # noqa: E402
 
-PACKAGES = ("project", "data_parallel", "pipeline", "tensor_parallel", "tests")
+PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "tests")
 GRADED = " or ".join(KEYS)
 
 

@@ -1,10 +1,10 @@
 """Grade a submission: run the graded tests key by key and print a table of points.
 
-    python project/grade.py                      # every key
-    python project/grade.py --keys a5_1_1 a5_1_2 # some keys
-    python project/grade.py --json results.json  # also write the Gradescope autograder format
+    python instructor/grade.py                      # every key
+    python instructor/grade.py --keys a5_1_1 a5_1_2 # some keys
+    python instructor/grade.py --json results.json  # also write the Gradescope autograder format
 
-For each key (``project/grading.py`` declares topics and points) it runs
+For each key (``instructor/keys.py`` declares topics and points) it runs
 ``pytest -m <key>`` in a subprocess with a time limit, reads the JUnit report, and gives
 ``points * passed / total``. A key whose tests hang past the limit, or whose pytest
 crashes, scores zero with the reason, and grading goes on with the next key.
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(ROOT))
 
-from project.grading import KEYS  # noqa: E402
+from instructor.keys import KEYS  # noqa: E402
 
 
 @dataclass

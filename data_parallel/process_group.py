@@ -1,16 +1,16 @@
-"""Assignment 5.1.2 — forming the process group, and averaging gradients with all-reduce.
+"""Assignment 5.1.2 (part 1) — joining and leaving the process group.
 
-After each rank's backward pass on its own shard, every gradient is all-reduced (summed
-over ranks) and divided by the world size, so every rank holds the gradient of the mean
-loss over the global batch and the replicas stay identical after ``optimizer.step()``
-(Li et al. 2020, PyTorch Distributed, Sec. 3.2; Goyal et al. 2017).
+Every rank of a data-parallel run calls :func:`setup` with its rank, the world size and
+the address of a rendezvous (rank 0's host and a free port): ``torch.distributed`` then
+connects the processes, and collectives such as ``all_reduce`` can run. The course's
+launcher (:mod:`course.launch`) does the same for every script; this is the by-hand
+version (PyTorch, "Writing Distributed Applications with PyTorch", process groups).
 """
 from __future__ import annotations
 
 import datetime
 import os
 
-import torch
 import torch.distributed as dist
 
 
@@ -42,26 +42,4 @@ def cleanup() -> None:
     # BEGIN ASSIGN5_1_2
     if dist.is_initialized():
         dist.destroy_process_group()
-    # END ASSIGN5_1_2
-
-
-def average_gradients(model: torch.nn.Module) -> None:
-    """Replace every ``param.grad`` by its mean over all ranks, in place.
-
-    Each gradient is all-reduced with ``ReduceOp.SUM`` and divided by the world size.
-    Parameters whose ``grad`` is None (unused, or frozen) are skipped. Shapes are
-    unchanged; on return every rank holds the same gradients.
-
-    Raises:
-        RuntimeError: no process group (call :func:`setup` or run under the launcher).
-    """
-    if not dist.is_initialized():
-        raise RuntimeError("average_gradients needs a process group: run it inside project.launch.launch")
-    # BEGIN ASSIGN5_1_2
-    world_size = dist.get_world_size()
-    for param in model.parameters():
-        if param.grad is None:
-            continue
-        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
-        param.grad /= world_size
     # END ASSIGN5_1_2

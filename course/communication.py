@@ -1,0 +1,263 @@
+"""Counted communication: collectives and point-to-point transfers that name their group.
+
+The parts call :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`,
+:func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
+two reasons:
+
+* **every call takes its process group** (``group``; ``None`` means the whole world, which
+  is the right group only when the run has a single parallelism), so nothing talks to the
+  world by accident when data, pipeline and tensor parallelism are combined on one mesh
+  (docs/architecture.md, "The device mesh");
+* a :class:`CommCounter` can record each call: its ``kind``, the ``group`` it ran in (by
+  name: ``"tp"``, ``"dp"``, ``"pp"``, ``"embedding"``, ``"world"``), the ``bytes`` of the full
+  tensor it is about (the tensor all-reduced, the gathered output, the reduce-scatter
+  input, the tensor sent or received) and the ``traffic_bytes`` one rank sends with a ring
+  algorithm in a group of p ranks:
+
+  * all-reduce of N bytes: ``2 (p-1)/p N`` (a reduce-scatter followed by an all-gather),
+  * all-gather to N bytes, reduce-scatter from N bytes: ``(p-1)/p N`` each,
+  * send of N bytes: N (a receive sends nothing).
+
+  This is why sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) costs the same
+  traffic as plain tensor parallelism (Shoeybi et al. 2019, Sec. 3): each all-reduce
+  becomes one all-gather plus one reduce-scatter.
+
+Each record also carries the ``scope`` (``"embedding"``, ``"blocks"``, ``"head"``,
+``"grad_sync"``, ...) and ``phase`` (``"forward"``, ``"backward"``, ``"step"``) it happened
+in: forward scopes are set with :func:`region`, backward scopes by :func:`mark_backward`
+markers placed in the forward pass (autograd runs them when the backward pass reaches
+that point).
+
+Without a process group (one process) the collectives are identities and nothing is recorded.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+_ACTIVE: list["CommCounter"] = []
+_SCOPE: list[tuple[str | None, str | None]] = [(None, None)]  # (scope, phase) now
+
+# ---- groups ---------------------------------------------------------------------------------
+
+
+_NAMES: dict[int, str] = {}  # id(process group) -> the name the run's mesh gave it
+
+
+def name_group(group, name: str) -> None:
+    """Give ``group`` a name for :class:`CommCounter` records (the mesh names its ``dp``/``pp``/``tp``
+    groups; a dimension that spans every rank *is* the world group, and takes the dimension's name)."""
+    if group is not None:
+        _NAMES[id(group)] = name
+
+
+def group_name(group) -> str:
+    """A short name for ``group``: the name the mesh gave it (``"tp"``, ``"dp"``, ``"pp"``,
+    ``"embedding"``), else the description it was created with, else ``"world"`` for the
+    default group."""
+    if group is None and dist.is_initialized():
+        group = dist.group.WORLD
+    if id(group) in _NAMES:
+        return _NAMES[id(group)]
+    if group is None or group is dist.group.WORLD:
+        return "world"
+    desc = getattr(group, "group_desc", "") or ""
+    if desc.startswith("mesh_"):
+        return desc[len("mesh_"):]
+    return desc if desc not in ("", "undefined") else str(group.group_name)
+
+
+def group_size(group=None) -> int:
+    """Number of ranks in ``group`` (None: the world); 1 without a process group."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def group_rank(group=None) -> int:
+    """This rank's index in ``group`` (None: the world); 0 without a process group."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def global_rank(group, group_rank_: int) -> int:
+    """The global rank of rank ``group_rank_`` of ``group`` (send/recv address peers by global rank)."""
+    if group is None or not dist.is_initialized():
+        return group_rank_
+    return dist.get_global_rank(group, group_rank_)
+
+
+# ---- the counter ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One communication call as seen by one rank (bytes in bytes, not elements)."""
+
+    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "send" or "recv"
+    bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter input / sent)
+    traffic_bytes: float  # bytes this rank sends (ring algorithm for collectives)
+    scope: str | None
+    phase: str | None
+    shape: tuple
+    group: str = "world"  # name of the group it ran in (see group_name)
+    peer: int | None = None  # send/recv: the other rank (global rank)
+
+
+class CommCounter:
+    """Records the communication issued while it is active (``with CommCounter() as c:``).
+
+    ``summary(scope=None, phase=None, group=None)`` returns ``{kind: {"count", "bytes",
+    "traffic_bytes"}}`` over the matching records; ``by_group()`` the same per group name;
+    ``reset()`` forgets them.
+    """
+
+    def __init__(self):
+        self.records: list[CommRecord] = []
+
+    def __enter__(self) -> "CommCounter":
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.remove(self)
+
+    def reset(self) -> None:
+        self.records.clear()
+
+    def select(self, scope: str | None = None, phase: str | None = None, group: str | None = None) -> list[CommRecord]:
+        return [r for r in self.records
+                if (scope is None or r.scope == scope) and (phase is None or r.phase == phase)
+                and (group is None or r.group == group)]
+
+    def summary(self, scope: str | None = None, phase: str | None = None,
+                group: str | None = None) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "bytes": 0, "traffic_bytes": 0.0})
+        for r in self.select(scope, phase, group):
+            out[r.kind]["count"] += 1
+            out[r.kind]["bytes"] += r.bytes
+            out[r.kind]["traffic_bytes"] += r.traffic_bytes
+        return {k: dict(v) for k, v in sorted(out.items())}
+
+    def by_group(self, scope: str | None = None, phase: str | None = None) -> dict[str, dict[str, dict[str, float]]]:
+        """``{group name: {kind: {"count", "bytes", "traffic_bytes"}}}``."""
+        return {name: self.summary(scope, phase, name) for name in sorted({r.group for r in self.records})}
+
+    def counts(self, scope: str | None = None, phase: str | None = None, group: str | None = None) -> dict[str, int]:
+        """``{kind: number of calls}`` over the matching records."""
+        return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
+
+
+def _record(kind: str, full: torch.Tensor, group, peer: int | None = None) -> None:
+    if not _ACTIVE:
+        return
+    nbytes = full.numel() * full.element_size()
+    p = group_size(group)
+    share = (p - 1) / p
+    traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
+    scope, phase = _SCOPE[-1]
+    rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer)
+    for counter in _ACTIVE:
+        counter.records.append(rec)
+
+
+@contextlib.contextmanager
+def region(scope: str, phase: str = "forward"):
+    """Label the communication issued inside the ``with`` block (forward pass, optimizer step)."""
+    _SCOPE.append((scope, phase))
+    try:
+        yield
+    finally:
+        _SCOPE.pop()
+
+
+def set_backward_scope(scope: str | None) -> None:
+    """Label the communication from now on as ``(scope, "backward")`` (used by :func:`mark_backward`)."""
+    _SCOPE[0] = (scope, "backward")
+
+
+class _BackwardMarker(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scope):
+        ctx.scope = scope
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        set_backward_scope(ctx.scope)
+        return grad, None
+
+
+def mark_backward(x: torch.Tensor, scope: str) -> torch.Tensor:
+    """Identity on ``x``; when the backward pass reaches it, later communication counts as ``scope``.
+
+    Place it on the output of a part of the model: the backward pass of that part starts there.
+    """
+    if not torch.is_grad_enabled() or not x.requires_grad:
+        return x
+    return _BackwardMarker.apply(x, scope)
+
+
+# ---- counted collectives ------------------------------------------------------------------------
+
+
+def all_reduce(x: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``op`` (default SUM) of ``x`` over the ranks of ``group``: a new tensor, same shape; ``x`` unchanged."""
+    if group_size(group) == 1:
+        return x
+    out = x.contiguous().clone()
+    _record("all_reduce", out, group)
+    dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def all_reduce_max(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Element-wise maximum of ``x`` over ``group`` (a new tensor; counted as an all-reduce)."""
+    return all_reduce(x, group, dist.ReduceOp.MAX)
+
+
+def all_gather(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """Concatenation of every rank's ``x`` along ``dim`` in group-rank order; ``dim`` grows p times."""
+    p = group_size(group)
+    if p == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(p)]
+    dist.all_gather(parts, x, group=group)
+    out = torch.cat(parts, dim=dim)
+    _record("all_gather", out, group)
+    return out
+
+
+def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """Sum of ``x`` over ``group``, of which group rank r keeps the r-th of p equal chunks along ``dim``.
+
+    Raises:
+        ValueError: the size of ``dim`` is not divisible by the group size.
+    """
+    p = group_size(group)
+    if p == 1:
+        return x
+    if x.size(dim) % p:
+        raise ValueError(f"reduce_scatter: size {x.size(dim)} of dim {dim} is not divisible by the group size {p}")
+    _record("reduce_scatter", x, group)
+    chunks = [c.contiguous() for c in x.chunk(p, dim=dim)]
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True):
+    """Start sending ``tensor`` to global rank ``dst`` (a member of ``group``); returns the ``Work`` handle."""
+    if counted:
+        _record("send", tensor, group, dst)
+    return dist.isend(tensor, dst, group=group)
+
+
+def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True) -> torch.Tensor:
+    """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``."""
+    dist.recv(tensor, src, group=group)
+    if counted:
+        _record("recv", tensor, group, src)
+    return tensor

@@ -1,0 +1,277 @@
+"""The one epoch runner: train, evaluate, translate and score, write the results — for every mode.
+
+Every run script (data, pipeline, tensor parallel, and their combinations) trains the same
+way, epoch after epoch:
+
+1. take the epoch's batches (:meth:`TrainingMode.epoch_batches`),
+2. run the mode's training step on each (:meth:`TrainingMode.train_step`), with a tqdm
+   progress bar on one rank,
+3. evaluate: validation loss, greedy translations and corpus BLEU, the work shared out over
+   a group of ranks if the mode says so (:meth:`TrainingMode.evaluation`),
+4. write one results file per rank (:func:`course.results.write_results`) and the scored
+   translations.
+
+What differs between modes — how a batch is cut up, what one step does, which groups
+communicate — lives in the part's ``training.py`` as a :class:`TrainingMode` subclass;
+:func:`run_epochs` does the rest. See docs/architecture.md, "The epoch runner".
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Subset
+
+from course.communication import group_rank, group_size
+from course.decoding import corpus_bleu, translate
+from course.loss import count_target_tokens, lm_loss, model_loss
+from course.results import write_json, write_results
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@dataclass
+class StepOutcome:
+    """What one training step reports: the batch loss this rank saw (None if it saw none,
+    e.g. a pipeline stage before the last) and the non-padding input tokens it processed."""
+
+    loss: float | None
+    tokens: int
+
+
+def supervised_step(model, optimizer, batch: dict, device, *, loss_fn: Callable | None = None,
+                    after_backward: Callable | None = None) -> StepOutcome:
+    """One optimizer step: ``zero_grad``, ``loss = loss_fn(model, batch)``, ``backward``,
+    ``after_backward(model)`` (e.g. gradient averaging), ``optimizer.step()``.
+
+    ``batch`` holds (batch, seq) tensors (see :class:`course.collate.Collate`); ``loss_fn``
+    defaults to :func:`course.loss.model_loss`.
+    """
+    batch = to_device(batch, device)
+    optimizer.zero_grad(set_to_none=True)
+    loss = (loss_fn or model_loss)(model, batch)
+    loss.backward()
+    if after_backward is not None:
+        after_backward(model)
+    optimizer.step()
+    return StepOutcome(loss.item(), int(batch["attention_mask"].sum()))
+
+
+def _progress(batches, total, desc, show):
+    """``iter(batches)``, wrapped in a tqdm bar when ``show``.
+
+    The loader is iterated exactly once here: handing tqdm the DataLoader itself draws from
+    a shuffling loader's generator an extra time, so the rank with the bar would see a
+    different batch order than the others.
+    """
+    batches = iter(batches)
+    if not show:
+        return batches
+    from tqdm.auto import tqdm
+
+    return tqdm(batches, total=total, desc=desc, dynamic_ncols=True, leave=True)
+
+
+def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps: int, *, desc: str = "train",
+                show_progress: bool = True) -> dict:
+    """Run ``step(batch)`` on the first ``n_steps`` batches of ``batches``.
+
+    Returns:
+        dict with ``losses`` (per step; None where this rank saw no loss), ``loss`` (their
+        mean), ``tokens`` (non-padding input tokens this rank processed), ``steps`` and
+        ``time`` (seconds).
+    """
+    losses, tokens = [], 0
+    start = time.perf_counter()
+    bar = _progress(batches, n_steps, desc, show_progress)
+    for _, batch in zip(range(n_steps), bar):
+        outcome = step(batch)
+        losses.append(outcome.loss)
+        tokens += outcome.tokens
+        if show_progress:
+            shown = {} if outcome.loss is None else {"loss": f"{outcome.loss:.3f}"}
+            bar.set_postfix(**shown, tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+    if show_progress and hasattr(bar, "close"):
+        bar.close()
+    elapsed = time.perf_counter() - start
+    seen = [x for x in losses if x is not None]
+    return {"loss": sum(seen) / max(1, len(seen)), "losses": losses, "tokens": tokens,
+            "steps": len(losses), "time": elapsed}
+
+
+def _reduce(values: list[float], group, op) -> list[float]:
+    if group is None or not dist.is_initialized() or group_size(group) == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+@torch.no_grad()
+def evaluate_loss(model, loader, device, *, logits_fn: Callable | None = None, max_batches: int | None = None,
+                  group=None) -> float:
+    """Mean target-token loss over ``loader`` (nats/token).
+
+    ``logits_fn(model, batch)`` returns (batch, seq, vocab) logits (default
+    ``model(input_ids, attention_mask).logits``). With ``group``, each rank of it passes
+    its own share of the validation set and the sums are all-reduced in ``group``, so the
+    result is the mean over all of them.
+    """
+    model.eval()
+    loss_sum, count = 0.0, 0
+    for step, batch in enumerate(loader):
+        if max_batches is not None and step >= max_batches:
+            break
+        batch = to_device(batch, device)
+        logits = logits_fn(model, batch) if logits_fn else model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss_sum += lm_loss(logits, batch["labels"], reduction="sum").item()
+        count += count_target_tokens(batch["labels"])
+    loss_sum, count = _reduce([loss_sum, float(count)], group, dist.ReduceOp.SUM)
+    return loss_sum / max(1.0, count)
+
+
+@dataclass
+class Evaluation:
+    """How a mode evaluates after an epoch.
+
+    Attributes:
+        model: what ``logits_fn`` runs (in eval mode).
+        device: where its inputs go.
+        logits_fn: ``(model, batch) -> (batch, seq, vocab)`` full logits; None: ``model(...).logits``.
+        group: share the validation set and the BLEU sentences out over the ranks of this
+            group (None: every rank evaluates everything).
+    """
+
+    model: torch.nn.Module
+    device: torch.device
+    logits_fn: Callable | None = None
+    group: object = None
+
+
+class TrainingMode:
+    """One kind of training run, as the epoch runner sees it. Subclasses live in the parts.
+
+    Args:
+        args: the run script's options (:func:`course.cli.add_common_args` and its own).
+        data: :class:`course.task.Data`.
+        device: this rank's device.
+        rank: this process's global rank (0 in a single process): it names the results file.
+        world_group: the group of every rank of the run (None: one process). The slowest
+            rank's epoch time is taken over it.
+        throughput_group: the ranks that process *different* tokens (the dp group; None:
+            every rank sees the whole batch). Their tokens are summed for
+            ``global_tokens_per_sec``.
+        show_progress: whether this rank draws the progress bar.
+    """
+
+    mode = "training"
+    results_prefix = ""
+
+    def __init__(self, args, data, device, *, rank: int = 0, world_group=None, throughput_group=None,
+                 show_progress: bool = True):
+        self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
+        self.world_group, self.throughput_group = world_group, throughput_group
+        self.show_progress = show_progress and not getattr(args, "quiet", False)
+
+    def epoch_batches(self, epoch: int) -> tuple[Iterable, int]:
+        """The epoch's batches and how many steps to run."""
+        raise NotImplementedError
+
+    def train_step(self, batch: dict) -> StepOutcome:
+        """One training step on ``batch`` (forward, backward, communication, optimizer step)."""
+        raise NotImplementedError
+
+    def train_mode(self) -> None:
+        """Put the modules that train in training mode (dropout on); evaluation switched them to eval."""
+        model = getattr(self, "model", None)
+        if model is not None:
+            model.train()
+
+    def training(self, epoch: int):
+        """A context manager around the epoch's training steps (e.g. a communication counter)."""
+        return contextlib.nullcontext()
+
+    def batch_losses(self, losses: list[float | None]) -> list[float]:
+        """The per-step batch losses to record (e.g. sent from the rank that computed them)."""
+        return losses
+
+    def evaluation(self) -> Evaluation:
+        raise NotImplementedError
+
+    def epoch_extra(self, epoch: int, stats: dict) -> dict:
+        """Mode-specific entries of the epoch's results file."""
+        return {}
+
+    def config(self) -> dict:
+        """The run's configuration, recorded in every results file."""
+        return {"mode": self.mode}
+
+    def progress_desc(self, epoch: int) -> str:
+        return f"{self.mode} epoch {epoch}"
+
+
+def validation_loader(dataset, group=None, batch_size: int = 64, collate=None) -> DataLoader:
+    """Batches of ``dataset``, or of this rank's share (examples r, r + size, ...) of it with ``group``."""
+    if group is not None:
+        dataset = Subset(dataset, range(group_rank(group), len(dataset), group_size(group)))
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
+
+
+def run_epochs(mode: TrainingMode) -> list[str]:
+    """Train ``mode.args.n_epochs`` epochs; after each, evaluate and write this rank's results.
+
+    Writes ``<workdir>/{prefix}rank{r}_results_epoch{e}.json`` (validation_loss, bleu,
+    training_time, tokens_per_sec, global_tokens_per_sec, train_loss, train_losses, steps,
+    tokens, the mode's extras and ``config``) and, on rank 0, the scored translations
+    ``{prefix}translations_epoch{e}.json``.
+
+    Returns:
+        The results files this rank wrote.
+    """
+    args, data = mode.args, mode.data
+    written = []
+    for epoch in range(args.n_epochs):
+        batches, n_steps = mode.epoch_batches(epoch)
+        mode.train_mode()
+        with mode.training(epoch):
+            stats = train_epoch(mode.train_step, batches, n_steps, desc=mode.progress_desc(epoch),
+                                show_progress=mode.show_progress)
+        losses = mode.batch_losses(stats["losses"])
+        ev = mode.evaluation()
+        loader = validation_loader(data.validation, ev.group, collate=data.collate)
+        validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
+                                        max_batches=getattr(args, "max_val_batches", None))
+        bleu, translations = float("nan"), []
+        if args.n_bleu:
+            sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device, ev.group,
+                                            max_length=args.model_max_length, logits_fn=ev.logits_fn)
+            bleu = corpus_bleu(hyps, refs)
+            translations = [{"source": s, "reference": r, "hypothesis": h} for s, h, r in zip(sources, hyps, refs)]
+        slowest, = _reduce([stats["time"]], mode.world_group, dist.ReduceOp.MAX)
+        all_tokens, = _reduce([float(stats["tokens"])], mode.throughput_group, dist.ReduceOp.SUM)
+        payload = {
+            "validation_loss": validation_loss,
+            "bleu": bleu,
+            "training_time": stats["time"],
+            "tokens_per_sec": stats["tokens"] / stats["time"],
+            "global_tokens_per_sec": all_tokens / slowest,
+            "train_loss": sum(losses) / max(1, len(losses)),
+            "train_losses": losses,
+            "steps": stats["steps"],
+            "tokens": stats["tokens"],
+            **mode.epoch_extra(epoch, stats),
+            "config": mode.config(),
+        }
+        prefix = mode.results_prefix
+        written.append(str(write_results(args.workdir, mode.rank, epoch, payload, prefix=prefix)))
+        if mode.rank == 0 and translations:
+            write_json(Path(args.workdir) / f"{prefix}translations_epoch{epoch}.json", translations)
+    return written

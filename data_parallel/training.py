@@ -1,0 +1,115 @@
+"""Assignment 5.1.3 — data-parallel training of GPT-2: the training mode and the per-rank worker.
+
+:func:`run_dp` is the worker that ``project/run_data_parallel.py`` launches on every rank
+(``course.launch.launch(run_dp, world_size, args)``). Each rank holds a full replica of
+the model, trains on its own shard of every global batch, and averages gradients over the
+data-parallel group before each optimizer step, so the replicas never diverge.
+:class:`DataParallelTraining` says what one epoch and one step are; the shared epoch
+runner (:func:`course.epoch_runner.run_epochs`) does the rest (evaluation, BLEU, results).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from course.cli import run_config
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
+from course.launch import context
+from course.mesh import Mesh
+from course.model import parameter_fingerprint
+from course.task import build_model, prepare_data, worker_env_quiet
+from data_parallel.gradients import average_gradients
+from data_parallel.partition import partition_dataset
+
+
+def common_steps(n_batches: int, max_batches: int | None = None, group=None) -> int:
+    """Batches every rank of ``group`` can run: the fewest any rank has (ranks must step
+    together, or the all-reduce of the rank with one more batch waits forever)."""
+    t = torch.tensor([n_batches if max_batches is None else min(n_batches, max_batches)])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t)
+
+
+class DataParallelTraining(TrainingMode):
+    """Data parallelism over the ``dp`` group: a shard of every global batch per rank, gradients averaged.
+
+    Args:
+        model, optimizer: this rank's replica and its optimizer.
+        dp_group: the data-parallel group; ``dp_rank``/``dp_size`` are this rank's place in it.
+        (and the :class:`course.epoch_runner.TrainingMode` arguments)
+    """
+
+    mode = "data_parallel"
+
+    def __init__(self, args, data, device, model, optimizer, dp_group, **kwargs):
+        super().__init__(args, data, device, **kwargs)
+        self.model, self.optimizer, self.dp_group = model, optimizer, dp_group
+        self.dp_rank, self.dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
+        self.initial_sha = parameter_fingerprint(model)
+
+    def epoch_batches(self, epoch: int):
+        """This rank's shard of the epoch (a new shuffle each epoch: seed ``args.seed + epoch``),
+        and the number of steps every rank of the dp group can take."""
+        args, data = self.args, self.data
+        loader = steps = None
+        # BEGIN ASSIGN5_1_3
+        loader = partition_dataset(self.dp_rank, self.dp_size, data.train, args.batch_size, data.collate,
+                                   seed=args.seed + epoch)
+        steps = common_steps(len(loader), args.max_batches, self.dp_group)
+        # END ASSIGN5_1_3
+        return loader, steps
+
+    def train_step(self, batch: dict) -> StepOutcome:
+        """Forward and backward on this rank's shard, gradients averaged over the dp group, optimizer step."""
+        # BEGIN ASSIGN5_1_3
+        return supervised_step(self.model, self.optimizer, batch, self.device,
+                               after_backward=lambda m: average_gradients(m, self.dp_group))
+        # END ASSIGN5_1_3
+
+    def evaluation(self) -> Evaluation:
+        # Validation and BLEU are shared out over the ranks too, then summed / gathered.
+        return Evaluation(self.model, self.device, group=self.dp_group)
+
+    def epoch_extra(self, epoch: int, stats: dict) -> dict:
+        return {"param_sha256": parameter_fingerprint(self.model), "initial_param_sha256": self.initial_sha}
+
+    def config(self) -> dict:
+        return {**run_config(self.args), "world_size": self.dp_size, "mode": self.mode,
+                "per_rank_batch_size": self.args.batch_size // self.dp_size}
+
+    def progress_desc(self, epoch: int) -> str:
+        return f"epoch {epoch} (rank 0 of {self.dp_size})"
+
+
+def run_dp(rank: int, world_size: int, args) -> dict:
+    """Train ``args.n_epochs`` epochs data-parallel; write ``rank{r}_results_epoch{e}.json``.
+
+    Args:
+        args: the options of ``project/run_data_parallel.py`` (``batch_size`` is global).
+
+    In epoch e, rank r trains on ``partition_dataset(r, world_size, train, batch_size,
+    collate, seed=args.seed + e)`` — a new shuffle each epoch, the same on every rank —
+    for the number of batches every rank has, averaging gradients after each backward.
+    With ``args.save_checkpoint``, rank 0 saves the final weights to
+    ``<workdir>/checkpoint_data_parallel.pt``.
+
+    Returns:
+        ``{"results": [paths], "initial_sha256": ..., "final_sha256": ...}`` — the
+        fingerprints of the weights before and after training (equal across ranks when
+        data parallelism is right).
+    """
+    worker_env_quiet()
+    device = context().device
+    mesh = Mesh.build(dp=world_size)
+    data = prepare_data(args)
+    model = build_model(args, data.tokenizer.vocab_size).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, rank=rank,
+                                world_group=mesh.group("world"), throughput_group=mesh.dp_group,
+                                show_progress=rank == 0)
+    written = run_epochs(mode)
+    if rank == 0 and args.save_checkpoint:
+        torch.save(model.state_dict(), Path(args.workdir) / "checkpoint_data_parallel.pt")
+    return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": parameter_fingerprint(model)}

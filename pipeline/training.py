@@ -1,0 +1,267 @@
+"""Training GPT-2 on Multi30k with pipeline parallelism: what ``project/run_pipeline.py`` runs.
+
+Modes (``--model_parallel_mode``):
+
+* ``model_parallel`` — the model split over ``n_stages`` stages, the whole batch going
+  through them one stage after another (:class:`pipeline.gpt2.GPT2Pipeline` with a single
+  micro-batch). One process.
+* ``pipeline_parallel`` — the same stages, the batch cut into ``n_chunk`` micro-batches
+  that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
+  thread per stage. One process.
+* ``1f1b`` (and ``gpipe``) — one process per stage, activations and gradients sent
+  between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
+  the schedule (:mod:`pipeline.stage_runner`). :func:`run_stage_worker` runs on every rank.
+
+All modes minimise the same loss — the batch's mean next-token loss on target tokens —
+so with dropout 0 they compute the same updates. The shared epoch runner
+(:func:`course.epoch_runner.run_epochs`) writes
+``<workdir>/pipeline_<mode>_rank{r}_results_epoch{e}.json``, here with the per-stage
+timeline of the epoch's last full batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from course.cli import run_config
+from course.communication import global_rank
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
+from course.loss import count_target_tokens, lm_loss
+from course.model import parameter_fingerprint
+from course.task import build_model, prepare_data, worker_env_quiet
+
+MULTIPROCESS_MODES = ("1f1b", "gpipe")
+SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
+
+
+def results_prefix(mode: str) -> str:
+    """``pipeline_<mode>_``: pipeline results never collide with data-parallel ones."""
+    return f"pipeline_{mode}_"
+
+
+def micro_batch_size(args) -> int:
+    """Rows per micro-batch: the whole batch for ``model_parallel``, else ``batch_size // n_chunk``."""
+    return args.batch_size if args.model_parallel_mode == "model_parallel" else args.batch_size // args.n_chunk
+
+
+def train_loader(data, args, epoch: int) -> DataLoader:
+    """The epoch's shuffled batches — the same on every rank (seed ``args.seed + epoch``)."""
+    g = torch.Generator().manual_seed(args.seed + epoch)
+    return DataLoader(data.train, batch_size=args.batch_size, shuffle=True, generator=g, collate_fn=data.collate)
+
+
+def _steps(loader, args) -> int:
+    return len(loader) if args.max_batches is None else min(len(loader), args.max_batches)
+
+
+class PipelineMode(TrainingMode):
+    """What both kinds of pipeline run share: the results prefix, the batches, the configuration."""
+
+    def __init__(self, args, data, device, **kwargs):
+        super().__init__(args, data, device, **kwargs)
+        self.mode = args.model_parallel_mode
+        self.results_prefix = results_prefix(self.mode)
+
+    def epoch_batches(self, epoch: int):
+        loader = train_loader(self.data, self.args, epoch)
+        return loader, _steps(loader, self.args)
+
+    def config(self, world_size: int = 1, **extra) -> dict:
+        args = self.args
+        return {**run_config(args), "mode": self.mode, "world_size": world_size, "n_stages": args.n_stages,
+                "n_chunk": 1 if self.mode == "model_parallel" else args.n_chunk,
+                "micro_batch_size": micro_batch_size(args), **extra}
+
+
+# ---- one process: model_parallel and pipeline_parallel ------------------------------------
+
+def cpu_threads_per_stage(args) -> int | None:
+    """On CPU, give each stage ``cores // n_stages`` threads, as the 1f1b processes get
+    (:mod:`course.launch`): a stage owns its share of the cores like it would own a GPU,
+    and the stage threads of one clock cycle do not fight over the same cores. Returns the
+    thread count (None on GPU)."""
+    if args.device != "cpu":
+        return None
+    threads = max(1, (os.cpu_count() or 1) // args.n_stages)
+    torch.set_num_threads(threads)
+    return threads
+
+
+class PipeTraining(PipelineMode):
+    """``model_parallel`` / ``pipeline_parallel``: :class:`pipeline.gpt2.GPT2Pipeline` in this process."""
+
+    def __init__(self, args, data, model, piped, devices, threads, optimizer):
+        super().__init__(args, data, devices[0])
+        self.model, self.piped, self.devices, self.threads, self.optimizer = model, piped, devices, threads, optimizer
+
+    def train_mode(self):
+        self.piped.train()
+
+    @contextlib.contextmanager
+    def training(self, epoch: int):
+        """Keep the timeline of the epoch's last training batch (evaluation runs the Pipe again)."""
+        yield
+        self.timeline = [dict(stage=s, kind=k, micro_batch=i, start=a, end=b)
+                         for s, k, i, a, b in self.piped.pipe.timeline]
+
+    def train_step(self, batch: dict) -> StepOutcome:
+        return supervised_step(self.piped, self.optimizer, batch, self.device, loss_fn=self._loss)
+
+    @staticmethod
+    def _loss(piped, batch):
+        logits = piped(batch["input_ids"])
+        return lm_loss(logits, batch["labels"].to(logits.device))
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.piped, self.device,
+                          logits_fn=lambda m, batch: m(batch["input_ids"]).to(batch["input_ids"].device))
+
+    def epoch_extra(self, epoch: int, stats: dict) -> dict:
+        return {"timeline": self.timeline, "timeline_note": "forward of the epoch's last batch, one row per stage task",
+                "param_sha256": parameter_fingerprint(self.model)}
+
+    def config(self) -> dict:
+        return super().config(1, devices=[str(d) for d in self.devices], threads_per_stage=self.threads)
+
+
+def run_single_process(args) -> list[str]:
+    """Train with :class:`pipeline.gpt2.GPT2Pipeline` in this process; returns the results files.
+
+    On CPU, torch's thread count is set to ``cores // n_stages`` for the run and restored after.
+    """
+    previous_threads = torch.get_num_threads()
+    try:
+        return _run_single_process(args)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_single_process(args) -> list[str]:
+    from pipeline.gpt2 import GPT2Pipeline, stage_devices
+
+    worker_env_quiet()
+    threads = cpu_threads_per_stage(args)
+    torch.manual_seed(args.seed)
+    data = prepare_data(args)
+    model = build_model(args, data.tokenizer.vocab_size)
+    devices = stage_devices(args.device, args.n_stages)
+    piped = GPT2Pipeline(model, args.n_stages, micro_batch_size(args), devices=devices)
+    piped.pipe.record_timeline = True
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    return run_epochs(PipeTraining(args, data, model, piped, devices, threads, optimizer))
+
+
+# ---- one process per stage: 1f1b and gpipe ---------------------------------------------------
+
+class StageTraining(PipelineMode):
+    """``1f1b`` / ``gpipe``: this rank trains its stage with the schedule's action list.
+
+    Every rank reads the same batches; the first stage feeds the input_ids of each
+    micro-batch, the last takes the labels and computes the loss. The tied embedding/head
+    gradient is summed in the embedding group before each optimizer step. For evaluation
+    the stages' weights are gathered in the pp group into every rank's full copy of the
+    model, which is then evaluated with the sentences shared out over the pp group.
+    """
+
+    def __init__(self, args, data, device, mesh, model, stage, tied):
+        from pipeline.gpt2_stages import TiedGradients
+        from pipeline.stage_runner import StageRunner
+
+        super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
+                         show_progress=mesh.is_last_stage)
+        self.mesh, self.model, self.stage, self.tied = mesh, model, stage, tied
+        self.sync_tied = TiedGradients(mesh.embedding_group)
+        self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
+        self.runner = StageRunner(stage, device, group=mesh.pp_group,
+                                  loss_fn=lambda logits, t: lm_loss(logits, t[0], reduction="sum") / t[1])
+
+    def train_mode(self):
+        self.stage.train()
+
+    def training(self, epoch: int):
+        self.timeline, self.peak_in_flight, self.peak_bytes = [], 0, 0
+        return super().training(epoch)
+
+    def train_step(self, batch: dict) -> StepOutcome:
+        from pipeline.schedules import schedule_actions
+
+        args, runner = self.args, self.runner
+        inputs = list(batch["input_ids"].split(micro_batch_size(args)))
+        m = len(inputs)
+        n_target = max(1, count_target_tokens(batch["labels"]))
+        targets = ([(labels.to(self.device), n_target) for labels in batch["labels"].split(micro_batch_size(args))]
+                   if runner.is_last else None)
+        self.optimizer.zero_grad(set_to_none=True)
+        result = runner.run(schedule_actions(self.mode, runner.stage_index, runner.n_stages, m),
+                            inputs if runner.is_first else None, targets)
+        self.sync_tied(self.tied)
+        self.optimizer.step()
+        self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
+        self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
+        if m == args.n_chunk or not self.timeline:
+            self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b)
+                             for k, i, a, b in result.events]
+        loss = sum(result.losses.values()) if runner.is_last else None
+        return StepOutcome(loss, int(batch["attention_mask"].sum()))
+
+    def batch_losses(self, losses):
+        box = [losses]
+        group = self.mesh.pp_group
+        dist.broadcast_object_list(box, src=global_rank(group, self.runner.n_stages - 1), group=group)
+        return box[0]
+
+    def evaluation(self) -> Evaluation:
+        from pipeline.gpt2_stages import named_stage_parameters
+
+        group = self.mesh.pp_group
+        pieces: list = [None] * self.runner.n_stages
+        dist.all_gather_object(pieces, {k: v.cpu() for k, v in named_stage_parameters(self.model, self.stage).items()},
+                               group=group)
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for piece in pieces:
+                for name, value in piece.items():
+                    params[name].copy_(value)
+        self.model.to(self.device)
+        return Evaluation(self.model, self.device, logits_fn=lambda m, b: m(input_ids=b["input_ids"]).logits,
+                          group=group)
+
+    def epoch_extra(self, epoch: int, stats: dict) -> dict:
+        return {"timeline": self.timeline, "peak_in_flight": self.peak_in_flight,
+                "peak_activation_bytes": self.peak_bytes,
+                "timeline_note": "forward and backward of every micro-batch of the epoch's last full batch on this stage",
+                "param_sha256": parameter_fingerprint(self.model)}
+
+    def config(self) -> dict:
+        return super().config(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
+                              stage_layers=len(self.stage), mesh=self.mesh.describe())
+
+    def progress_desc(self, epoch: int) -> str:
+        return f"{self.mode} epoch {epoch} (last stage)"
+
+
+def run_stage_worker(rank: int, world_size: int, args) -> dict:
+    """Rank ``rank`` trains its stage of GPT-2 with the ``args.model_parallel_mode`` schedule.
+
+    The run's mesh is ``pp = world_size`` (one stage per rank). Every rank builds the whole
+    GPT-2 (same seed) and trains only its stage (:class:`StageTraining`).
+
+    Returns:
+        ``{"results": [paths]}``.
+    """
+    from course.launch import context
+    from course.mesh import Mesh
+    from pipeline.gpt2_stages import gpt2_stage
+
+    worker_env_quiet()
+    device = context().device
+    mesh = Mesh.build(pp=world_size)
+    data = prepare_data(args)
+    model = build_model(args, data.tokenizer.vocab_size)
+    stage, tied = gpt2_stage(model, mesh.stage, world_size)
+    stage.to(device)
+    return {"results": run_epochs(StageTraining(args, data, device, mesh, model, stage, tied))}

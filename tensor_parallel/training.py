@@ -1,0 +1,139 @@
+"""Tensor-parallel GPT-2 training on Multi30k: the training mode and the per-rank worker.
+
+Every rank builds the same GPT-2 (same seed), keeps its shards
+(:class:`tensor_parallel.gpt2.TensorParallelGPT2`, over the ``tp`` group of the run's mesh)
+and processes the **same** batches as the other ranks of its tp group: tensor parallelism
+splits the model, not the data. After each backward pass ``model.sync_grads`` all-reduces
+the gradients that are partial sums (sequence parallelism, ``spd``/``parallel`` blocks);
+the optimizer then updates each rank's shards. A :class:`course.communication.CommCounter`
+records every collective of the training steps. The shared epoch runner
+(:func:`course.epoch_runner.run_epochs`) does evaluation, BLEU and the results files.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from course.cli import run_config
+from course.communication import CommCounter
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
+from course.launch import context
+from course.mesh import Mesh
+from course.task import build_model, prepare_data, worker_env_quiet
+from tensor_parallel.gpt2 import TensorParallelGPT2
+
+RESULTS_PREFIX = "tensor_parallel_"
+
+
+def tp_loss(model, batch: dict) -> torch.Tensor:
+    """Vocabulary-parallel next-token loss of a batch (a ``loss_fn`` for :func:`course.epoch_runner.supervised_step`)."""
+    return model(batch["input_ids"], batch["attention_mask"], batch["labels"]).loss
+
+
+def tp_logits(model, batch: dict) -> torch.Tensor:
+    """Full (batch, seq, vocab) logits, the same on every rank of the tp group (for evaluation and decoding)."""
+    return model.gather_logits(model(batch["input_ids"], batch["attention_mask"]).logits)
+
+
+def epoch_loader(dataset, batch_size: int, collate, seed: int) -> DataLoader:
+    """A DataLoader over ``dataset`` in a seeded random order — the same order on every rank.
+
+    The order is drawn up front (not by the DataLoader's sampler), so wrapping the loader
+    in a progress bar on one rank cannot change it.
+    """
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    return DataLoader(Subset(dataset, order), batch_size=batch_size, collate_fn=collate)
+
+
+def per_step(counter: CommCounter, steps: int, n_layer: int) -> dict:
+    """Collectives per training step: total, and per layer (the ``blocks`` scope / n_layer) by phase."""
+    steps = max(1, steps)
+
+    def scaled(summary, by):
+        return {kind: {k: v / by for k, v in s.items()} for kind, s in summary.items()}
+
+    return {"total": scaled(counter.summary(), steps),
+            "per_layer_forward": scaled(counter.summary("blocks", "forward"), steps * n_layer),
+            "per_layer_backward": scaled(counter.summary("blocks", "backward"), steps * n_layer),
+            "grad_sync": scaled(counter.summary("grad_sync"), steps),
+            "by_group": {name: scaled(s, steps) for name, s in counter.by_group().items()}}
+
+
+class TensorParallelTraining(TrainingMode):
+    """Tensor parallelism over the ``tp`` group: the same batches on every rank, each holding its shards."""
+
+    mode = "tensor_parallel"
+    results_prefix = RESULTS_PREFIX
+
+    def __init__(self, args, data, device, model, n_layer, mesh, **kwargs):
+        super().__init__(args, data, device, **kwargs)
+        self.model, self.n_layer, self.mesh = model, n_layer, mesh
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+        self.counter = CommCounter()
+
+    def epoch_batches(self, epoch: int):
+        loader = epoch_loader(self.data.train, self.args.batch_size, self.data.collate, seed=self.args.seed + epoch)
+        steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
+        return loader, steps
+
+    def training(self, epoch: int):
+        self.counter = CommCounter()
+        return self.counter
+
+    def train_step(self, batch: dict) -> StepOutcome:
+        return supervised_step(self.model, self.optimizer, batch, self.device, loss_fn=tp_loss,
+                               after_backward=lambda m: m.sync_grads())
+
+    def evaluation(self) -> Evaluation:
+        # Every rank of a tp group evaluates and translates the same sentences: all take part in every forward.
+        return Evaluation(self.model, self.device, logits_fn=tp_logits)
+
+    def epoch_extra(self, epoch: int, stats: dict) -> dict:
+        return {"comm_per_step": per_step(self.counter, stats["steps"], self.n_layer),
+                "parameters_on_rank": sum(p.numel() for p in self.model.parameters())}
+
+    def config(self) -> dict:
+        tp_size = self.mesh.dims.tp
+        return {**run_config(self.args), "world_size": self.mesh.world_size, "tp_size": tp_size, "mode": self.mode,
+                "sequence_parallel": bool(self.args.sequence_parallel), "block_types": self.model.block_types,
+                "n_layer": self.n_layer, "mesh": self.mesh.describe()}
+
+    def progress_desc(self, epoch: int) -> str:
+        return f"epoch {epoch} (tp_size {self.mesh.dims.tp})"
+
+
+def run_tp(rank: int, world_size: int, args) -> dict:
+    """Train ``args.n_epochs`` epochs with tensor parallelism over ``world_size`` ranks (``tp = world_size``).
+
+    Writes ``<workdir>/tensor_parallel_rank{r}_results_epoch{e}.json`` (validation_loss,
+    bleu, training_time, tokens_per_sec, train_losses, ``comm_per_step``, config) and, on
+    rank 0, ``tensor_parallel_translations_epoch{e}.json``.
+
+    Args:
+        args: options of ``project/run_tensor_parallel.py`` (``tp_size == world_size``,
+            ``sequence_parallel``, ``block_types``, and the shared ones).
+
+    Returns:
+        ``{"results": [paths], "train_losses": [...], "validation_loss": [...]}``.
+    """
+    worker_env_quiet()
+    return train_tp(rank, world_size, args, prepare_data(args))
+
+
+def train_tp(rank: int, world_size: int, args, data, mesh: Mesh | None = None) -> dict:
+    """:func:`run_tp` on already prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh."""
+    import json
+
+    device = context().device
+    mesh = mesh or Mesh.build(tp=world_size)
+    hf_model = build_model(args, data.tokenizer.vocab_size)
+    model = TensorParallelGPT2(hf_model, block_types=args.block_types, sequence_parallel=args.sequence_parallel,
+                               group=mesh.tp_group).to(device)
+    n_layer = hf_model.config.n_layer
+    del hf_model
+    mode = TensorParallelTraining(args, data, device, model, n_layer, mesh, rank=rank, world_group=mesh.group("world"),
+                                  show_progress=rank == 0)
+    written = run_epochs(mode)
+    results = [json.loads(open(path).read()) for path in written]
+    return {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],
+            "validation_loss": [r["validation_loss"] for r in results]}
