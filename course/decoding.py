@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from course.communication import group_rank, group_size
+from course.collectives import group_rank, group_size
 
 
 def default_logits(model, batch: dict) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
-from course.communication import group_rank, group_size
+from course.collectives import group_rank, group_size
 from course.decoding import corpus_bleu, translate
 from course.loss import count_target_tokens, lm_loss, model_loss
 from course.results import write_json, write_results

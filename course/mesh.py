@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch.distributed as dist
 
-from course.communication import name_group
+from course.collectives import name_group
 
 DIM_NAMES = ("pp", "dp", "tp")
 

@@ -12,5 +12,7 @@ See notebooks/01_data_parallel.ipynb.
 from data_parallel.gradients import average_gradients
 from data_parallel.partition import DataPartitioner, Partition, partition_dataset
 from data_parallel.process_group import cleanup, setup
+from data_parallel.training import DataParallelTraining, common_steps, run_dp
 
-__all__ = ["Partition", "DataPartitioner", "partition_dataset", "setup", "cleanup", "average_gradients"]
+__all__ = ["Partition", "DataPartitioner", "partition_dataset", "setup", "cleanup", "average_gradients",
+           "DataParallelTraining", "common_steps", "run_dp"]

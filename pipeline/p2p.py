@@ -13,7 +13,7 @@ created on the tensor's device.
 Peers are addressed by their **global** rank, and every transfer names the pipeline's
 process group (the ``pp`` group of the run's mesh): a stage's neighbour is
 ``dist.get_global_rank(pp_group, stage ± 1)`` (:class:`pipeline.stage_runner.StageRunner`).
-The data messages are counted by :class:`course.communication.CommCounter` (kind ``send``
+The data messages are counted by :class:`course.collectives.CommCounter` (kind ``send``
 / ``recv``, group ``pp``); the small headers are not.
 
 Source: PyTorch ``torch.distributed`` point-to-point API (send/recv/isend);
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from course.communication import isend, recv
+from course.collectives import isend, recv
 
 MAX_DIMS = 6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.communication import global_rank, group_rank, group_size
+from course.collectives import global_rank, group_rank, group_size
 from pipeline.p2p import recv_tensor, send_tensor
 
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from course.cli import run_config
-from course.communication import global_rank
+from course.collectives import global_rank
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.loss import count_target_tokens, lm_loss
 from course.model import parameter_fingerprint

@@ -11,7 +11,7 @@
 
 Every module takes the tensor-parallel process group (``group``, the ``tp`` group of the
 run's mesh; None: the whole world) and communicates only in it, through the counted
-collectives of :mod:`course.communication`.
+collectives of :mod:`course.collectives`.
 
 Importing this package does not import ``transformers``.
 """

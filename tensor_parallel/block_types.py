@@ -41,7 +41,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from course.communication import group_rank
+from course.collectives import group_rank
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       reduce_from_tensor_parallel_region, reduce_scatter_to_sequence_parallel_region)
 

@@ -25,7 +25,7 @@ def _counts(counter, scope=None, phase=None) -> dict:
 
 def basics_worker(rank: int, world_size: int) -> dict:
     """Column vs row split of ``Y = X A^T``, the f/g operators, and the vocab-parallel loss, measured."""
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
     from course.mesh import Mesh
     from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from tensor_parallel.mappings import f, g
@@ -76,7 +76,7 @@ def basics_worker(rank: int, world_size: int) -> dict:
 
 
 def _tp_run(hf, batch, ref, group, block_types=None, sequence_parallel=False):
-    from course.communication import CommCounter, group_rank
+    from course.collectives import CommCounter, group_rank
     from course.loss import lm_loss
     from tensor_parallel.gpt2 import TensorParallelGPT2
 

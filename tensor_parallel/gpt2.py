@@ -32,7 +32,7 @@ from torch import nn
 
 from tensor_parallel.block_types import (BlockBase, ParallelBlock, SyncPointDropBlock, block_runs, parse_block_types,
                                          run_parallel_blocks)
-from course.communication import group_size, mark_backward, region
+from course.collectives import group_size, mark_backward, region
 from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course.communication import group_rank, group_size
+from course.collectives import group_rank, group_size
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
                                       reduce_scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from course.communication import all_gather, all_reduce, group_rank, group_size, reduce_scatter
+from course.collectives import all_gather, all_reduce, group_rank, group_size, reduce_scatter
 
 SEQUENCE_DIM = 1
 

@@ -30,7 +30,7 @@ from typing import Iterable
 
 import torch
 
-from course.communication import all_reduce, group_size, region
+from course.collectives import all_reduce, group_size, region
 
 
 def sync_partial_grads(params: Iterable[torch.nn.Parameter], group=None) -> None:

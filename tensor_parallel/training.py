@@ -5,7 +5,7 @@ Every rank builds the same GPT-2 (same seed), keeps its shards
 and processes the **same** batches as the other ranks of its tp group: tensor parallelism
 splits the model, not the data. After each backward pass ``model.sync_grads`` all-reduces
 the gradients that are partial sums (sequence parallelism, ``spd``/``parallel`` blocks);
-the optimizer then updates each rank's shards. A :class:`course.communication.CommCounter`
+the optimizer then updates each rank's shards. A :class:`course.collectives.CommCounter`
 records every collective of the training steps. The shared epoch runner
 (:func:`course.epoch_runner.run_epochs`) does evaluation, BLEU and the results files.
 """
@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from course.cli import run_config
-from course.communication import CommCounter
+from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.launch import context
 from course.mesh import Mesh

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course.communication import all_reduce, all_reduce_max, group_rank, group_size
+from course.collectives import all_reduce, all_reduce_max, group_rank, group_size
 from tensor_parallel.layers import divide
 from tensor_parallel.mappings import reduce_from_tensor_parallel_region
 

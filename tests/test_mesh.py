@@ -58,7 +58,7 @@ SHAPES = [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1), (1, 1, 4)]  # (dp, pp, tp)
 def mesh_worker(rank, world_size):
     import torch.distributed as dist
 
-    from course.communication import group_name
+    from course.collectives import group_name
     from course.mesh import Mesh
 
     out = {}
@@ -126,7 +126,7 @@ def _dense():
 
 
 def dp_tp_worker(rank, world_size):
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
     from course.loss import lm_loss
     from course.mesh import Mesh
     from course.task import worker_env_quiet
@@ -203,7 +203,7 @@ def _pp_loss(y, t):
 
 
 def pp_tp_worker(rank, world_size):
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
     from course.launch import context
     from course.mesh import Mesh
     from pipeline.schedules import one_f_one_b_actions

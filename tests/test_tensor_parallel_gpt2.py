@@ -43,7 +43,7 @@ def gpt2_inputs(seq=SEQ):
 def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ):
     """Build a TensorParallelGPT2, run forward + backward + sync_grads with the counter on."""
     from course.loss import lm_loss
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
     ids, mask, labels = gpt2_inputs(seq)

@@ -9,7 +9,7 @@ on every rank are compared with the closed form computed here from the same inpu
 * gather (last dim): forward = all ranks' chunks concatenated, backward = this rank's chunk,
 * gather(scatter(x)) == x.
 
-The collectives must go through ``course.communication`` so the counter sees them: f's
+The collectives must go through ``course.collectives`` so the counter sees them: f's
 forward and g's backward communicate nothing, f's backward is one all-reduce, etc.
 Tolerance: float32, atol 1e-6.
 """
@@ -69,7 +69,7 @@ def close(actual, expected, what):
 def counted(r, forward, backward, op):
     assert r["forward"] == forward and r["backward"] == backward, (
         f"{op}: collectives counted forward {r['forward']}, backward {r['backward']}; expected forward {forward}, "
-        f"backward {backward}. Communicate through course.communication (all_reduce, all_gather) so they are counted.")
+        f"backward {backward}. Communicate through course.collectives (all_reduce, all_gather) so they are counted.")
 
 
 @pytest.mark.a5_3_1

@@ -59,7 +59,7 @@ def lm_inputs():
 
 
 def vocab_worker(rank, world_size):
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
     from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 
     chunk = VOCAB // world_size
@@ -135,7 +135,7 @@ def test_vocab_parallel_cross_entropy_communication():
         r = get("ce1", rank)
         assert set(r["forward"]) == {"all_reduce"}, (
             f"forward collectives {r['forward']}: only all-reduces of per-token scalars (max, target logit, "
-            "sum of exponentials) — never gather the logits; go through course.communication")
+            "sum of exponentials) — never gather the logits; go through course.collectives")
         assert r["backward"] == {}, f"backward communicated {r['backward']}; it needs no communication"
 
 

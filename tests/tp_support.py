@@ -36,7 +36,7 @@ def run_operator(fn, x: torch.Tensor, grad_out: torch.Tensor) -> dict:
 
     Returns ``{"y", "grad", "forward", "backward"}`` or ``{"error": traceback}``.
     """
-    from course.communication import CommCounter
+    from course.collectives import CommCounter
 
     try:
         x = x.clone().requires_grad_(True)

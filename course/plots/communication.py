@@ -1,4 +1,4 @@
-"""Plots of communication: collectives per layer and the traffic they cause (from :class:`course.communication.CommCounter` records)."""
+"""Plots of communication: collectives per layer and the traffic they cause (from :class:`course.collectives.CommCounter` records)."""
 from __future__ import annotations
 
 
