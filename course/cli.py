@@ -6,6 +6,7 @@ script with a message that says what to change (``parser.error``, exit code 2).
 from __future__ import annotations
 
 import argparse
+import os
 
 from course.launch import in_torchrun, resolve_device_backend
 from course.model import PRESETS, default_preset
@@ -37,6 +38,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_
 
     run = parser.add_argument_group("run")
     run.add_argument("--workdir", default="workdir", help="where results, translations and the tokenizer go")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace this mode's results already in --workdir (without it, the run refuses to start)")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     run.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     run.add_argument("--timeout", type=float, default=3600.0, help="wall-clock limit of the whole run (seconds)")
@@ -44,8 +47,40 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_
     return parser
 
 
-def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> argparse.Namespace:
-    """Validate the shared options; fill in ``device``, ``backend``, ``preset``.
+def check_workdir(workdir, results_prefix: str, overwrite: bool) -> None:
+    """Check, before any process starts, that results can be written to ``workdir`` and that
+    none would be silently replaced.
+
+    Raises:
+        ValueError: the folder cannot be created or written to; or it already holds results
+            files ``{results_prefix}rank*_results_epoch*.json`` and ``overwrite`` is False.
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(workdir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--workdir {folder} cannot be written to ({exc.strerror or exc}); choose a folder you can "
+                         "write to, or fix its permissions") from None
+    existing = sorted(p.name for p in folder.glob(f"{results_prefix}rank*_results_epoch*.json"))
+    if existing and not overwrite:
+        raise ValueError(f"--workdir {folder} already holds results of this mode ({existing[0]}"
+                         f"{f' and {len(existing) - 1} more' if len(existing) > 1 else ''}); pass --overwrite to replace "
+                         "them, or choose another --workdir")
+    if existing:
+        for name in existing:
+            os.remove(folder / name)
+
+
+def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int,
+                      results_prefix: str = "") -> argparse.Namespace:
+    """Validate the shared options; fill in ``device``, ``backend``, ``preset``; check the work
+    directory (:func:`check_workdir`, for the results files named ``{results_prefix}rank*...``).
 
     Exits through ``parser.error`` (code 2) with a message that says what to change.
     """
@@ -75,6 +110,11 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         try:
             resolve_data_dir(args.data_dir)
         except DataNotFoundError as exc:
+            parser.error(str(exc))
+    if not in_torchrun() or os.environ.get("RANK") == "0":  # under torchrun, one process checks
+        try:
+            check_workdir(args.workdir, results_prefix, args.overwrite)
+        except ValueError as exc:
             parser.error(str(exc))
     return args
 

@@ -37,7 +37,7 @@ def parse_args(argv=None):
         parser.error(f"--batch_size {args.batch_size} is not divisible by --world_size {args.world_size}: "
                      f"each rank takes batch_size // world_size examples; try --batch_size "
                      f"{max(args.world_size, args.batch_size // args.world_size * args.world_size)}")
-    return check_common_args(parser, args, args.world_size)
+    return check_common_args(parser, args, args.world_size, results_prefix="")
 
 
 def main(argv=None) -> int:

@@ -61,7 +61,8 @@ def parse_args(argv=None):
         parser.error(f"--batch_size {args.batch_size} is not divisible by --n_chunk {args.n_chunk}: every micro-batch "
                      f"must have batch_size // n_chunk rows; try --batch_size "
                      f"{args.batch_size // args.n_chunk * args.n_chunk}")
-    args = check_common_args(parser, args, args.n_stages if multiprocess else 1)
+    args = check_common_args(parser, args, args.n_stages if multiprocess else 1,
+                             results_prefix=f"pipeline_{args.model_parallel_mode}_")
     n_layer = PRESETS[args.preset]["n_layer"]
     if args.n_stages > n_layer:
         parser.error(f"--n_stages {args.n_stages} is more than the {n_layer} transformer blocks of preset "

@@ -48,7 +48,7 @@ def parse_args(argv=None):
         parser.error(f"--tp_size must be >= 1, not {args.tp_size}")
     if args.max_val_batches is not None and args.max_val_batches < 1:
         parser.error(f"--max_val_batches must be >= 1, not {args.max_val_batches}")
-    args = check_common_args(parser, args, args.tp_size)
+    args = check_common_args(parser, args, args.tp_size, results_prefix=RESULTS_PREFIX)
     from tensor_parallel.gpt2 import validate_tp_config
 
     shape = PRESETS[args.preset]

@@ -28,9 +28,9 @@ def no_launch(monkeypatch):
     (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
     (["--learning_rate", "nan"], "--learning_rate must be positive"),
 ])
-def test_bad_input_is_refused_before_spawning(argv, message, capsys, no_launch):
+def test_bad_input_is_refused_before_spawning(argv, message, capsys, no_launch, tmp_path):
     with pytest.raises(SystemExit) as info:
-        script.main(argv)
+        script.main([*argv, "--workdir", str(tmp_path)])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -47,3 +47,25 @@ def test_a_failing_rank_ends_the_run_with_its_traceback(tmp_path):
     assert result.returncode == 1, result.stderr[-2000:]
     assert "rank 0 raised" in result.stderr or "rank 1 raised" in result.stderr
     assert "Traceback" in result.stderr and "gzip" in result.stderr
+
+
+def test_results_are_not_overwritten_without_asking(tmp_path, capsys, no_launch):
+    (tmp_path / "rank0_results_epoch0.json").write_text("{}")
+    (tmp_path / "pipeline_1f1b_rank0_results_epoch0.json").write_text("{}")  # another mode's: not in the way
+    with pytest.raises(SystemExit) as info:
+        script.main(["--workdir", str(tmp_path)])
+    assert info.value.code == 2
+    assert "already holds results of this mode (rank0_results_epoch0.json)" in capsys.readouterr().err
+    assert (tmp_path / "rank0_results_epoch0.json").is_file(), "nothing is touched when the run refuses"
+    args = script.parse_args(["--workdir", str(tmp_path), "--overwrite"])
+    assert args.overwrite and not (tmp_path / "rank0_results_epoch0.json").exists()
+    assert (tmp_path / "pipeline_1f1b_rank0_results_epoch0.json").is_file()
+
+
+def test_an_unwritable_workdir_is_refused_before_training(tmp_path, capsys, no_launch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as info:
+        script.main(["--workdir", str(blocker / "work")])
+    assert info.value.code == 2
+    assert f"--workdir {blocker / 'work'} cannot be written to" in capsys.readouterr().err
