@@ -6,6 +6,7 @@ results.
 """
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -43,7 +44,11 @@ def test_two_rank_run_matches_single_process_training(tmp_path):
     from course.loss import lm_loss
 
     torch.set_num_threads(1)
-    args = parse_args(argv(tmp_path))
+    reference = tmp_path / "reference"  # the run's own folder holds its results: parse_args would refuse it
+    reference.mkdir()
+    for tokenizer in tmp_path.glob("tokenizer_*.json"):
+        shutil.copy(tokenizer, reference)  # the run's tokenizer, so both sides use the same vocabulary
+    args = parse_args(argv(reference))
     data = prepare_data(args)
     model = build_model(args, data.tokenizer.vocab_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
