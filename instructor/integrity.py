@@ -9,7 +9,9 @@
    infrastructure test (neither graded nor ``needs_solution``) still passes;
 3. **isolation**: for each key K, in a tree where only K's blocks are stubbed, K's tests
    all fail and the tests of every other key pass — except keys that declare K among
-   ``depends_on`` (instructor/keys.py), which may fail too.
+   ``depends_on`` (instructor/keys.py), which may fail too;
+4. **grader**: ``instructor/grade.py`` gives this tree full marks and the release zero on
+   every key (``--skip_grader`` leaves it out).
 
 To stay fast, check 3 runs only the test files that can reach K's code: a test file is
 run when its static import closure (``import``/``from`` statements anywhere in it and in
@@ -212,15 +214,47 @@ def check(keys: list[str], timeout: float, run_solution: bool = True) -> list[st
     return problems
 
 
+def check_grader(keys: list[str], timeout: float) -> list[str]:
+    """4. The hardened grader (``instructor/grade.py``) gives the reference full marks and the
+    student release zero on every key."""
+    import json
+
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        release = Path(tmp) / "release"
+        make_release(ROOT, release)
+        for label, submission, want_full in (("reference", ROOT, True), ("release", release, False)):
+            t0 = time.monotonic()
+            out = Path(tmp) / f"{label}.json"
+            done = subprocess.run([sys.executable, str(ROOT / "instructor" / "grade.py"), "--submission",
+                                   str(submission), "--keys", *keys, "--json", str(out), "--timeout", str(timeout)],
+                                  capture_output=True, text=True, timeout=timeout * len(keys) + 300)
+            if done.returncode != 0 or not out.is_file():
+                problems.append(f"grader on the {label}: exited {done.returncode}:\n{done.stdout[-2000:]}")
+                continue
+            for test in json.loads(out.read_text())["tests"]:
+                expected = test["max_score"] if want_full else 0
+                if test["score"] != expected:
+                    problems.append(f"grader on the {label}: {test['name']} scored {test['score']}, expected "
+                                    f"{expected}:\n{test['output'][:1500]}")
+            total = next((line.split()[-1] for line in done.stdout.splitlines() if line.startswith("total")), "?")
+            print(f"[4] grader on the {label}: {total} points ({time.monotonic() - t0:.0f} s)", flush=True)
+    return problems
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Check that graded tests fail on stubs and pass on the solution.")
     parser.add_argument("--keys", nargs="+", default=list(KEYS), choices=list(KEYS), metavar="KEY")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per pytest run")
     parser.add_argument("--skip_solution_run", action="store_true",
                         help="do not re-run the graded tests on the solution (CI's plain `pytest` just did)")
+    parser.add_argument("--skip_grader", action="store_true",
+                        help="do not grade the reference and the release with the hardened grader (check 4)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     problems = check(args.keys, args.timeout, run_solution=not args.skip_solution_run)
+    if not args.skip_grader:
+        problems += check_grader(args.keys, min(args.timeout, 600.0))
     print(f"integrity check: {len(problems)} problem(s) in {time.monotonic() - start:.0f} s")
     for p in problems:
         print(f"  - {p}")

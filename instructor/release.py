@@ -2,13 +2,14 @@
 
     python instructor/release.py --out ../student-release
 
-Every ``# BEGIN ASSIGN5_x_y`` ... ``# END ASSIGN5_x_y`` block in the packages, scripts and
-notebooks becomes one line, indented like the block,
+The body of every ``# BEGIN ASSIGN5_x_y`` ... ``# END ASSIGN5_x_y`` block in the packages,
+scripts and notebooks becomes one line, indented like the block,
 
     raise NotImplementedError("Assignment 5.1.2: implement average_gradients (...). See
         notebooks/01_data_parallel.ipynb; check with: pytest -k a5_1_2")
 
-Signatures, docstrings and the code around the blocks are kept, the markers are removed,
+Signatures, docstrings and the code around the blocks are kept, the markers stay around each stub
+(students write their solution between them; the grader takes exactly that code),
 notebook outputs are cleared, and every Python file of the release is checked to parse.
 Instructor-only files (this script, the grading-integrity check) are left out.
 
@@ -36,7 +37,8 @@ from instructor.keys import key_of_marker  # noqa: E402
 BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
 END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
 ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
-INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "tests/test_release.py"}
+INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py",
+                   "tests/test_release.py", "tests/test_grading.py"}
 SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
 
 
@@ -111,8 +113,10 @@ def stub_source(source: str, where: str, python_file: bool = True,
                 only: set[str] | None = None) -> tuple[str, list[str]]:
     """``source`` with every block replaced by its stub; also the markers stubbed.
 
+    The marker lines stay around each stub: the student writes the solution between them,
+    and the grader takes exactly that code from a submission (``instructor/submission.py``).
     With ``only``, just the blocks of those markers are stubbed; the others keep their
-    solution code (their marker lines are dropped).
+    solution code.
     """
     lines = source.split("\n")
     blocks = find_blocks(lines, where)
@@ -122,7 +126,6 @@ def stub_source(source: str, where: str, python_file: bool = True,
     stubbed = []
     for block in reversed(blocks):
         if only is not None and block.marker not in only:
-            lines[block.begin:block.end + 1] = lines[block.begin + 1:block.end]
             continue
         stubbed.append(block.marker)
         name = None
@@ -133,7 +136,7 @@ def stub_source(source: str, where: str, python_file: bool = True,
                                    "its stub would break the import")
             name = max(inside, key=lambda f: f[0])[2]
         stub = f"{block.indent}raise NotImplementedError({stub_message(block.marker, name)!r})"
-        lines[block.begin:block.end + 1] = [stub]
+        lines[block.begin + 1:block.end] = [stub]
     return "\n".join(lines), stubbed
 
 

@@ -89,3 +89,49 @@ def test_partition_dataset_uses_the_collate_fn():
     batch = next(iter(loader))
     assert torch.is_tensor(batch) and batch.shape == (4,)
     assert all(int(v) % 10 == 0 for v in batch)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_partition_dataset_serves_the_partitioners_shard_for_its_seed_in_its_order(world_size):
+    """The loader's seed is the ``seed`` argument, and it serves the shard as the partitioner ordered it:
+    no second shuffle (a DataLoader with ``shuffle=True`` would reorder it, differently on every pass)."""
+    for seed in (5, 6):
+        partitioner = DataPartitioner(DATA, [1 / world_size] * world_size, seed=seed)
+        for rank in range(world_size):
+            loader = partition_dataset(rank, world_size, DATA, batch_size=2 * world_size, collate_fn=list_collate,
+                                       seed=seed)
+            passes = [[x for b in loader for x in b] for _ in range(2)]
+            want = [partitioner.use(rank)[i] for i in range(len(partitioner.use(rank)))]
+            assert passes[0] == want, f"seed {seed}, rank {rank}: not DataPartitioner(seed={seed})'s shard in its order"
+            assert passes[1] == passes[0], "the loader reshuffles: serve the shard in the partitioner's order"
+    a = [x for b in partition_dataset(0, 2, DATA, 4, list_collate, seed=5) for x in b]
+    b = [x for b in partition_dataset(0, 2, DATA, 4, list_collate, seed=6) for x in b]
+    assert a != b, "partition_dataset ignores its seed argument"
+
+
+SPLIT_SCRIPT = """
+import json, sys
+from data_parallel.partition import DataPartitioner
+data = [f"sentence {i}" for i in range(103)]
+p = DataPartitioner(data, [0.5, 0.5], seed=int(sys.argv[1]))
+print(json.dumps([[p.use(r)[i] for i in range(len(p.use(r)))] for r in range(2)]))
+"""
+
+
+def test_the_same_seed_gives_the_same_split_in_every_process():
+    """Processes with different hash seeds and fresh random states must cut the same shards (every rank
+    computes the partition on its own, without communicating)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        done = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT, "9"], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(json.loads(done.stdout))
+    assert outs[0] == outs[1], "two processes with the same seed cut different shards"
+    assert outs[0] == shard_values(DataPartitioner(DATA, [0.5, 0.5], seed=9), 2)

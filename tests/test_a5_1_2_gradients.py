@@ -17,11 +17,22 @@ PER_RANK = 4
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
+class Net(nn.Module):
+    """A small MLP with a layer that is never used in the forward pass and a frozen parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.unused = nn.Linear(3, 3)  # not in forward: its grads stay None
+        self.scale = nn.Parameter(torch.full((3,), 0.5), requires_grad=False)  # frozen: in forward, no grad
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x))) * self.scale
+
+
 def make_model():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    model.unused = nn.Linear(3, 3)  # never in the forward pass: its grads stay None
-    return model
+    return Net()
 
 
 def global_batch(world_size):
@@ -40,10 +51,16 @@ def grad_worker(rank, world_size):
     return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
 
 
-def setup_worker(rank, world_size):
+def setup_worker(rank, world_size, bogus_ports):
+    import os
+
     from data_parallel.process_group import cleanup, setup
 
-    setup(rank, world_size, backend="gloo")
+    # The launcher put the real rendezvous in the environment; setup must use the address and port it is
+    # given, so the environment now points each rank somewhere else (a different, unused port per rank).
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    os.environ["MASTER_PORT"] = str(bogus_ports[rank])
+    setup(rank, world_size, backend="gloo", master_addr=addr, master_port=port, timeout_s=20)
     joined = (dist.is_initialized(), dist.get_rank(), dist.get_world_size())
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
@@ -60,11 +77,13 @@ def test_averaged_gradients_equal_single_process_gradients(world_size):
     shard_losses = [nn.functional.mse_loss(model(x[r * PER_RANK:(r + 1) * PER_RANK]), y[r * PER_RANK:(r + 1) * PER_RANK])
                     for r in range(world_size)]
     (sum(shard_losses) / world_size).backward()  # equal shards: also the mean loss over the whole batch
+    assert {n for n, p in model.named_parameters() if p.grad is None} == {"unused.weight", "unused.bias", "scale"}
     for name, p in model.named_parameters():
         for rank in range(world_size):
             got = outputs[rank][name]
             if p.grad is None:
-                assert got is None, f"{name} had no gradient and must stay None on rank {rank}"
+                assert got is None, (f"{name} has no gradient (unused or frozen) and must be skipped on rank {rank}, "
+                                     "not turned into zeros")
                 continue
             assert torch.allclose(got, p.grad, **TOL), (
                 f"rank {rank} {name}: averaged gradient differs from single-process gradient "
@@ -74,8 +93,11 @@ def test_averaged_gradients_equal_single_process_gradients(world_size):
                 assert torch.equal(outputs[rank][name], outputs[0][name]), f"{name} differs between ranks"
 
 
-def test_setup_joins_the_group_and_cleanup_leaves_it():
-    outputs = launch(setup_worker, 2, timeout=120, collective_timeout=60, init_process_group=False)
+def test_setup_joins_the_group_at_the_given_address_and_cleanup_leaves_it():
+    from course.launch import free_port
+
+    outputs = launch(setup_worker, 2, [free_port(), free_port()], timeout=90, collective_timeout=30,
+                     init_process_group=False)
     for rank, (joined, total, still_initialized) in outputs.items():
         assert joined == (True, rank, 2)
         assert total == 3.0, "the group must connect both ranks (all_reduce of 1 and 2)"

@@ -84,3 +84,15 @@ def test_pipe_with_a_cpu_device_list_has_one_stage_per_device():
     pipe = Pipe(nn.Sequential(*_layers()), split_size=2, devices=["cpu", "cpu"])
     assert len(pipe.partitions) == 2 and [len(p) for p in pipe.partitions] == [3, 2]
     assert pipe.devices == [torch.device("cpu")] * 2
+
+
+@pytest.mark.parametrize("balance,bad_stage", [([2, 1], 0), ([1, 2], 1)])
+def test_split_with_balance_refuses_a_stage_on_two_devices(balance, bad_stage):
+    """With a ``balance``, every layer of a stage must already sit on the stage's device: a stage whose
+    layers are on two devices is an error where the stage is made, naming the stage."""
+    if bad_stage == 0:
+        layers = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3, device="meta"), nn.Linear(3, 3))
+    else:
+        layers = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 3, device="meta"))
+    with pytest.raises(ValueError, match=f"stage {bad_stage} holds layers on several devices"):
+        _split_module(layers, balance=balance)

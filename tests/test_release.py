@@ -1,17 +1,14 @@
 """The student-release generator and the grader (instructor tools; not shipped to students)."""
 import ast
 import json
-import multiprocessing
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from instructor.grade import grade_key, gradescope
-from instructor.release import ReleaseError, make_release, stub_notebook, stub_source
+from instructor.release import ReleaseError, find_blocks, make_release, stub_notebook, stub_source
 
 
 def m(text: str) -> str:
@@ -34,7 +31,10 @@ GOOD = m(textwrap.dedent('''
 def test_a_block_becomes_a_stub_that_names_key_function_notebook_and_command():
     out, markers = stub_source(GOOD, "x.py")
     assert markers == ["ASSIGN5_1_2"]
-    assert "BEGIN" not in out and m("@E ASSIGN") not in out and "p.grad /= world_size" not in out
+    assert "p.grad /= world_size" not in out
+    lines = out.split("\n")  # the marker lines stay around the stub: the student writes between them
+    begin = lines.index(m("    # @B ASSIGN5_1_2"))
+    assert lines[begin + 1].strip().startswith("raise NotImplementedError(") and lines[begin + 2] == m("    # @E ASSIGN5_1_2")
     assert '"""Docstring kept."""' in out and "world_size = 2" in out and "return None" in out
     ast.parse(out)
     namespace = {}
@@ -46,9 +46,9 @@ def test_a_block_becomes_a_stub_that_names_key_function_notebook_and_command():
         assert part in message
 
 
-def test_only_stubs_the_chosen_keys_and_drops_the_other_markers():
+def test_only_stubs_the_chosen_keys():
     out, markers = stub_source(GOOD, "x.py", only={"ASSIGN5_1_1"})
-    assert markers == [] and "p.grad /= world_size" in out and "# BEGIN" not in out
+    assert markers == [] and out == GOOD
 
 
 @pytest.mark.parametrize("source,message", [
@@ -76,58 +76,23 @@ def test_notebook_cells_are_stubbed_and_outputs_cleared():
     assert "raise NotImplementedError" in cell["source"] and "y = x + 1" not in cell["source"]
 
 
-def test_release_of_this_repository_parses_has_no_markers_and_keeps_instructor_files_out(tmp_path):
+def test_release_of_this_repository_parses_has_only_stubs_and_keeps_instructor_files_out(tmp_path):
     root = Path(__file__).resolve().parent.parent
     counts = make_release(root, tmp_path / "release")
     assert {"ASSIGN5_1_1", "ASSIGN5_1_2", "ASSIGN5_1_3"} <= set(counts)
     release = tmp_path / "release"
-    assert not (release / "project" / "release.py").exists() and not (release / "tests" / "test_release.py").exists()
+    for name in ("instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py", "tests/test_release.py",
+                 "tests/test_grading.py"):
+        assert not (release / name).exists(), f"{name} is instructor-only"
+    for name in ("instructor/keys.py", "instructor/grade.py", "conftest.py"):
+        assert (release / name).is_file(), f"{name} is needed by students"
     for path in list(release.rglob("*.py")) + list(release.rglob("*.ipynb")):
         text = path.read_text()
-        assert m("# @B ASSIGN") not in text and m("# @E ASSIGN") not in text, path
+        for block in find_blocks(text.split("\n"), str(path)) if path.suffix == ".py" else []:
+            body = [line for line in text.split("\n")[block.begin + 1:block.end] if line.strip()]
+            assert len(body) == 1 and body[0].strip().startswith("raise NotImplementedError("), (path, block)
         if path.suffix == ".py":
             ast.parse(text)
     # The stubbed packages still import.
     code = "import data_parallel, data_parallel.training, course.launch"
     subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
-
-
-HANGING_TEST = textwrap.dedent('''
-    import time, pytest
-    from course.launch import launch
-
-    def deadlock(rank, world_size):
-        import os, pathlib, torch, torch.distributed as dist
-        pathlib.Path(__file__).with_name(f"pid{rank}").write_text(str(os.getpid()))
-        if rank == 0:
-            dist.all_reduce(torch.ones(1))   # rank 1 skips this collective
-        else:
-            time.sleep(600)
-
-    @pytest.mark.a5_1_1
-    def test_hangs():
-        launch(deadlock, 2, timeout=None, collective_timeout=600)
-
-    @pytest.mark.a5_1_2
-    def test_passes():
-        assert True
-''')
-
-
-def test_grading_scores_a_hanging_key_zero_kills_its_workers_and_goes_on(tmp_path):
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_sub.py").write_text(HANGING_TEST)
-    start = time.monotonic()
-    hung = grade_key("a5_1_1", timeout=20, root=tmp_path)
-    assert time.monotonic() - start < 60
-    assert hung.points == 0 and "timed out after 20 s" in hung.output
-    ok = grade_key("a5_1_2", timeout=60, root=tmp_path)
-    assert (ok.passed, ok.total, ok.points) == (1, 1, ok.max_points)
-    pids = [int((tmp_path / "tests" / f"pid{r}").read_text()) for r in (0, 1)]
-    time.sleep(0.5)
-    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "grading left rank processes behind"
-    payload = gradescope([hung, ok])
-    assert payload["score"] == ok.max_points
-    assert [t["score"] for t in payload["tests"]] == [0, ok.max_points]
-    assert all({"name", "score", "max_score", "output"} <= set(t) for t in payload["tests"])
-    assert not multiprocessing.active_children()
