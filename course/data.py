@@ -63,18 +63,24 @@ def download_multi30k(target: Path, base_url: str = MULTI30K_URL, timeout: float
     Raises:
         OSError: a file could not be fetched.
     """
+    created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
-    for name in multi30k_files():
-        dest = target / name
-        if dest.is_file():
-            continue
-        tmp = dest.with_name(f"{name}.{os.getpid()}.part")  # several ranks may download at once
-        try:
-            with urllib.request.urlopen(f"{base_url}/{name}", timeout=timeout) as response, open(tmp, "wb") as out:
-                shutil.copyfileobj(response, out)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+    try:
+        for name in multi30k_files():
+            dest = target / name
+            if dest.is_file():
+                continue
+            tmp = dest.with_name(f"{name}.{os.getpid()}.part")  # several ranks may download at once
+            try:
+                with urllib.request.urlopen(f"{base_url}/{name}", timeout=timeout) as response, open(tmp, "wb") as out:
+                    shutil.copyfileobj(response, out)
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+    except OSError:
+        if created and not any(target.iterdir()):
+            target.rmdir()  # a failed download leaves no empty folder that a later run would take for the corpus
+        raise
     return target
 
 
@@ -110,6 +116,25 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None, download: bool =
         "Multi30k was not found in " + ", ".join(str(p) for p in tried) + f" and {error}. "
         f"Put the files ({needed}) from github.com/multi30k/dataset data/task1/raw into one of those "
         "folders, or pass --data_dir / set LLMSYS_DATA_DIR.")
+
+
+def verify_multi30k(folder: Path) -> Path:
+    """Read every Multi30k file of ``folder`` through, so that a damaged file is named before any
+    process starts (a truncated download, a file that is not gzip).
+
+    Raises:
+        ValueError: naming the file and what to do.
+    """
+    for name in multi30k_files():
+        path = Path(folder) / name
+        try:
+            with gzip.open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"the data file {path} is damaged ({exc}); delete it (and re-download it: the run "
+                             "downloads missing files itself when it can) or point --data_dir at a good copy") from None
+    return Path(folder)
 
 
 def _read_lines(path: Path) -> list[str]:

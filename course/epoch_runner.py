@@ -80,27 +80,46 @@ def _progress(batches, total, desc, show):
 
 
 def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps: int, *, desc: str = "train",
-                show_progress: bool = True) -> dict:
+                show_progress: bool = True, done: dict | None = None, before_first: Callable | None = None,
+                after_step: Callable[[int, dict], None] | None = None) -> dict:
     """Run ``step(batch)`` on the first ``n_steps`` batches of ``batches``.
+
+    Args:
+        done: resuming: ``{"steps", "losses", "tokens", "time"}`` of this epoch's steps already
+            taken; their batches are skipped (the iterator is advanced past them).
+        before_first: called once, after the skip, before the first step is run (where a resumed
+            run restores its random generators).
+        after_step: ``after_step(steps_done, stats)`` after every step (e.g. to checkpoint).
 
     Returns:
         dict with ``losses`` (per step; None where this rank saw no loss), ``loss`` (their
         mean), ``tokens`` (non-padding input tokens this rank processed), ``steps`` and
         ``time`` (seconds).
     """
-    losses, tokens = [], 0
-    start = time.perf_counter()
+    done = done or {}
+    losses, tokens, skip = list(done.get("losses", [])), int(done.get("tokens", 0)), int(done.get("steps", 0))
+    earlier = float(done.get("time", 0.0))
     bar = _progress(batches, n_steps, desc, show_progress)
-    for _, batch in zip(range(n_steps), bar):
+    if skip and show_progress:
+        bar.update(skip)
+    start = time.perf_counter()
+    for n, batch in zip(range(n_steps), bar):
+        if n < skip:
+            continue
+        if n == skip and before_first is not None:
+            before_first()
         outcome = step(batch)
         losses.append(outcome.loss)
         tokens += outcome.tokens
+        elapsed = earlier + time.perf_counter() - start
         if show_progress:
             shown = {} if outcome.loss is None else {"loss": f"{outcome.loss:.3f}"}
-            bar.set_postfix(**shown, tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+            bar.set_postfix(**shown, tok_s=f"{tokens / elapsed:.0f}")
+        if after_step is not None:
+            after_step(n + 1, {"steps": n + 1, "losses": losses, "tokens": tokens, "time": elapsed})
     if show_progress and hasattr(bar, "close"):
         bar.close()
-    elapsed = time.perf_counter() - start
+    elapsed = earlier + time.perf_counter() - start
     seen = [x for x in losses if x is not None]
     return {"loss": sum(seen) / max(1, len(seen)), "losses": losses, "tokens": tokens,
             "steps": len(losses), "time": elapsed}
@@ -206,6 +225,28 @@ class TrainingMode:
     def evaluation(self) -> Evaluation:
         raise NotImplementedError
 
+    # ---- checkpoints (course.checkpoint) ----
+    checkpoint_key = ""  # what differs between ranks goes under this rank's own key (e.g. "tp0", "stage1")
+
+    def checkpoint_module(self) -> torch.nn.Module:
+        """The module whose parameters ``self.optimizer`` updates (default ``self.model``)."""
+        return self.model
+
+    def checkpoint_state(self) -> dict:
+        """The model's and optimizer's state, keyed by parameter name (under :attr:`checkpoint_key`)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.checkpoint_module(), self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        return {self.checkpoint_key: state} if self.checkpoint_key else state
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Put a loaded :meth:`checkpoint_state` back into the model and optimizer."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = state[self.checkpoint_key] if self.checkpoint_key else state
+        set_state_dict(self.checkpoint_module(), self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         """Mode-specific entries of the epoch's results file."""
         return {}
@@ -225,25 +266,80 @@ def validation_loader(dataset, group=None, batch_size: int = 64, collate=None) -
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
 
 
+class _Checkpoints:
+    """The runner's side of :mod:`course.checkpoint`: what a checkpoint holds, when to write one, resuming."""
+
+    def __init__(self, mode: TrainingMode):
+        from course.checkpoint import checkpoint_root
+
+        self.mode = mode
+        self.every = getattr(mode.args, "checkpoint_every", None)
+        self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
+
+    def _state(self, epoch: int, global_step: int, stats: dict) -> dict:
+        from course.checkpoint import rng_state
+
+        rank = self.mode.rank
+        mine = {"steps": stats["steps"], "losses": list(stats["losses"]), "tokens": stats["tokens"],
+                "time": stats["time"]}
+        return {**self.mode.checkpoint_state(), f"rng_rank{rank}": rng_state(self.mode.device),
+                "progress": {"epoch": epoch, "global_step": global_step, f"rank{rank}": mine}}
+
+    def maybe_save(self, epoch: int, global_step: int, stats: dict) -> None:
+        from course.checkpoint import save_checkpoint
+
+        if self.every and global_step % self.every == 0:
+            save_checkpoint(self.root, global_step, self._state(epoch, global_step, stats), rank=self.mode.rank,
+                            group=self.mode.world_group)
+
+    def resume(self) -> tuple[int, int, dict | None, Callable | None]:
+        """``(epoch, global step, this rank's done-so-far of that epoch, restore-RNG callback)`` from the
+        checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start."""
+        from course.checkpoint import load_checkpoint, resolve_resume, set_rng_state
+
+        path = resolve_resume(getattr(self.mode.args, "resume", None), self.root)
+        if path is None:
+            return 0, 0, None, None
+        rank = self.mode.rank
+        empty = {"steps": 0, "losses": [], "tokens": 0, "time": 0.0}
+        state = load_checkpoint(path, self._state(0, 0, empty), group=self.mode.world_group)
+        self.mode.load_checkpoint_state(state)
+        progress, rng = state["progress"], state[f"rng_rank{rank}"]
+        if rank == 0:
+            print(f"resuming from {path}: epoch {progress['epoch']}, after step {progress[f'rank{rank}']['steps']} "
+                  f"of it (global step {progress['global_step']})", flush=True)
+        return (progress["epoch"], progress["global_step"], progress[f"rank{rank}"],
+                lambda: set_rng_state(rng, self.mode.device))
+
+
 def run_epochs(mode: TrainingMode) -> list[str]:
     """Train ``mode.args.n_epochs`` epochs; after each, evaluate and write this rank's results.
 
     Writes ``<workdir>/{prefix}rank{r}_results_epoch{e}.json`` (validation_loss, bleu,
     training_time, tokens_per_sec, global_tokens_per_sec, train_loss, train_losses, steps,
     tokens, the mode's extras and ``config``) and, on rank 0, the scored translations
-    ``{prefix}translations_epoch{e}.json``.
+    ``{prefix}translations_epoch{e}.json``. With ``args.checkpoint_every`` it writes a
+    checkpoint every that many optimizer steps, and with ``args.resume`` (or after a restart)
+    it continues from one (:mod:`course.checkpoint`).
 
     Returns:
         The results files this rank wrote.
     """
     args, data = mode.args, mode.data
+    checkpoints = _Checkpoints(mode)
+    first_epoch, resumed_step, done, restore_rng = checkpoints.resume()
+    steps_before = resumed_step - (done["steps"] if done else 0)  # optimizer steps before this epoch
     written = []
-    for epoch in range(args.n_epochs):
+    for epoch in range(first_epoch, args.n_epochs):
         batches, n_steps = mode.epoch_batches(epoch)
         mode.train_mode()
         with mode.training(epoch):
             stats = train_epoch(mode.train_step, batches, n_steps, desc=mode.progress_desc(epoch),
-                                show_progress=mode.show_progress)
+                                show_progress=mode.show_progress, done=done, before_first=restore_rng,
+                                after_step=lambda n, so_far, e=epoch, base=steps_before:
+                                checkpoints.maybe_save(e, base + n, so_far))
+        done = restore_rng = None
+        steps_before += n_steps
         losses = mode.batch_losses(stats["losses"])
         ev = mode.evaluation()
         loader = validation_loader(data.validation, ev.group, collate=data.collate)

@@ -72,6 +72,17 @@ def build_gpt2(preset: str, vocab_size: int, n_positions: int = 128, dropout: fl
     return GPT2LMHeadModel(config)
 
 
+def estimate_parameters(preset: str, vocab_size: int, n_positions: int = 128, **overrides) -> int:
+    """Parameters of the GPT-2 of ``preset`` without building it (tied embedding/head counted once):
+    ``V h + P h + L (12 h^2 + 13 h) + 2 h`` for vocabulary V, positions P, width h, L blocks
+    (inner width 4 h; Radford et al. 2019)."""
+    fields = dict(PRESETS[preset], **overrides)
+    h, layers = fields["n_embd"], fields["n_layer"]
+    inner = fields.get("n_inner") or 4 * h
+    per_block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    return vocab_size * h + n_positions * h + layers * per_block + 2 * h
+
+
 def count_parameters(model) -> int:
     """Number of trainable parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -78,6 +78,22 @@ def tokenizer_path(workdir: str | os.PathLike, dataset: str, vocab_size: int, sr
     return Path(workdir) / f"tokenizer_{name}_{src_lang}-{tgt_lang}_{vocab_size}.json"
 
 
+def verify_cached_tokenizer(path: Path, src_lang: str, tgt_lang: str) -> None:
+    """Check a cached tokenizer file, if there is one, before any process starts.
+
+    Raises:
+        ValueError: the file cannot be loaded or lacks the course's special tokens; says to delete it
+            (the run then trains a new one).
+    """
+    if not Path(path).exists():
+        return
+    try:
+        CourseTokenizer.load(path, src_lang, tgt_lang)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions for bad JSON
+        raise ValueError(f"the cached tokenizer {path} cannot be used ({str(exc).splitlines()[0][:200]}); delete it "
+                         "and the run will train a new one") from None
+
+
 def get_tokenizer(dataset_dict, workdir: str | os.PathLike, vocab_size: int = 5000, src_lang: str = "de",
                   tgt_lang: str = "en", dataset: str = "multi30k") -> CourseTokenizer:
     """The cached tokenizer for this corpus, trained on its ``train`` split if missing.

@@ -182,6 +182,13 @@ class StageTraining(PipelineMode):
     def train_mode(self):
         self.stage.train()
 
+    @property
+    def checkpoint_key(self) -> str:
+        return f"stage{self.runner.stage_index}"  # each stage saves its own layers and optimizer
+
+    def checkpoint_module(self):
+        return self.stage
+
     def training(self, epoch: int):
         self.timeline, self.peak_in_flight, self.peak_bytes = [], 0, 0
         return super().training(epoch)

@@ -71,6 +71,10 @@ class TensorParallelTraining(TrainingMode):
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
         self.counter = CommCounter()
 
+    @property
+    def checkpoint_key(self) -> str:
+        return f"tp{self.mesh.tp_rank}"  # each tp rank saves its shards
+
     def epoch_batches(self, epoch: int):
         loader = epoch_loader(self.data.train, self.args.batch_size, self.data.collate, seed=self.args.seed + epoch)
         steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)

@@ -1,0 +1,115 @@
+"""Keeping ranks on a short leash: they die with their parent, and they can say where they are.
+
+* :func:`die_with_parent` — a rank asks the kernel to kill it when the process that started it
+  dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a watchdog thread that polls the
+  parent pid). So a launcher killed by SIGTERM, SIGKILL or a notebook's interrupt leaves no rank
+  running, and no rank writes results after the kill.
+* :func:`enable_stack_dumps` / :func:`where_ranks_are` — every rank registers Python's
+  ``faulthandler`` on SIGUSR1; when a run hangs or one rank times out in a collective, the
+  launcher asks every living rank for its stack and tells the ranks that wait inside a
+  ``torch.distributed`` call from those that never reached it.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
+
+
+def die_with_parent(parent_pid: int) -> str:
+    """Make this process die when ``parent_pid`` (the process that started it) dies.
+
+    Returns ``"pdeathsig"`` or ``"watchdog"`` (how). Exits at once if the parent is already gone.
+    """
+    how = "watchdog"
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            how = "pdeathsig"
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+    if how == "watchdog":
+        def watch():
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+            os._exit(1)
+        threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+    return how
+
+
+def enable_stack_dumps(path: Path) -> None:
+    """On SIGUSR1, write every thread's Python stack to ``path`` (``faulthandler``)."""
+    handle = open(path, "w")  # kept open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True, chain=False)
+
+
+@dataclass
+class RankWhereabouts:
+    """Where one rank was when asked: in a ``torch.distributed`` call or not, and the innermost
+    frame of the course's or the user's code (``file:line in function``)."""
+
+    rank: int
+    in_collective: bool
+    collective: str
+    frame: str
+
+    def describe(self) -> str:
+        if self.in_collective:
+            return f"rank {self.rank}: waiting in {self.collective}, called at {self.frame}"
+        return f"rank {self.rank}: at {self.frame}" if self.frame else f"rank {self.rank}: (no stack)"
+
+
+def _analyse(rank: int, text: str) -> RankWhereabouts:
+    # faulthandler writes one block per thread, most recent call first; the main thread's block
+    # is the one marked "Current thread" (the signal runs on it) or, failing that, the last one.
+    blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", text.strip())
+    main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1] if blocks else "")
+    frames = [m.groupdict() for m in _FRAME.finditer(main)]
+    collective = next((f["func"] for f in frames if "torch/distributed" in f["path"]), "")
+    own = next((f for f in frames if "torch/" not in f["path"] and "/multiprocessing/" not in f["path"]
+                and "threading.py" not in f["path"]), None)
+    frame = f"{own['path']}:{own['line']} in {own['func']}" if own else ""
+    return RankWhereabouts(rank, bool(collective), collective, frame)
+
+
+def where_ranks_are(pids: dict[int, int], stack_dir: Path, wait: float = 1.0) -> dict[int, RankWhereabouts]:
+    """Ask each living rank (``{rank: pid}``) for its stack; ``{rank: RankWhereabouts}`` of those that answered."""
+    for rank, pid in pids.items():
+        path = stack_dir / f"rank{rank}.stack"
+        try:
+            path.write_text("")
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            continue
+    time.sleep(wait)
+    found = {}
+    for rank in pids:
+        path = stack_dir / f"rank{rank}.stack"
+        text = path.read_text() if path.is_file() else ""
+        if text.strip():
+            found[rank] = _analyse(rank, text)
+    return found
+
+
+def hang_report(where: dict[int, RankWhereabouts]) -> str:
+    """A message that names the ranks that never reached the collective the others wait in."""
+    waiting = sorted(r for r, w in where.items() if w.in_collective)
+    absent = sorted(r for r, w in where.items() if not w.in_collective)
+    lines = []
+    if waiting and absent:
+        lines.append(f"rank(s) {absent} never reached the collective that rank(s) {waiting} wait in "
+                     f"({where[waiting[0]].collective}).")
+    elif waiting:
+        lines.append(f"rank(s) {waiting} all wait in collectives (different ones, or a peer that died?).")
+    lines += ["Where each rank was:"] + ["  " + where[r].describe() for r in sorted(where)]
+    return "\n".join(lines)
