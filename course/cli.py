@@ -34,6 +34,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, batch_size: int = 64, n_
     model.add_argument("--max_batches", type=int, default=None,
                        help="stop each epoch after this many batches (quick runs)")
     model.add_argument("--n_bleu", type=int, default=100, help="test sentences translated for BLEU (0: skip)")
+    model.add_argument("--max_val_batches", type=int, default=None,
+                       help="validation batches (of 64 sentences) scored after each epoch (default: all)")
     model.add_argument("--dropout", type=float, default=0.1, help="GPT-2 dropout probability (0 for exact comparisons)")
     model.add_argument("--seed", type=int, default=11)
 
@@ -120,6 +122,8 @@ def check_common_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error(f"--model_max_length must be >= 4, not {args.model_max_length}")
     if args.vocab_size < 300:
         parser.error(f"--vocab_size must be >= 300 for a byte-level BPE, not {args.vocab_size}")
+    if args.max_val_batches is not None and args.max_val_batches < 1:
+        parser.error(f"--max_val_batches must be >= 1, not {args.max_val_batches}")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         parser.error(f"--checkpoint_every must be >= 1 (optimizer steps), not {args.checkpoint_every}")
     if args.max_restarts < 0:

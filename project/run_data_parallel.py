@@ -48,7 +48,8 @@ def main(argv=None) -> int:
           f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank)",
           flush=True)
     try:
-        launch(run_dp, args.world_size, args, device=args.device, backend=args.backend, timeout=args.timeout)
+        launch(run_dp, args.world_size, args, device=args.device, backend=args.backend, timeout=args.timeout,
+               max_restarts=args.max_restarts)
     except RankFailure as exc:
         print(f"run failed: {exc}", file=sys.stderr)
         return 1

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     if mode in ("1f1b", "gpipe"):
         try:
             launch(run_stage_worker, args.n_stages, args, device=args.device, backend=args.backend,
-                   timeout=args.timeout, collective_timeout=600)
+                   timeout=args.timeout, collective_timeout=600, max_restarts=args.max_restarts)
         except RankFailure as exc:
             print(f"run failed: {exc}", file=sys.stderr)
             return 1

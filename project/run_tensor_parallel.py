@@ -40,14 +40,18 @@ def parse_args(argv=None):
                     help="also split layer norms and dropout along the sequence (Korthikanti et al. 2022)")
     tp.add_argument("--block_types", default="tp",
                     help="tp, spd or parallel: one for every layer, or one per layer comma-separated")
-    tp.add_argument("--max_val_batches", type=int, default=None, help="validation batches (of 64) to score")
     add_common_args(parser, batch_size=32)
     args = parser.parse_args(argv)
     args.tp_size = args.tp_size if args.tp_size is not None else default_world_size(2)
     if args.tp_size < 1:
         parser.error(f"--tp_size must be >= 1, not {args.tp_size}")
-    if args.max_val_batches is not None and args.max_val_batches < 1:
-        parser.error(f"--max_val_batches must be >= 1, not {args.max_val_batches}")
+    if args.sequence_parallel and args.model_max_length % args.tp_size:
+        # Sequences are padded up to a multiple of tp_size; the longest (model_max_length) would then
+        # run past the position embeddings, and a rank would crash mid-run.
+        fit = args.model_max_length // args.tp_size * args.tp_size
+        parser.error(f"--sequence_parallel splits each sequence into --tp_size {args.tp_size} equal parts, but "
+                     f"--model_max_length {args.model_max_length} is not divisible by {args.tp_size}; "
+                     f"try --model_max_length {fit}")
     args = check_common_args(parser, args, args.tp_size, results_prefix=RESULTS_PREFIX)
     from tensor_parallel.gpt2 import validate_tp_config
 
@@ -69,7 +73,8 @@ def main(argv=None) -> int:
     print(f"tensor parallel: tp_size={args.tp_size} sequence_parallel={args.sequence_parallel} block_types={kinds} "
           f"device={args.device} backend={args.backend} preset={args.preset} batch={args.batch_size}", flush=True)
     try:
-        launch(run_tp, args.tp_size, args, device=args.device, backend=args.backend, timeout=args.timeout)
+        launch(run_tp, args.tp_size, args, device=args.device, backend=args.backend, timeout=args.timeout,
+               max_restarts=args.max_restarts)
     except RankFailure as exc:
         print(f"run failed: {exc}", file=sys.stderr)
         return 1

@@ -57,6 +57,18 @@ def test_a_hung_rank_is_named_and_stopped():
     assert not multiprocessing.active_children(), "the launcher left processes behind"
 
 
+def test_a_deadlock_names_the_rank_that_never_reached_the_collective():
+    """Rank 0 waits in an all-reduce that rank 1 never calls: the error names rank 1, and where it is."""
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(hanging_worker, 2, timeout=90, collective_timeout=6)
+    message = str(info.value)
+    assert "rank(s) [1] never reached the collective that rank 0 timed out in" in message, message
+    assert "rank 1:" in message and "hanging_worker" in message, message  # where rank 1 was instead
+    assert time.monotonic() - start < 60
+    assert not multiprocessing.active_children(), "the launcher left processes behind"
+
+
 def test_bad_world_size_and_devices_are_refused_before_spawning():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="world_size"):
