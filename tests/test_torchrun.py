@@ -142,3 +142,33 @@ def test_slurm_script_runs_one_torchrun_per_node_with_a_c10d_rendezvous(tmp_path
     no_gpus = subprocess.run(["bash", "project/slurm/torchrun.sbatch"], cwd=REPO, capture_output=True, text=True,
                              env={k: v for k, v in env.items() if k != "SLURM_GPUS_ON_NODE"}, timeout=30)
     assert no_gpus.returncode == 2 and "no GPUs found" in no_gpus.stderr
+
+
+FAILING_SCRIPT = '''
+import sys
+sys.path.insert(0, {repo!r})
+from course.launch import launch
+
+
+def worker(rank, world_size):
+    if rank == 1:
+        values = {{"learning_rate": 1e-3}}
+        return values["learning_rat"]  # the user's bug
+    return rank
+
+
+if __name__ == "__main__":
+    launch(worker, 2, timeout=120, collective_timeout=30)
+'''
+
+
+@needs_proc
+def test_under_torchrun_the_first_lines_name_the_failing_rank_its_exception_and_line(tmp_path):
+    script = tmp_path / "buggy_training.py"
+    script.write_text(FAILING_SCRIPT.format(repo=str(REPO)))
+    command = [*torchrun_command(), "--standalone", "--nproc_per_node=2", str(script)]
+    result, _ = run_and_watch(command, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode != 0
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert lines[0] == "rank 1 failed: KeyError: 'learning_rat'", result.stdout[:3000]
+    assert lines[1].strip() == f'at {script}:10: return values["learning_rat"]  # the user\'s bug', result.stdout[:3000]
