@@ -102,7 +102,7 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
     bar = _progress(batches, n_steps, desc, show_progress)
     if skip and show_progress:
         bar.update(skip)
-    start = time.perf_counter()
+    start, paused = time.perf_counter(), 0.0  # paused: seconds spent in after_step (checkpoints), not training
     for n, batch in zip(range(n_steps), bar):
         if n < skip:
             continue
@@ -111,15 +111,17 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
         outcome = step(batch)
         losses.append(outcome.loss)
         tokens += outcome.tokens
-        elapsed = earlier + time.perf_counter() - start
+        elapsed = earlier + time.perf_counter() - start - paused
         if show_progress:
             shown = {} if outcome.loss is None else {"loss": f"{outcome.loss:.3f}"}
             bar.set_postfix(**shown, tok_s=f"{tokens / elapsed:.0f}")
         if after_step is not None:
+            began = time.perf_counter()
             after_step(n + 1, {"steps": n + 1, "losses": losses, "tokens": tokens, "time": elapsed})
+            paused += time.perf_counter() - began
     if show_progress and hasattr(bar, "close"):
         bar.close()
-    elapsed = earlier + time.perf_counter() - start
+    elapsed = earlier + time.perf_counter() - start - paused
     seen = [x for x in losses if x is not None]
     return {"loss": sum(seen) / max(1, len(seen)), "losses": losses, "tokens": tokens,
             "steps": len(losses), "time": elapsed}
@@ -275,6 +277,8 @@ class _Checkpoints:
         self.mode = mode
         self.every = getattr(mode.args, "checkpoint_every", None)
         self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
+        self.save_seconds: list[float] = []  # each checkpoint written by this run (not counted as training)
+        self.load_seconds: float | None = None
 
     def _state(self, epoch: int, global_step: int, stats: dict) -> dict:
         from course.checkpoint import rng_state
@@ -289,8 +293,19 @@ class _Checkpoints:
         from course.checkpoint import save_checkpoint
 
         if self.every and global_step % self.every == 0:
+            began = time.perf_counter()
             save_checkpoint(self.root, global_step, self._state(epoch, global_step, stats), rank=self.mode.rank,
                             group=self.mode.world_group)
+            self.save_seconds.append(time.perf_counter() - began)
+
+    def extra(self) -> dict:
+        """What the results file records about checkpoints (seconds to write and to load one)."""
+        found = {}
+        if self.save_seconds:
+            found["checkpoint_save_seconds"] = list(self.save_seconds)
+        if self.load_seconds is not None:
+            found["checkpoint_load_seconds"] = self.load_seconds
+        return found
 
     def resume(self) -> tuple[int, int, dict | None, Callable | None]:
         """``(epoch, global step, this rank's done-so-far of that epoch, restore-RNG callback)`` from the
@@ -302,7 +317,9 @@ class _Checkpoints:
             return 0, 0, None, None
         rank = self.mode.rank
         empty = {"steps": 0, "losses": [], "tokens": 0, "time": 0.0}
+        began = time.perf_counter()
         state = load_checkpoint(path, self._state(0, 0, empty), group=self.mode.world_group)
+        self.load_seconds = time.perf_counter() - began
         self.mode.load_checkpoint_state(state)
         progress, rng = state["progress"], state[f"rng_rank{rank}"]
         if rank == 0:
@@ -364,6 +381,7 @@ def run_epochs(mode: TrainingMode) -> list[str]:
             "steps": stats["steps"],
             "tokens": stats["tokens"],
             **mode.epoch_extra(epoch, stats),
+            **checkpoints.extra(),
             "config": mode.config(),
         }
         prefix = mode.results_prefix
