@@ -1,9 +1,11 @@
 """Repository-wide pytest set-up: markers from the one table of keys, longer time limits for notebooks,
 and a fast path for selecting assignments (``pytest -k a5_1_1``)."""
 import re
+from pathlib import Path
 
 import pytest
 
+from course.tree import check_tree
 from instructor.keys import KEYS, marker_lines
 
 NOTEBOOK_TIMEOUT_S = 900  # a whole notebook, executed top to bottom on 2 CPU cores
@@ -11,6 +13,10 @@ _ONLY_KEYS = re.compile(r"^[\s()]*(a5_\d+_\d+)([\s()]+or[\s()]+a5_\d+_\d+)*[\s()
 
 
 def pytest_configure(config):
+    try:  # the tests of this checkout test this checkout's packages, not another copy's
+        check_tree(Path(__file__).parent)
+    except RuntimeError as exc:
+        raise pytest.UsageError(str(exc)) from None
     for line in marker_lines():
         config.addinivalue_line("markers", line)
 

@@ -41,3 +41,75 @@ def gpt2_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int)
     lm_loss(logits, mine["labels"]).backward()
     average_gradients(model, dp_group)
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int) -> dict:
+    """The exact data-parallel gradient of the batch's per-token mean loss.
+
+    Each rank sums its shard's token losses, divides by the **global** number of target tokens
+    (the ranks' counts all-reduced in the dp group), and the gradients are then all-reduced
+    with SUM — not averaged: the division already happened. The result is the gradient of
+    the token mean over the whole global batch, whatever the shards' token counts.
+
+    ``batch``: one global batch (dict of (B, T) tensors, B divisible by world_size).
+    Returns ``{"grads": {name: tensor}, "tokens": this shard's target tokens, "global_tokens": int}``.
+    """
+    from course.loss import count_target_tokens, lm_loss
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from course.task import worker_env_quiet
+
+    worker_env_quiet()
+    dp_group = Mesh.build(dp=world_size).dp_group
+    model = build_gpt2("tiny", vocab_size, dropout=0.0, seed=0)
+    per_rank = batch["input_ids"].shape[0] // world_size
+    mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
+    tokens = torch.tensor([count_target_tokens(mine["labels"])], dtype=torch.float64)
+    global_tokens = tokens.clone()
+    dist.all_reduce(global_tokens, op=dist.ReduceOp.SUM, group=dp_group)
+    logits = model(input_ids=mine["input_ids"], attention_mask=mine["attention_mask"]).logits
+    (lm_loss(logits, mine["labels"], reduction="sum") / float(global_tokens)).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
+    return {"grads": {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
+            "tokens": int(tokens), "global_tokens": int(global_tokens)}
+
+
+def dp_throughput_worker(rank: int, world_size: int, batches: list[dict], vocab_size: int, warmup: int) -> dict:
+    """Time data-parallel training steps of the tiny GPT-2 on fixed batches.
+
+    Every call trains on the same ``batches`` (each a global batch; rank r takes its rows), so
+    the runs being compared do the same work. The first ``warmup`` steps are not timed (memory
+    allocation, first-call costs). Returns ``{"seconds": timed seconds, "tokens": target tokens
+    of all ranks in the timed steps}`` (rank 0's clock; every rank waits for the others at each
+    gradient all-reduce, so one clock times the step of the group).
+    """
+    import time
+
+    from course.loss import count_target_tokens, lm_loss
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from course.task import worker_env_quiet
+    from data_parallel.gradients import average_gradients
+
+    worker_env_quiet()
+    dp_group = Mesh.build(dp=world_size).dp_group
+    model = build_gpt2("tiny", vocab_size, dropout=0.0, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    per_rank = batches[0]["input_ids"].shape[0] // world_size
+    tokens, start = 0, None
+    for n, batch in enumerate(batches):
+        if n == warmup:
+            dist.barrier(group=dp_group)
+            start = time.perf_counter()
+        mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
+        optimizer.zero_grad()
+        logits = model(input_ids=mine["input_ids"], attention_mask=mine["attention_mask"]).logits
+        lm_loss(logits, mine["labels"]).backward()
+        average_gradients(model, dp_group)
+        optimizer.step()
+        if n >= warmup:
+            tokens += count_target_tokens(batch["labels"])
+    dist.barrier(group=dp_group)
+    return {"seconds": time.perf_counter() - start, "tokens": tokens}

@@ -11,6 +11,11 @@ scripts and notebooks becomes one line, indented like the block,
 Signatures, docstrings and the code around the blocks are kept, the markers stay around each stub
 (students write their solution between them; the grader takes exactly that code),
 notebook outputs are cleared, and every Python file of the release is checked to parse.
+A notebook code cell whose metadata says ``"needs": ["a5_1_2", ...]`` (the assignments it runs,
+directly or through an earlier cell's results) starts, in the release, with
+``require("a5_1_2", ...)`` (:mod:`course.assignments`) and is tagged ``raises-exception``:
+while those assignments are stubs the cell stops with their message and the notebook goes on,
+so a student can run a notebook to the end before solving everything above a cell.
 Instructor-only files (this script, the grading-integrity check) are left out.
 
 Errors (:class:`ReleaseError`, naming file and line): a BEGIN without END, an END without
@@ -32,7 +37,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from instructor.keys import key_of_marker  # noqa: E402
+from instructor.keys import KEYS, key_of_marker  # noqa: E402
 
 BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
 END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
@@ -150,6 +155,18 @@ def stub_notebook(text: str, where: str, only: set[str] | None = None) -> tuple[
             source, found = stub_source(source, f"{where} cell {index}", python_file=False, only=only)
             markers += found
             cell["outputs"], cell["execution_count"] = [], None
+            needs = cell.get("metadata", {}).get("needs", [])
+            unknown = [k for k in needs if k not in KEYS]
+            if unknown:
+                raise ReleaseError(f"{where} cell {index}: metadata 'needs' names unknown keys {unknown}")
+            if needs:
+                # The cell stops with the assignment's message while its code is a stub, and the
+                # notebook goes on (Jupyter and nbclient continue after a cell tagged raises-exception).
+                args = ", ".join(repr(k) for k in needs)
+                source = f"from course.assignments import require; require({args})  # this cell needs them\n" + source
+                tags = cell["metadata"].setdefault("tags", [])
+                if "raises-exception" not in tags:
+                    tags.append("raises-exception")
             cell["source"] = source
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n", markers
 

@@ -203,3 +203,56 @@ def comm_table(report: dict):
             row[f"{phase} ring traffic MB / layer"] = sum(v["traffic_bytes"] for v in per.values()) / 1e6
         rows.append(row)
     return pd.DataFrame(rows).set_index("run")
+
+
+def activation_memory_worker(rank: int, world_size: int, sequence_parallel: bool, batch_size: int = 4,
+                             seq: int = 128, n_embd: int = 128, n_head: int = 4, n_layer: int = 2) -> dict:
+    """Bytes of activations one transformer block keeps for the backward pass, on this rank.
+
+    Runs the forward pass of a tensor-parallel GPT-2 (dropout 0.1, so its masks are kept too)
+    under ``torch.autograd.graph.saved_tensors_hooks`` and adds up, per block, the storages of
+    the tensors autograd saves while inside the block — each storage once (a view saved twice
+    counts once), parameters excluded. Returns ``{"bytes_per_block": float (mean over blocks),
+    "by_dtype": {dtype: bytes per block}, "block0_tensors": [{"shape", "dtype", "bytes"}] (each
+    storage of the first block, with the shape of the tensor it was saved as), "s": seq, "b": batch_size, "h": n_embd, "a": n_head,
+    "t": world_size, "sequence_parallel": bool}``.
+
+    Compare with Korthikanti et al. 2022 (Reducing Activation Recomputation in Large
+    Transformer Models), Sec. 4.2, Table 2: per layer ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes
+    with tensor parallelism and ``s·b·h/t·(34 + 5·a·s/h)`` with sequence parallelism too, for
+    16-bit activations and 1-byte dropout masks.
+    """
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from tensor_parallel.gpt2 import TensorParallelGPT2
+
+    group = Mesh.build(tp=world_size).tp_group
+    hf = build_gpt2("tiny", 256, n_positions=seq, dropout=0.1, seed=0, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
+    model = TensorParallelGPT2(hf, sequence_parallel=sequence_parallel, group=group)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current: list[int | None] = [None]
+    seen: dict[int, dict[int, tuple[int, str]]] = {i: {} for i in range(len(model.h))}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        if current[0] is not None and storage.data_ptr() not in params:
+            seen[current[0]][storage.data_ptr()] = (storage.nbytes(), str(t.dtype).replace("torch.", ""),
+                                                    tuple(t.shape))
+        return t
+
+    for i, block in enumerate(model.h):
+        block.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
+        block.register_forward_hook(lambda m, a, o: current.__setitem__(0, None))
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (batch_size, seq), generator=gen)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(ids, torch.ones_like(ids), ids)
+    out.loss.backward()
+    by_dtype: dict[str, float] = {}
+    for block in seen.values():
+        for nbytes, dtype, _ in block.values():
+            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + nbytes / len(seen)
+    first = [{"shape": shape, "dtype": dtype, "bytes": nbytes} for nbytes, dtype, shape in seen[0].values()]
+    return {"bytes_per_block": sum(by_dtype.values()), "by_dtype": by_dtype, "block0_tensors": first,
+            "s": seq, "b": batch_size,
+            "h": n_embd, "a": n_head, "t": world_size, "sequence_parallel": sequence_parallel}

@@ -10,6 +10,8 @@ import pytest
 
 from instructor.release import ReleaseError, find_blocks, make_release, stub_notebook, stub_source
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def m(text: str) -> str:
     """Marker lines written as @B/@E here, so this file's own text holds no unpaired markers."""
@@ -96,3 +98,67 @@ def test_release_of_this_repository_parses_has_only_stubs_and_keeps_instructor_f
     # The stubbed packages still import.
     code = "import data_parallel, data_parallel.training, course.launch"
     subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
+
+
+def test_notebook_cells_that_need_an_assignment_get_its_guard_in_the_release():
+    nb = {"cells": [{"cell_type": "code", "source": "x = 1", "metadata": {"needs": ["a5_1_2", "a5_1_1"]},
+                     "outputs": [], "execution_count": None},
+                    {"cell_type": "code", "source": "y = 2", "metadata": {}, "outputs": [], "execution_count": None}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    text, _ = stub_notebook(json.dumps(nb), "nb.ipynb")
+    cells = json.loads(text)["cells"]
+    assert cells[0]["source"].startswith("from course.assignments import require; require('a5_1_2', 'a5_1_1')")
+    assert cells[0]["source"].endswith("x = 1")
+    assert "raises-exception" in cells[0]["metadata"]["tags"]
+    assert cells[1]["source"] == "y = 2" and "tags" not in cells[1]["metadata"]
+    nb["cells"][0]["metadata"]["needs"] = ["a5_9_9"]
+    with pytest.raises(ReleaseError, match="unknown keys"):
+        stub_notebook(json.dumps(nb), "nb.ipynb")
+
+
+def test_require_names_the_unfinished_assignment_and_passes_once_it_is_written(tmp_path):
+    from course.assignments import AssignmentNotDone, require
+
+    package = tmp_path / "part"
+    package.mkdir()
+    source = m('def f():\n    # @B ASSIGN5_1_2\n    raise NotImplementedError("Assignment 5.1.2: implement f")\n'
+               '    # @E ASSIGN5_1_2\n')
+    (package / "code.py").write_text(source)
+    with pytest.raises(AssignmentNotDone, match=r"5\.1\.2 in part/code\.py: Assignment 5\.1\.2: implement f"):
+        require("a5_1_2", tree=tmp_path)
+    require("a5_1_1", tree=tmp_path)  # not a stub here: nothing to say
+    (package / "code.py").write_text(source.replace('raise NotImplementedError("Assignment 5.1.2: implement f")',
+                                                    "return 42"))
+    require("a5_1_2", tree=tmp_path)  # written: the cell runs
+
+
+@pytest.mark.timeout(600)
+def test_the_release_notebooks_run_to_the_end_with_only_stub_dependent_cells_stopping(tmp_path, monkeypatch):
+    """Executed top to bottom as a student would before solving anything: every cell that needs no
+    assignment runs, every cell that needs one stops with that assignment's message, and the
+    notebook goes on to the end."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from course.data import resolve_data_dir
+
+    release = tmp_path / "release"
+    make_release(REPO, release)
+    monkeypatch.setenv("LLMSYS_DATA_DIR", str(resolve_data_dir(download=False)))  # the release has no ../shared
+    problems = []
+    for path in sorted((release / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, 4)
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            if cell.metadata.get("needs"):
+                if not any(e.get("ename") == "AssignmentNotDone" for e in errors):
+                    problems.append(f"{path.name} cell {index} needs {cell.metadata['needs']} but did not stop with "
+                                    f"AssignmentNotDone: {[e.get('ename') for e in errors]}")
+            elif errors:
+                problems.append(f"{path.name} cell {index} needs no assignment but failed: "
+                                f"{errors[0].get('ename')}: {errors[0].get('evalue')}")
+    assert not problems, "\n".join(problems)

@@ -5,9 +5,10 @@
 * :mod:`course.plots.communication` — collectives and traffic per layer
 """
 from course.plots.communication import plot_comm_per_layer
-from course.plots.runs import plot_loss_curves, plot_loss_difference, plot_modes, plot_throughput
+from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference, plot_modes, plot_repeated_timings,
+                               plot_throughput)
 from course.plots.timelines import (events_from_records, plot_activation_memory, plot_bubble, plot_gantt,
                                     plot_gantts)
 
-__all__ = ["plot_comm_per_layer", "plot_loss_curves", "plot_loss_difference", "plot_modes", "plot_throughput",
+__all__ = ["plot_comm_per_layer", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference", "plot_modes", "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts"]
