@@ -361,6 +361,12 @@ def main(argv=None) -> int:
     parser.add_argument("--log_dir", default=None, help="write each key's full tracebacks here (default: beside --json)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per key")
     args = parser.parse_args(argv)
+    from course.tree import check_tree
+
+    try:  # the grader's own tree must be the one its packages come from
+        check_tree(ROOT)
+    except RuntimeError as exc:
+        parser.error(str(exc))
     submission = Path(args.submission).resolve() if args.submission else None
     if submission is not None and not submission.is_dir():
         parser.error(f"--submission {submission} is not a folder")
