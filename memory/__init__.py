@@ -7,6 +7,7 @@
 
 See notebooks/05_memory.ipynb.
 """
+from memory.fsdp import FullyShardedModel
 from memory.zero import ZeroOptimizer, shard_range
 
-__all__ = ["ZeroOptimizer", "shard_range"]
+__all__ = ["ZeroOptimizer", "shard_range", "FullyShardedModel"]

@@ -119,3 +119,68 @@ def zero_worker(rank, world_size, stage, steps):
             rec["zro_params"] = flat(twin.parameters())
         out["steps"].append(rec)
     return out
+
+
+def fsdp_worker(rank, world_size, steps, with_fsdp2):
+    """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
+    (gathered), the full-parameter bytes held after the step and the most held at once during it, the
+    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it."""
+    from memory.fsdp import FullyShardedModel
+
+    model = make_model()
+    fsdp = FullyShardedModel(model, model.blocks, group=None)
+    opt = torch.optim.Adam(fsdp.shard_parameters(), **ADAM)
+    peak = {"bytes": 0}
+
+    def watch(*_):
+        peak["bytes"] = max(peak["bytes"], fsdp.held_full_bytes())
+
+    for module in model.modules():  # after the unit's own hooks: sees what is held while it computes
+        module.register_forward_hook(watch)
+    for p in model.parameters():
+        p.register_hook(lambda g: watch() or g)
+    if with_fsdp2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        twin = make_model()
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in twin.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(twin, mesh=mesh)
+        twin_opt = torch.optim.Adam(twin.parameters(), **ADAM)
+    unit_bytes = {u.name: u.full_bytes for u in fsdp.units}
+    out = {"unit_bytes": unit_bytes, "shard_numel": [u.shard.numel() for u in fsdp.units], "steps": []}
+    for step in range(steps):
+        ids = shard_of(batch(step, world_size), rank)
+        opt.zero_grad()
+        peak["bytes"] = 0
+        lm_loss(model, ids).backward()
+        fsdp.finish_backward()
+        rec = {"grads": fsdp.full_gradients(), "peak_full_bytes": peak["bytes"],
+               "held_after_backward": fsdp.held_full_bytes(),
+               "full_grads_held": sum(p.grad.numel() for p in model.parameters() if p.grad is not None)}
+        opt.step()
+        rec["params"] = fsdp.full_state()
+        if with_fsdp2:
+            twin_opt.zero_grad()
+            lm_loss(twin, ids).backward()
+            twin_opt.step()
+            rec["fsdp2_params"] = {n: p.full_tensor().detach().clone() for n, p in twin.named_parameters()}
+        out["steps"].append(rec)
+    return out
+
+
+def reference_named_run(world_size: int, steps: int):
+    """As :func:`reference_run`, by parameter name: per step ``({name: grad}, {name: param after step})``."""
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), **ADAM)
+    out = []
+    for step in range(steps):
+        ids = batch(step, world_size)
+        opt.zero_grad()
+        (sum(lm_loss(model, shard_of(ids, r)) for r in range(world_size)) / world_size).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        out.append((grads, {n: p.detach().clone() for n, p in model.named_parameters()}))
+    return out
