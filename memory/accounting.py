@@ -57,7 +57,7 @@ class SavedTensorBytes:
     """
 
     def __init__(self, exclude=()):
-        self._exclude = {t.untyped_storage().data_ptr() for t in exclude if t.untyped_storage().nbytes()}
+        self._exclude = list(exclude)  # storages looked up at each save: ZeRO-3 re-allocates them
         self._seen: set[int] = set()
         self.bytes = 0
         self.parameter_bytes = 0
@@ -70,7 +70,7 @@ class SavedTensorBytes:
         if ptr not in self._seen:
             self._seen.add(ptr)
             self.bytes += s.nbytes()
-            if ptr in self._exclude:
+            if any(e.untyped_storage().data_ptr() == ptr for e in self._exclude if e.untyped_storage().nbytes()):
                 self.parameter_bytes += s.nbytes()
         return t
 

@@ -71,14 +71,23 @@ class CheckpointFunction(torch.autograd.Function):
 def checkpointed(forward):
     """``forward`` (a module's bound forward) run through :class:`CheckpointFunction`.
 
-    Positional tensor arguments go through the function (their gradients flow back); keyword
-    arguments (attention masks, flags) are held by the closure and must not need gradients.
+    Positional tensor arguments go through the function (their gradients flow back); other
+    positional arguments and the keyword arguments (attention masks, flags) are held by the
+    closure (keyword tensors must not need gradients). A model's key/value cache would be
+    filled twice: turn it off (``config.use_cache = False``), as Hugging Face does.
     """
     @functools.wraps(forward)
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        return CheckpointFunction.apply(lambda *a: forward(*a, **kwargs), *args)
+        where = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+
+        def call(*tensors):
+            full = list(args)
+            for i, t in zip(where, tensors):
+                full[i] = t
+            return forward(*full, **kwargs)
+        return CheckpointFunction.apply(call, *[args[i] for i in where])
     return run
 
 
