@@ -70,6 +70,7 @@ class ShardedStep:
             raise ValueError(f"--zero must be 0, 1, 2 or 3, not {zero}")
         autocast("cpu", precision)  # checks the name
         self.model, self.zero, self.group, self.precision = model, zero, group, precision
+        self.checkpointing = activation_checkpointing
         self.dp = collectives.group_size(group)
         blocks = model_blocks(model) if blocks is None else blocks
         if activation_checkpointing:
@@ -148,3 +149,16 @@ class ShardedStep:
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         state = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
         return {"params": params, "grads": [g for g in grads if g is not None], "optimizer": state}
+
+    def config(self) -> dict:
+        """What the results files record about the memory options."""
+        return {"zero": self.zero, "precision": self.precision,
+                "activation_checkpointing": bool(getattr(self, "checkpointing", False))}
+
+
+def build_sharding(model, args, group) -> ShardedStep:
+    """The ``make_sharding`` of ``project/run_data_parallel.py``: a :class:`ShardedStep` from the
+    options ``--zero``, ``--activation_checkpointing``, ``--precision`` with AdamW at
+    ``--learning_rate`` (as plain data parallelism)."""
+    return ShardedStep(model, args.zero, group, torch.optim.AdamW, activation_checkpointing=args.activation_checkpointing,
+                       precision=args.precision, lr=args.learning_rate)
