@@ -95,3 +95,21 @@ def memory_breakdown(rank: int, world_size: int, stages=(0, 1, 2, 3), steps: int
             out.append(measure_stage(model, zero, None, steps=steps, batch_size=batch_size, seq_len=seq_len,
                                      vocab_size=vocab_size, checkpointing=ckpt, precision=precision))
     return out
+
+
+def precision_curves(steps: int = 30, precisions=("fp32", "bf16"), n_batches: int = 4, batch_size: int = 8,
+                     seq_len: int = 32, vocab_size: int = 500, lr: float = 3e-3, **model_overrides) -> dict:
+    """In this process (one rank, no process group): the training loss per step of the same GPT-2
+    (same initial weights) on the same ``n_batches`` random batches, cycled, for each precision.
+
+    Returns ``{precision: [loss per step]}``; ``"bf16"`` autocasts the forward and backward to
+    bfloat16 with fp32 weights, gradients and Adam state (:class:`memory.training.ShardedStep`).
+    """
+    overrides = dict(n_layer=2, **model_overrides)
+    batches = [random_batch(i, batch_size, seq_len, vocab_size) for i in range(n_batches)]
+    out = {}
+    for precision in precisions:
+        model = build_tiny_gpt2("tiny", vocab_size, seq_len, **overrides)
+        step = ShardedStep(model, 0, None, torch.optim.Adam, precision=precision, lr=lr)
+        out[precision] = [step.train_step(batches[i % n_batches], "cpu").loss for i in range(steps)]
+    return out
