@@ -106,3 +106,11 @@ def optimizer_state_tensors(optimizer) -> list[torch.Tensor]:
     """The tensors of a ``torch.optim`` optimizer's state (Adam: step, exp_avg, exp_avg_sq per parameter)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     return [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
+
+
+def what_fits(n_params: int, dp: int, device_bytes: float, p: float, g: float, k: float) -> dict[int, bool]:
+    """``{stage: fits}``: whether the model state of ``n_params`` parameters fits in ``device_bytes``
+    per rank for each ZeRO stage at ``dp`` ranks, with ``p``/``g``/``k`` bytes per parameter
+    (activations, buffers and fragmentation not included: a necessary condition, not a sufficient one)."""
+    return {stage: sum(zero_formula_bytes(stage, n_params, dp, p, g, k).values()) <= device_bytes
+            for stage in (0, 1, 2, 3)}

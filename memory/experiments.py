@@ -19,7 +19,7 @@ import time
 import torch
 
 from course.collectives import CommCounter
-from memory.accounting import SavedTensorBytes, peak_rss_bytes, storage_bytes, zero_formula_bytes
+from memory.accounting import SavedTensorBytes, peak_rss_bytes, storage_bytes, zero_formula_bytes  # noqa: F401 (notebook)
 from course.loss import model_loss
 from memory.training import ShardedStep, autocast
 
