@@ -26,3 +26,23 @@ def test_precision_choices(tmp_path, capsys):
 def test_defaults_are_plain_data_parallelism(tmp_path):
     args = parse_args(["--workdir", str(tmp_path)])
     assert (args.zero, args.activation_checkpointing, args.precision) == (0, False, "fp32")
+
+
+def test_bf16_autocasts_compute_and_keeps_fp32_weights_and_gradients():
+    import torch
+
+    from memory.training import ShardedStep
+    from tests.memory_support import batch, lm_loss, make_model
+
+    ids = batch(0, 2)
+    data = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        model = make_model()
+        seen = []
+        model.blocks[0].up.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        step = ShardedStep(model, 0, None, torch.optim.Adam, precision=precision, lr=1e-3)
+        losses[precision] = float(step.forward_backward(data, "cpu", lambda m, b: lm_loss(m, b["input_ids"])))
+        assert seen == [torch.bfloat16 if precision == "bf16" else torch.float32]
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.02 * losses["fp32"]
