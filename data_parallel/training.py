@@ -9,7 +9,9 @@ runner (:func:`course.epoch_runner.run_epochs`) does the rest (evaluation, BLEU,
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -38,16 +40,27 @@ class DataParallelTraining(TrainingMode):
     Args:
         model, optimizer: this rank's replica and its optimizer.
         dp_group: the data-parallel group; ``dp_rank``/``dp_size`` are this rank's place in it.
+        sharding: optional; an object that does the whole training step instead (``train_step(batch,
+            device)``, ``begin_evaluation()``, ``summon_full_params()``, ``config()``), e.g.
+            ``memory.training.ShardedStep`` for ``--zero``, ``--activation_checkpointing``, ``--precision``;
+            None (default): plain data parallelism.
         (and the :class:`course.epoch_runner.TrainingMode` arguments)
     """
 
     mode = "data_parallel"
 
-    def __init__(self, args, data, device, model, optimizer, dp_group, **kwargs):
+    def __init__(self, args, data, device, model, optimizer, dp_group, sharding=None, **kwargs):
         super().__init__(args, data, device, **kwargs)
-        self.model, self.optimizer, self.dp_group = model, optimizer, dp_group
+        self.model, self.optimizer, self.dp_group, self.sharding = model, optimizer, dp_group, sharding
         self.dp_rank, self.dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
-        self.initial_sha = parameter_fingerprint(model)
+        self.initial_sha = self.fingerprint()
+
+    def fingerprint(self) -> str:
+        if self.sharding is None:
+            return parameter_fingerprint(self.model)
+        with self.sharding.summon_full_params():  # copies: numpy() would pin a sharded storage
+            params = [p.detach().clone() for p in self.model.parameters()]
+        return parameter_fingerprint(SimpleNamespace(parameters=lambda: params))
 
     def epoch_batches(self, epoch: int):
         """This rank's shard of the epoch (a new shuffle each epoch: seed ``args.seed + epoch``),
@@ -63,6 +76,8 @@ class DataParallelTraining(TrainingMode):
 
     def train_step(self, batch: dict) -> StepOutcome:
         """Forward and backward on this rank's shard, gradients averaged over the dp group, optimizer step."""
+        if self.sharding is not None:
+            return self.sharding.train_step(batch, self.device)
         # BEGIN ASSIGN5_1_3
         return supervised_step(self.model, self.optimizer, batch, self.device,
                                after_backward=lambda m: average_gradients(m, self.dp_group))
@@ -70,20 +85,23 @@ class DataParallelTraining(TrainingMode):
 
     def evaluation(self) -> Evaluation:
         # Validation and BLEU are shared out over the ranks too, then summed / gathered.
+        if self.sharding is not None:
+            self.sharding.begin_evaluation()
         return Evaluation(self.model, self.device, group=self.dp_group)
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
-        return {"param_sha256": parameter_fingerprint(self.model), "initial_param_sha256": self.initial_sha}
+        return {"param_sha256": self.fingerprint(), "initial_param_sha256": self.initial_sha}
 
     def config(self) -> dict:
         return {**run_config(self.args), "world_size": self.dp_size, "mode": self.mode,
-                "per_rank_batch_size": self.args.batch_size // self.dp_size}
+                "per_rank_batch_size": self.args.batch_size // self.dp_size,
+                **(self.sharding.config() if self.sharding is not None else {})}
 
     def progress_desc(self, epoch: int) -> str:
         return f"epoch {epoch} (rank 0 of {self.dp_size})"
 
 
-def run_dp(rank: int, world_size: int, args) -> dict:
+def run_dp(rank: int, world_size: int, args, make_sharding=None) -> dict:
     """Train ``args.n_epochs`` epochs data-parallel; write ``rank{r}_results_epoch{e}.json``.
 
     Args:
@@ -95,6 +113,10 @@ def run_dp(rank: int, world_size: int, args) -> dict:
     With ``args.save_checkpoint``, rank 0 saves the final weights to
     ``<workdir>/checkpoint_data_parallel.pt``.
 
+    ``make_sharding(model, args, dp_group)`` (optional, picklable) builds the object that does
+    the training step instead (:class:`DataParallelTraining`'s ``sharding``); its ``optimizer``
+    is the run's optimizer.
+
     Returns:
         ``{"results": [paths], "initial_sha256": ..., "final_sha256": ...}`` — the
         fingerprints of the weights before and after training (equal across ranks when
@@ -105,11 +127,17 @@ def run_dp(rank: int, world_size: int, args) -> dict:
     mesh = Mesh.build(dp=world_size)
     data = prepare_data(args)
     model = build_model(args, data.tokenizer.vocab_size).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, rank=rank,
+    sharding = make_sharding(model, args, mesh.dp_group) if make_sharding is not None else None
+    optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
+                                                                                   lr=args.learning_rate)
+    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding, rank=rank,
                                 world_group=mesh.group("world"), throughput_group=mesh.dp_group,
                                 show_progress=rank == 0)
     written = run_epochs(mode)
-    if rank == 0 and args.save_checkpoint:
-        torch.save(model.state_dict(), Path(args.workdir) / "checkpoint_data_parallel.pt")
-    return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": parameter_fingerprint(model)}
+    final_sha = mode.fingerprint()
+    if args.save_checkpoint:
+        with sharding.summon_full_params() if sharding is not None else contextlib.nullcontext():
+            if rank == 0:
+                torch.save({k: v.clone() for k, v in model.state_dict().items()},
+                           Path(args.workdir) / "checkpoint_data_parallel.pt")
+    return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}

@@ -31,6 +31,7 @@ class Key:
 
 
 DP, PP, TP = "notebooks/01_data_parallel.ipynb", "notebooks/02_pipeline_parallel.ipynb", "notebooks/03_tensor_parallel.ipynb"
+MEM = "notebooks/05_memory.ipynb"
 
 KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_1_1", "dataset partitioning: Partition, DataPartitioner, partition_dataset", DP, 10),
@@ -45,6 +46,10 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_3_3", "VocabParallelEmbedding and vocab-parallel cross-entropy", TP, 10, ("a5_3_1",)),
     Key("a5_3_4", "tensor-parallel GPT-2 block and model", TP, 10, ("a5_3_1", "a5_3_2", "a5_3_3")),
     Key("a5_3_5", "sequence parallelism", TP, 10, ("a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4")),
+    Key("a5_5_1", "ZeRO-1: optimizer state sharded over dp (flat padded buffer, slice step, all-gather)", MEM, 10),
+    Key("a5_5_2", "ZeRO-2: gradients reduce-scattered, each rank keeps its slice", MEM, 10, ("a5_5_1",)),
+    Key("a5_5_3", "ZeRO-3 / FSDP: parameters sharded, gathered per block in forward and backward", MEM, 10, ("a5_5_1",)),
+    Key("a5_5_4", "activation checkpointing: drop a block's activations, recompute in backward", MEM, 10),
 ]}
 
 MARKERS = {k.marker: k for k in KEYS.values()}

@@ -28,6 +28,15 @@ def parse_args(argv=None):
                         help="number of data-parallel processes (default: torchrun's WORLD_SIZE, else 2)")
     parser.add_argument("--save_checkpoint", action="store_true",
                         help="rank 0 saves the final weights to <workdir>/checkpoint_data_parallel.pt")
+    memory = parser.add_argument_group("memory (notebooks/05_memory.ipynb)")
+    memory.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                        help="ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, "
+                             "2 also gradients, 3 also parameters (FSDP, each GPT-2 block a unit)")
+    memory.add_argument("--activation_checkpointing", action="store_true",
+                        help="recompute each GPT-2 block's activations in the backward pass")
+    memory.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
+                             "and Adam stay fp32")
     add_common_args(parser)
     args = parser.parse_args(argv)
     args.world_size = args.world_size if args.world_size is not None else default_world_size(2)
@@ -37,6 +46,9 @@ def parse_args(argv=None):
         parser.error(f"--batch_size {args.batch_size} is not divisible by --world_size {args.world_size}: "
                      f"each rank takes batch_size // world_size examples; try --batch_size "
                      f"{max(args.world_size, args.batch_size // args.world_size * args.world_size)}")
+    if args.zero and (getattr(args, "checkpoint_every", None) or getattr(args, "resume", None)):
+        parser.error(f"--zero {args.zero} cannot write or resume checkpoints yet (the optimizer state is "
+                     "sharded); drop --checkpoint_every/--resume, or use --zero 0")
     return check_common_args(parser, args, args.world_size, results_prefix="")
 
 
@@ -44,12 +56,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from data_parallel.training import run_dp
 
+    make_sharding = None
+    if args.zero or args.activation_checkpointing or args.precision != "fp32":
+        from memory.training import build_sharding as make_sharding
     print(f"data parallel: world_size={args.world_size} device={args.device} backend={args.backend} "
-          f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank)",
+          f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank)"
+          f" zero={args.zero} precision={args.precision} activation_checkpointing={args.activation_checkpointing}",
           flush=True)
     try:
-        launch(run_dp, args.world_size, args, device=args.device, backend=args.backend, timeout=args.timeout,
-               max_restarts=args.max_restarts)
+        launch(run_dp, args.world_size, args, make_sharding, device=args.device, backend=args.backend,
+               timeout=args.timeout, max_restarts=args.max_restarts)
     except RankFailure as exc:
         print(f"run failed: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,42 @@
+"""Memory plots: bytes per parameter by category for each ZeRO stage and dp size, measured beside the formulas."""
+from __future__ import annotations
+
+CATEGORIES = ("params", "grads", "optimizer")
+COLORS = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green"}
+
+
+def plot_memory_bars(rows: list[dict], ax=None, title: str | None = None):
+    """Stacked bars of measured bytes per parameter (params, grads, optimizer) for each ``(zero, dp)``
+    of ``rows`` (``memory.experiments.measure_stage`` results), with the ZeRO formula's total as a
+    black tick on each bar. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows)), 3.5))
+    labels = [f"Z{r['zero']}\ndp{r['dp']}" for r in rows]
+    bottom = [0.0] * len(rows)
+    for cat in CATEGORIES:
+        values = [r["bytes_per_param"][cat] for r in rows]
+        ax.bar(range(len(rows)), values, bottom=bottom, color=COLORS[cat], label=cat)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    formula = [sum(r["formula_bytes_per_param"].values()) for r in rows]
+    ax.scatter(range(len(rows)), formula, marker="_", s=400, color="black", label="ZeRO formula", zorder=3)
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylabel("bytes per parameter (per rank)")
+    ax.set_title(title or "model state per rank, measured (bars) and formula (ticks)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_loss_by_precision(curves: dict[str, list[float]], ax=None):
+    """Training loss per step for each precision (``{"fp32": [...], "bf16": [...]}``). Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    for name, losses in curves.items():
+        ax.plot(range(len(losses)), losses, label=name, marker=".")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    return ax

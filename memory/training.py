@@ -1,0 +1,164 @@
+"""The memory options of a data-parallel run: ``--zero {0,1,2,3}``, ``--activation_checkpointing``,
+``--precision {fp32,bf16}``, as one object that does a training step.
+
+:class:`ShardedStep` is built by the run script's worker and handed to
+``data_parallel.DataParallelTraining(sharding=...)``; with ``zero=0`` it is plain data
+parallelism (gradients all-reduced and divided by dp, every rank stepping the whole model).
+
+Mixed precision (Micikevicius et al. 2018, "Mixed Precision Training", Sec. 3): the forward
+and backward matrix products run in bfloat16 under ``torch.autocast``, while the parameters
+(the *master weights*), their gradients, the reductions over dp and Adam's state stay fp32
+— a sum of many small bf16 gradients would lose their low bits (8 bits of mantissa), and the
+update ``lr · m / sqrt(v)`` is far below a bf16 weight's resolution. bf16 has fp32's exponent
+range, so gradients do not underflow and need no loss scaling (fp16, 5 exponent bits, does).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from course import collectives
+from course.epoch_runner import StepOutcome, to_device
+from course.loss import model_loss
+from memory.checkpointing import apply_activation_checkpointing
+from memory.fsdp import FullyShardedModel
+from memory.zero import ZeroOptimizer, unique_parameters
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def model_blocks(model):
+    """The transformer blocks of a GPT-2 (``model.transformer.h``), or ``model.blocks``."""
+    if hasattr(model, "transformer"):
+        return model.transformer.h
+    return model.blocks
+
+
+def autocast(device, precision: str):
+    """``torch.autocast`` to bfloat16 for ``precision="bf16"``, nothing for ``"fp32"``.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {PRECISIONS}, not {precision!r}")
+    device_type = torch.device(device).type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+class ShardedStep:
+    """One training step of ZeRO stage ``zero`` over ``group`` (the dp group).
+
+    Args:
+        model: this rank's replica (same initial weights on every rank).
+        zero: 0 (plain data parallelism), 1, 2 (:class:`memory.zero.ZeroOptimizer`) or 3
+            (:class:`memory.fsdp.FullyShardedModel`, each block of ``blocks`` a unit).
+        group: the dp group.
+        optimizer_class, **optimizer_options: e.g. ``torch.optim.AdamW, lr=...``.
+        blocks: the units of ZeRO-3 and of checkpointing (default :func:`model_blocks`).
+        activation_checkpointing: recompute each block in backward (:mod:`memory.checkpointing`).
+        precision: ``"fp32"`` or ``"bf16"`` (autocast; fp32 master weights and reductions).
+
+    Raises:
+        ValueError: ``zero`` not in 0..3, or an unknown precision.
+    """
+
+    def __init__(self, model, zero: int, group=None, optimizer_class=torch.optim.AdamW, blocks=None,
+                 activation_checkpointing: bool = False, precision: str = "fp32", **optimizer_options):
+        if zero not in (0, 1, 2, 3):
+            raise ValueError(f"--zero must be 0, 1, 2 or 3, not {zero}")
+        autocast("cpu", precision)  # checks the name
+        self.model, self.zero, self.group, self.precision = model, zero, group, precision
+        self.checkpointing = activation_checkpointing
+        self.dp = collectives.group_size(group)
+        blocks = model_blocks(model) if blocks is None else blocks
+        if activation_checkpointing:
+            if getattr(getattr(model, "config", None), "use_cache", False):
+                model.config.use_cache = False  # the recomputation would fill the cache twice
+            apply_activation_checkpointing(blocks)
+        self.fsdp = None
+        if zero == 0:
+            self.optimizer = optimizer_class(model.parameters(), **optimizer_options)
+        elif zero in (1, 2):
+            self.optimizer = ZeroOptimizer(model.parameters(), optimizer_class, group=group, stage=zero,
+                                           **optimizer_options)
+        else:
+            self.fsdp = FullyShardedModel(model, blocks, group=group)
+            self.optimizer = optimizer_class(self.fsdp.shard_parameters(), **optimizer_options)
+        self._evaluating = None
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def forward_backward(self, batch: dict, device, loss_fn=None) -> torch.Tensor:
+        """Zero the gradients, forward (autocast per precision), backward, and reduce the gradients over dp."""
+        self.end_evaluation()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(device, self.precision):
+            loss = (loss_fn or model_loss)(self.model, batch)
+        loss.backward()
+        self.reduce_gradients()
+        return loss
+
+    def reduce_gradients(self) -> None:
+        if self.zero == 0:
+            for p in unique_parameters(self.model.parameters()):
+                if p.grad is not None:
+                    p.grad = collectives.all_reduce(p.grad, group=self.group) / self.dp
+        elif self.zero in (1, 2):
+            self.optimizer.reduce_gradients()
+        else:
+            self.fsdp.finish_backward()
+
+    def train_step(self, batch: dict, device, loss_fn=None) -> StepOutcome:
+        batch = to_device(batch, device)
+        loss = self.forward_backward(batch, device, loss_fn)
+        self.optimizer.step()
+        return StepOutcome(loss.item(), int(batch["attention_mask"].sum()))
+
+    # -- evaluation (ZeRO-3: every parameter gathered while evaluating) -----------------------------
+
+    def begin_evaluation(self) -> None:
+        """ZeRO-3: gather every unit until the next training step (evaluation and decoding run a
+        different number of forward passes on each rank, which per-unit gathering cannot)."""
+        if self.fsdp is not None and self._evaluating is None:
+            self._evaluating = self.fsdp.summon_full_params()
+            self._evaluating.__enter__()
+
+    def end_evaluation(self) -> None:
+        if self._evaluating is not None:
+            self._evaluating.__exit__(None, None, None)
+            self._evaluating = None
+
+    def summon_full_params(self):
+        return self.fsdp.summon_full_params() if self.fsdp is not None else contextlib.nullcontext(self.model)
+
+    # -- what it holds (memory.accounting) ------------------------------------------------------------
+
+    def category_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors this rank holds now, per category: ``params``, ``grads``, ``optimizer``."""
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params]
+        if self.zero in (1, 2):
+            params += [self.optimizer.shard]
+            grads = self.optimizer.grad_tensors()
+        elif self.zero == 3:
+            shards = self.fsdp.shard_parameters()
+            params += shards
+            grads += [s.grad for s in shards]
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        state = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
+        return {"params": params, "grads": [g for g in grads if g is not None], "optimizer": state}
+
+    def config(self) -> dict:
+        """What the results files record about the memory options."""
+        return {"zero": self.zero, "precision": self.precision,
+                "activation_checkpointing": bool(getattr(self, "checkpointing", False))}
+
+
+def build_sharding(model, args, group) -> ShardedStep:
+    """The ``make_sharding`` of ``project/run_data_parallel.py``: a :class:`ShardedStep` from the
+    options ``--zero``, ``--activation_checkpointing``, ``--precision`` with AdamW at
+    ``--learning_rate`` (as plain data parallelism)."""
+    return ShardedStep(model, args.zero, group, torch.optim.AdamW, activation_checkpointing=args.activation_checkpointing,
+                       precision=args.precision, lr=args.learning_rate)

@@ -1,0 +1,186 @@
+"""Helpers shared by the memory (ZeRO / FSDP / checkpointing) tests: a tiny language model whose
+parameter count is odd (so every dp size needs padding), its data, and the per-rank workers.
+
+The reference everywhere is one process that computes the mean loss of the dp ranks' shards of a
+global batch (the data-parallel gradient) and steps ``torch.optim.Adam`` on the whole model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB, DIM, SEQ, PER_RANK, N_BLOCK = 37, 12, 6, 2, 2
+LR = 0.05
+ADAM = dict(lr=LR, betas=(0.8, 0.9), weight_decay=0.1)  # L2 weight decay: gradient scale matters
+
+
+class Block(nn.Module):
+    def __init__(self, dim, dropout=0.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.up, self.down = nn.Linear(dim, 3 * dim), nn.Linear(3 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.ln(x)))))
+
+
+class TinyLM(nn.Module):
+    """Embedding (tied with the output head), ``N_BLOCK`` residual MLP blocks, final LayerNorm, and a
+    ``scale`` vector of odd length: 2347 parameters, which no dp size > 1 divides."""
+
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block(DIM, dropout) for _ in range(N_BLOCK))
+        self.ln_f = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.wte.weight  # tied
+        self.scale = nn.Parameter(torch.ones(7))
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return logits * self.scale.mean()
+
+
+def make_model(dropout=0.0) -> TinyLM:
+    torch.manual_seed(0)
+    return TinyLM(dropout)
+
+
+def batch(step: int, world_size: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(0, VOCAB, (world_size * PER_RANK, SEQ), generator=g)
+
+
+def lm_loss(model, ids):
+    logits = model(ids[:, :-1])
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def shard_of(ids, rank):
+    return ids[rank * PER_RANK:(rank + 1) * PER_RANK]
+
+
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def reference_run(world_size: int, steps: int):
+    """Plain data parallelism in one process: per step, the flat mean gradient (before the step)
+    and the flat parameters after ``torch.optim.Adam``'s step (unique parameters, in order)."""
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), **ADAM)
+    grads, params = [], []
+    for step in range(steps):
+        ids = batch(step, world_size)
+        opt.zero_grad()
+        loss = sum(lm_loss(model, shard_of(ids, r)) for r in range(world_size)) / world_size
+        loss.backward()
+        grads.append(flat(p.grad for p in model.parameters()))
+        opt.step()
+        params.append(flat(model.parameters()))
+    return grads, params
+
+
+def zero_worker(rank, world_size, stage, steps):
+    """ZeRO-``stage`` (1 or 2) for ``steps`` steps; per step: this rank's slice gradient, the
+    flat parameters, the optimizer state's element count, whether full gradients are still held;
+    stage 1 also the parameters of ``torch.distributed.optim.ZeroRedundancyOptimizer`` run beside it."""
+    from data_parallel import average_gradients
+    from memory.zero import ZeroOptimizer
+
+    model = make_model()
+    opt = ZeroOptimizer(model.parameters(), torch.optim.Adam, group=None, stage=stage, **ADAM)
+    if stage == 1:  # torch.distributed.optim takes seconds to import
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        twin = make_model()
+        zro = ZeroRedundancyOptimizer(twin.parameters(), optimizer_class=torch.optim.Adam, **ADAM)
+    out = {"start": opt.start, "end": opt.end, "padded": opt.padded, "steps": []}
+    for step in range(steps):
+        ids = shard_of(batch(step, world_size), rank)
+        opt.zero_grad()
+        lm_loss(model, ids).backward()
+        opt.reduce_gradients()
+        rec = {"shard_grad": opt.shard.grad.detach().clone(),
+               "full_grads_held": sum(p.grad.numel() for p in opt.params if p.grad is not None)}
+        opt.step()
+        rec["params"] = flat(opt.params)
+        rec["state_numel"] = sum(t.numel() for t in opt.state_tensors() if t.dim() > 0)
+        if stage == 1:
+            zro.zero_grad()
+            lm_loss(twin, ids).backward()
+            average_gradients(twin)
+            zro.step()
+            rec["zro_params"] = flat(twin.parameters())
+        out["steps"].append(rec)
+    return out
+
+
+def fsdp_worker(rank, world_size, steps, with_fsdp2):
+    """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
+    (gathered), the full-parameter bytes held after the step and the most held at once during it, the
+    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it."""
+    from memory.fsdp import FullyShardedModel
+
+    model = make_model()
+    fsdp = FullyShardedModel(model, model.blocks, group=None)
+    opt = torch.optim.Adam(fsdp.shard_parameters(), **ADAM)
+    peak = {"bytes": 0}
+
+    def watch(*_):
+        peak["bytes"] = max(peak["bytes"], fsdp.held_full_bytes())
+
+    for module in model.modules():  # after the unit's own hooks: sees what is held while it computes
+        module.register_forward_hook(watch)
+    for p in model.parameters():
+        p.register_hook(lambda g: watch() or g)
+    if with_fsdp2:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        twin = make_model()
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in twin.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(twin, mesh=mesh)
+        twin_opt = torch.optim.Adam(twin.parameters(), **ADAM)
+    unit_bytes = {u.name: u.full_bytes for u in fsdp.units}
+    out = {"unit_bytes": unit_bytes, "shard_numel": [u.shard.numel() for u in fsdp.units], "steps": []}
+    for step in range(steps):
+        ids = shard_of(batch(step, world_size), rank)
+        opt.zero_grad()
+        peak["bytes"] = 0
+        lm_loss(model, ids).backward()
+        fsdp.finish_backward()
+        rec = {"grads": fsdp.full_gradients(), "peak_full_bytes": peak["bytes"],
+               "held_after_backward": fsdp.held_full_bytes(),
+               "full_grads_held": sum(p.grad.numel() for p in model.parameters() if p.grad is not None)}
+        opt.step()
+        rec["params"] = fsdp.full_state()
+        if with_fsdp2:
+            twin_opt.zero_grad()
+            lm_loss(twin, ids).backward()
+            twin_opt.step()
+            rec["fsdp2_params"] = {n: p.full_tensor().detach().clone() for n, p in twin.named_parameters()}
+        out["steps"].append(rec)
+    return out
+
+
+def reference_named_run(world_size: int, steps: int):
+    """As :func:`reference_run`, by parameter name: per step ``({name: grad}, {name: param after step})``."""
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), **ADAM)
+    out = []
+    for step in range(steps):
+        ids = batch(step, world_size)
+        opt.zero_grad()
+        (sum(lm_loss(model, shard_of(ids, r)) for r in range(world_size)) / world_size).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        out.append((grads, {n: p.detach().clone() for n, p in model.named_parameters()}))
+    return out

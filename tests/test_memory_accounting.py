@@ -1,0 +1,37 @@
+"""Memory measured against the ZeRO formulas (ungraded; uses the reference solutions).
+
+Two gloo ranks train a small GPT-2 built from a config with ZeRO 0, 1, 2 and 3: the bytes of
+parameters, gradients and optimizer state each rank holds at the optimizer step, counted by
+storage, must be within 10% of the ZeRO paper's per-rank bytes for fp32 Adam (4 + 4 + 8 per
+parameter, divided by dp where the stage shards), all stages must follow the same losses,
+and activation checkpointing must save fewer activation bytes.
+"""
+import pytest
+
+from course.launch import launch
+from memory.experiments import memory_breakdown
+
+pytestmark = pytest.mark.needs_solution
+
+SMALL = dict(n_layer=2, n_embd=32, n_head=2)
+
+
+def test_measured_bytes_per_parameter_follow_the_zero_formulas():
+    outputs = launch(memory_breakdown, 2, (0, 1, 2, 3), 1, "tiny", 300, 32, 2, (False, True), "fp32", SMALL,
+                     timeout=240, collective_timeout=60)
+    for rank, rows in outputs.items():
+        for row in rows:
+            for cat in ("params", "grads", "optimizer"):
+                got, want = row["held"][cat], row["formula"][cat]
+                assert abs(got - want) <= 0.1 * want, (
+                    f"rank {rank} ZeRO-{row['zero']} checkpointing={row['checkpointing']}: {cat} {got} bytes held, "
+                    f"formula {want:.0f}")
+        plain = [r for r in rows if not r["checkpointing"]]
+        ckpt = [r for r in rows if r["checkpointing"]]
+        for r in plain[1:] + ckpt:
+            assert r["losses"] == pytest.approx(plain[0]["losses"], rel=1e-5), f"ZeRO-{r['zero']} losses differ"
+        for a, b in zip(plain, ckpt):
+            assert b["activation_bytes"] < a["activation_bytes"], f"ZeRO-{a['zero']}: checkpointing saved no memory"
+        traffic = {r["zero"]: r["comm_traffic_bytes"] for r in plain}
+        assert traffic[2] == pytest.approx(traffic[0], rel=0.01), "ZeRO-2 should move the bytes of data parallelism"
+        assert traffic[0] < traffic[3] <= 1.5 * traffic[0] * 1.01, "ZeRO-3 moves up to 3/2 of data parallelism's bytes"
