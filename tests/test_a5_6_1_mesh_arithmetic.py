@@ -63,8 +63,7 @@ def test_coordinates_and_groups_equal_init_device_mesh(device_meshes, layout):
                 f"rank {rank} of (dp, pp, tp) = {layout}: {dim} group {groups[dim]}, init_device_mesh: {want_groups[dim]}")
 
 
-@pytest.mark.a5_6_1
-def test_bad_input_names_the_size_or_rank():
+def test_bad_input_names_the_size_or_rank():  # ungraded: the checks sit outside the student's block
     with pytest.raises(ValueError, match="tp must be a whole number"):
         coordinates(0, 2, 2, 0)
     with pytest.raises(ValueError, match="rank 8 is outside 0..7"):
