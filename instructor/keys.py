@@ -32,6 +32,7 @@ class Key:
 
 DP, PP, TP = "notebooks/01_data_parallel.ipynb", "notebooks/02_pipeline_parallel.ipynb", "notebooks/03_tensor_parallel.ipynb"
 MEM = "notebooks/05_memory.ipynb"
+THREE_D = "notebooks/06_3d_parallelism.ipynb"
 
 KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_1_1", "dataset partitioning: Partition, DataPartitioner, partition_dataset", DP, 10),
@@ -50,6 +51,11 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_5_2", "ZeRO-2: gradients reduce-scattered, each rank keeps its slice", MEM, 10, ("a5_5_1",)),
     Key("a5_5_3", "ZeRO-3 / FSDP: parameters sharded, gathered per block in forward and backward", MEM, 10, ("a5_5_1",)),
     Key("a5_5_4", "activation checkpointing: drop a block's activations, recompute in backward", MEM, 10),
+    Key("a5_6_1", "3D mesh rank arithmetic: coordinates and dp/pp/tp groups of a rank", THREE_D, 10),
+    Key("a5_6_2", "tensor-parallel pipeline stage, activations peer-to-peer or scatter-gather", THREE_D, 10,
+        ("a5_2_4", "a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4")),
+    Key("a5_6_3", "3D training step: dp-only averaging, tied sum, global grad-norm clip", THREE_D, 10,
+        ("a5_2_4", "a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4", "a5_6_2")),
 ]}
 
 MARKERS = {k.marker: k for k in KEYS.values()}

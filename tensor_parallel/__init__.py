@@ -15,7 +15,7 @@ collectives of :mod:`course.collectives`.
 
 Importing this package does not import ``transformers``.
 """
-from tensor_parallel.gpt2 import TensorParallelGPT2
+from tensor_parallel.gpt2 import TensorParallelGPT2, attention_bias
 from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
@@ -24,7 +24,7 @@ from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_fro
 from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 
 __all__ = [
-    "TensorParallelGPT2", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+    "TensorParallelGPT2", "attention_bias", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
     "vocab_parallel_cross_entropy", "vocab_parallel_lm_loss", "copy_to_tensor_parallel_region",
     "reduce_from_tensor_parallel_region", "scatter_to_tensor_parallel_region", "gather_from_tensor_parallel_region",
     "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",

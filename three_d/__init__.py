@@ -1,0 +1,14 @@
+"""Assignment 5.6: 3D parallelism — data x pipeline x tensor parallel GPT-2 on one device mesh.
+
+* :mod:`three_d.mesh_arithmetic` — a rank's coordinates and its dp/pp/tp groups (a5_6_1).
+* :mod:`three_d.stage` — a pipeline stage made of tensor-parallel GPT-2 blocks; activations
+  sent to the same tp rank of the next stage, or scatter-gather (a5_6_2).
+* :mod:`three_d.step` — the 3D training step: pipeline schedule over the pp group, gradients
+  averaged over the dp group, tied embedding/head gradients summed, global grad-norm clip (a5_6_3).
+
+It composes the other parts through their packages only (``import pipeline``,
+``import tensor_parallel``) and :mod:`course` (``course.mesh.Mesh`` gives the groups).
+"""
+from three_d.mesh_arithmetic import coordinates, group_ranks
+
+__all__ = ["coordinates", "group_ranks"]

@@ -1,0 +1,48 @@
+"""Workers that notebooks/06_3d_parallelism.ipynb launches (tiny GPT-2, random tokens, float32)."""
+from __future__ import annotations
+
+import torch
+
+VOCAB, N_EMBD, N_HEAD, N_LAYER, SEQ = 64, 64, 4, 4, 32
+
+
+def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chunk: int, micro_batch: int = 2,
+                    steps: int = 2) -> dict:
+    """Run ``steps`` 3D steps of a tiny GPT-2 (the first is warm-up) and report the last one.
+
+    Returns:
+        ``{"coordinates": (pp, dp, tp), "events": [(kind, i, start_s, end_s)] (shared clock),
+        "by_group": {group: {kind: {count, bytes, traffic_bytes}}} of the last step,
+        "busy_s": forward+backward seconds, "step_s": the step's wall time}``.
+    """
+    import time
+
+    import pipeline
+    from course.collectives import CommCounter
+    from course.launch import context
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from course.task import worker_env_quiet
+    from three_d.stage import StageLoss, TensorParallelStage
+    from three_d.step import three_d_step
+
+    worker_env_quiet()
+    torch.set_num_threads(1)
+    mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
+    hf = build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=0, n_layer=N_LAYER, n_embd=N_EMBD,
+                    n_head=N_HEAD)
+    stage = TensorParallelStage(hf, mesh.stage, pp, group=mesh.tp_group)
+    runner = pipeline.StageRunner(stage, context().device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+    g = torch.Generator().manual_seed(1 + mesh.dp_rank)
+    ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g)
+    for _ in range(steps):
+        with CommCounter() as counter:
+            start = time.time()
+            out = three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
+            step_s = time.time() - start
+    events = out["result"].events
+    shift = runner.origin  # back to absolute seconds, comparable across pp groups
+    return {"coordinates": tuple(mesh.coordinates), "blocks": list(stage.blocks),
+            "events": [(k, i, a + shift, b + shift) for k, i, a, b in events],
+            "by_group": counter.by_group(), "busy_s": sum(b - a for _, _, a, b in events), "step_s": step_s,
+            "parameters": sum(p.numel() for p in stage.parameters())}

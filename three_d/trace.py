@@ -1,0 +1,41 @@
+"""A Chrome / Perfetto trace (``chrome://tracing``, https://ui.perfetto.dev) of every rank's actions.
+
+Built from the results files of a 3D run (:mod:`three_d.training`): each rank's timeline of
+the epoch's last batch (forward ``F`` and backward ``B`` of every micro-batch) becomes one
+trace process named by the rank's mesh coordinates, its events "complete" events (``"ph": "X"``,
+microseconds) on a clock shared by all ranks (each pp group's origin is put back).
+
+Source: Trace Event Format (Google, "Trace Event Format" document: ``X`` and ``M`` events).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def chrome_trace(results: dict[int, dict]) -> dict:
+    """``{"traceEvents": [...]}`` from ``{rank: results file contents}``."""
+    origins = [r.get("time_origin", 0.0) for r in results.values()]
+    base = min(origins) if origins else 0.0
+    events = []
+    for rank, r in sorted(results.items()):
+        c = r.get("coordinates", {})
+        name = f"rank {rank} (pp {c.get('pp')}, dp {c.get('dp')}, tp {c.get('tp')})"
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": name}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
+        shift = r.get("time_origin", 0.0) - base
+        for e in r.get("timeline", []):
+            events.append({"name": f"{e['kind']}{e['micro_batch']}", "cat": "forward" if e["kind"] == "F" else "backward",
+                           "ph": "X", "pid": rank, "tid": 0, "ts": (e["start"] + shift) * 1e6,
+                           "dur": (e["end"] - e["start"]) * 1e6, "args": {"micro_batch": e["micro_batch"]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(workdir: str, epoch: int, world_size: int, path: str, prefix: str = "three_d_") -> str:
+    """Read ``{workdir}/{prefix}rank{r}_results_epoch{epoch}.json`` of every rank, write the trace to ``path``."""
+    results = {}
+    for rank in range(world_size):
+        f = Path(workdir) / f"{prefix}rank{rank}_results_epoch{epoch}.json"
+        results[rank] = json.loads(f.read_text())
+    Path(path).write_text(json.dumps(chrome_trace(results)))
+    return path
