@@ -68,19 +68,44 @@ def _run(fn, group, seed):
     return out
 
 
-def all_reduce_worker(rank, world_size, which):
+def all_reduce_worker(rank, world_size):
     from communication.ring import ring_all_reduce, tree_all_reduce
 
-    fn = {"ring": ring_all_reduce, "tree": tree_all_reduce}[which]
-    results = {"world": _run(fn, None, seed=1)}
-    if world_size == 4:  # a sub-group of three ranks: group ranks 0, 1, 2 are global ranks 1, 2, 3
-        sub = dist.new_group([1, 2, 3])
-        if rank != 0:
-            results["sub"] = _run(fn, sub, seed=2)
-    return results
+    sub = dist.new_group([1, 2, 3]) if world_size == 4 else None  # group ranks 0, 1, 2 are global ranks 1, 2, 3
+    out = {}
+    for which, fn in (("ring", ring_all_reduce), ("tree", tree_all_reduce)):
+        try:
+            results = {"world": _run(fn, None, seed=1)}
+            if sub is not None and rank != 0:
+                results["sub"] = _run(fn, sub, seed=2)
+            out[which] = results
+        except NotImplementedError as exc:  # a stub: that function's test fails, the other one still runs
+            out[which] = exc
+    if world_size == 3:
+        trace = []
+        try:
+            ring_all_reduce(torch.arange(10, dtype=torch.int64), group=None, trace=trace)
+            out["trace"] = trace
+        except NotImplementedError as exc:
+            out["trace"] = exc
+    return out
 
 
-def _check(outputs, world_size, which):
+_RUNS = {}
+
+
+def runs(world_size):
+    """One launch per world size runs both algorithms (process start-up dominates the test's time)."""
+    if world_size not in _RUNS:
+        _RUNS[world_size] = launch(all_reduce_worker, world_size, timeout=120, collective_timeout=30)
+    return _RUNS[world_size]
+
+
+def _check(all_outputs, world_size, which):
+    outputs = {rank: out[which] for rank, out in all_outputs.items()}
+    for rank, results in outputs.items():
+        if isinstance(results, Exception):
+            raise results
     for rank, results in outputs.items():
         for group_name, cases in results.items():
             for c in cases:
@@ -101,32 +126,29 @@ def _check(outputs, world_size, which):
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ring_all_reduce_equals_dist_all_reduce(world_size):
-    outputs = launch(all_reduce_worker, world_size, "ring", timeout=120, collective_timeout=30)
-    _check(outputs, world_size, "ring")
+    _check(runs(world_size), world_size, "ring")
 
 
-@pytest.mark.parametrize("world_size", [3, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_tree_all_reduce_equals_dist_all_reduce(world_size):
-    outputs = launch(all_reduce_worker, world_size, "tree", timeout=120, collective_timeout=30)
-    _check(outputs, world_size, "tree")
-
-
-def trace_worker(rank, world_size):
-    from communication.ring import ring_all_reduce
-
-    trace = []
-    t = torch.arange(10, dtype=torch.int64)
-    ring_all_reduce(t, group=None, trace=trace)
-    return trace
+    _check(runs(world_size), world_size, "tree")
 
 
 def test_ring_trace_sends_to_the_right_neighbour_2_p_minus_1_messages():
-    outputs = launch(trace_worker, 3, timeout=90, collective_timeout=30)
-    for rank, trace in outputs.items():
+    outputs = runs(3)
+    for rank, out in outputs.items():
+        if isinstance(out["trace"], Exception):
+            raise out["trace"]
+        trace = out["trace"]
         assert len(trace) == 2 * (3 - 1), f"rank {rank}: a ring all-reduce sends 2(p-1) messages, not {len(trace)}"
         assert {m["dst"] for m in trace} == {(rank + 1) % 3} and {m["src"] for m in trace} == {(rank - 1) % 3}
-        # every chunk a rank receives in the all-gather is one it did not own: it ends with all p chunks
         assert [m["phase"] for m in trace] == ["reduce_scatter"] * 2 + ["all_gather"] * 2
+        # reduce-scatter: the chunk sent in step s+1 is the one received (and added to) in step s
+        rs = [m for m in trace if m["phase"] == "reduce_scatter"]
+        assert rs[1]["send_chunk"] == rs[0]["recv_chunk"], f"rank {rank}: the ring must pass on the chunk it just reduced"
+        # all-gather: a rank ends with every chunk: its own reduced chunk plus the p-1 it receives
+        ag = [m for m in trace if m["phase"] == "all_gather"]
+        assert sorted([ag[0]["send_chunk"]] + [m["recv_chunk"] for m in ag]) == [0, 1, 2]
 
 
 def test_bad_op_is_refused():
