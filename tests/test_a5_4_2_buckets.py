@@ -53,9 +53,16 @@ def batches(world_size, rank):
         yield x[rank * PER_RANK:(rank + 1) * PER_RANK], y[rank * PER_RANK:(rank + 1) * PER_RANK]
 
 
+def average_gradients(model, group=None):
+    """The reference (assignment 5.1.2's average_gradients, written out here so this key depends on no other)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= dist.get_world_size(group)
+
+
 def train(variant, rank, world_size, partly_used):
     from communication.buckets import BucketedReducer
-    from data_parallel import average_gradients
 
     model = make_model()
     bucket_mb = 300 / 2**20  # about 300 bytes: several buckets of one or more parameters
