@@ -140,11 +140,11 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
 def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
     """One training step of GPT-2 (``cfg`` as :func:`dp_throughput_worker`) with the bucketed reducer
-    recording events; times in ms from the start of the backward pass.
+    recording events, with overlap on and off; times in ms from the start of the backward pass.
 
-    Returns ``{"backward": (start, end), "finish_end": ms, "grads": [(ms, bucket)],
-    "launches": {bucket: ms}, "waits": {bucket: ms}, "n_buckets": int}`` (overlap on or off by
-    ``cfg["overlap"]``).
+    Returns ``{"overlap": t, "after backward": t}`` with ``t = {"backward": (start, end),
+    "finish_end": ms, "grads": [(ms, bucket)], "launches": {bucket: ms}, "waits": {bucket: ms},
+    "n_buckets": int}``.
     """
     from communication.buckets import BucketedReducer
     from course.loss import model_loss
@@ -153,30 +153,33 @@ def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
     worker_env_quiet()
     model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
-    reducer = BucketedReducer(model, group=None, bucket_mb=cfg["bucket_mb"], overlap=cfg.get("overlap", True),
-                              record=True)
     batch = _synthetic_batch(rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"])
-    for _ in range(2):  # the second step is recorded (the first warms up)
-        reducer.events.clear()
-        model.zero_grad(set_to_none=True)
-        reducer.before_backward()
-        loss = model_loss(model, batch)
-        dist.barrier(group=None)
-        t0 = time.perf_counter()
-        loss.backward()
-        t1 = time.perf_counter()
-        reducer.finish()
-        t2 = time.perf_counter()
-    ms = lambda t: 1000 * (t - t0)  # noqa: E731
-    return {"backward": (0.0, ms(t1)), "finish_end": ms(t2),
-            "grads": [(ms(t), b) for t, kind, b in reducer.events if kind == "grad"],
-            "launches": {b: ms(t) for t, kind, b in reducer.events if kind == "launch"},
-            "waits": {b: ms(t) for t, kind, b in reducer.events if kind == "wait"},
-            "n_buckets": len(reducer.buckets)}
+    out = {}
+    for label, overlap in (("overlap", True), ("after backward", False)):
+        reducer = BucketedReducer(model, group=None, bucket_mb=cfg["bucket_mb"], overlap=overlap, record=True)
+        for _ in range(2):  # the second step is recorded (the first warms up)
+            reducer.events.clear()
+            model.zero_grad(set_to_none=True)
+            reducer.before_backward()
+            loss = model_loss(model, batch)
+            dist.barrier(group=None)
+            t0 = time.perf_counter()
+            loss.backward()
+            t1 = time.perf_counter()
+            reducer.finish()
+            t2 = time.perf_counter()
+        reducer.remove()
+        ms = lambda t: 1000 * (t - t0)  # noqa: E731
+        out[label] = {"backward": (0.0, ms(t1)), "finish_end": ms(t2),
+                      "grads": [(ms(t), b) for t, kind, b in reducer.events if kind == "grad"],
+                      "launches": {b: ms(t) for t, kind, b in reducer.events if kind == "launch"},
+                      "waits": {b: ms(t) for t, kind, b in reducer.events if kind == "wait"},
+                      "n_buckets": len(reducer.buckets)}
+    return out
 
 
 def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
-    """Train the same GPT-2 on the same synthetic-free batches with each compression; loss per step and bytes.
+    """Train the same GPT-2 on the same batches with each compression; loss per step and bytes sent.
 
     ``cfg``: ``preset``, ``vocab_size``, ``seq``, ``per_rank_batch``, ``steps``, ``topk_ratio``,
     ``powersgd_rank``, ``batches`` (a list of global batches, dicts of (B, T) tensors; rank r
