@@ -138,11 +138,11 @@ def tree_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     k = 1
     while k < q:
         peer = r ^ k
-        work = isend(flat.clone(), global_rank(group, peer), group=group)
+        work = isend(flat, global_rank(group, peer), group=group)
         recv(buf, global_rank(group, peer), group=group)
-        work.wait()
+        work.wait()                                # flat is sent: now it may change
         if peer < r:                               # the same order of addition on both sides
-            flat.copy_(buf + flat)
+            flat.copy_(buf.add_(flat))
         else:
             flat.add_(buf)
         k <<= 1
