@@ -224,5 +224,3 @@ def test_buckets_follow_reverse_registration_order_and_capacity():
     assert bucket_parameters([4, 4, 4, 4, 100, 4], 8) == [[5], [4], [3, 2], [1, 0]]
     assert bucket_parameters([1, 2, 3], 1000) == [[2, 1, 0]]
     assert bucket_parameters([5, 5, 5], 1) == [[2], [1], [0]]
-    with pytest.raises(ValueError):
-        bucket_parameters([1], 0)

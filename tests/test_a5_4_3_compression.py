@@ -70,14 +70,6 @@ def test_error_feedback_loses_nothing_over_many_steps():
     assert residual.abs().sum() > 0, "with ratio 0.05 something must still be waiting in the residual"
 
 
-def test_bad_ratio_is_refused():
-    from communication.compression import topk_compress
-
-    for ratio in (0, -0.1, 1.5):
-        with pytest.raises(ValueError, match="ratio"):
-            topk_compress(torch.zeros(4), torch.zeros(4), ratio)
-
-
 def reducer_worker(rank, world_size):
     from communication.compression import TopKReducer
 
