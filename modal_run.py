@@ -36,7 +36,8 @@ APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
 VOLUME_PATH = "/vol"
 TIMEOUT = 4 * 60 * 60  # seconds one remote run may take
-PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "memory", "three_d", "project", "instructor")
+PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "project",
+            "instructor")
 
 
 def image_requirements(path: Path = REPO / "requirements.txt") -> list[str]:

@@ -44,14 +44,21 @@ class DataParallelTraining(TrainingMode):
             device)``, ``begin_evaluation()``, ``summon_full_params()``, ``config()``), e.g.
             ``memory.training.ShardedStep`` for ``--zero``, ``--activation_checkpointing``, ``--precision``;
             None (default): plain data parallelism.
+        grad_sync: None: :func:`average_gradients` after the backward pass. Otherwise an object
+            with ``before_backward()`` (called before the forward pass) and ``finish()`` (after
+            the backward pass; leaves the averaged gradients in ``param.grad``), e.g. the
+            bucketed reducer of the communication part, built by the run script.
         (and the :class:`course.epoch_runner.TrainingMode` arguments)
     """
 
     mode = "data_parallel"
 
-    def __init__(self, args, data, device, model, optimizer, dp_group, sharding=None, **kwargs):
+    def __init__(self, args, data, device, model, optimizer, dp_group, sharding=None, grad_sync=None, **kwargs):
         super().__init__(args, data, device, **kwargs)
-        self.model, self.optimizer, self.dp_group, self.sharding = model, optimizer, dp_group, sharding
+        if sharding is not None and grad_sync is not None:
+            raise ValueError("give a sharding (it does its own gradient communication) or a grad_sync, not both")
+        self.model, self.optimizer, self.dp_group = model, optimizer, dp_group
+        self.sharding, self.grad_sync = sharding, grad_sync
         self.dp_rank, self.dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         self.initial_sha = self.fingerprint()
 
@@ -78,6 +85,10 @@ class DataParallelTraining(TrainingMode):
         """Forward and backward on this rank's shard, gradients averaged over the dp group, optimizer step."""
         if self.sharding is not None:
             return self.sharding.train_step(batch, self.device)
+        if self.grad_sync is not None:
+            self.grad_sync.before_backward()
+            return supervised_step(self.model, self.optimizer, batch, self.device,
+                                   after_backward=lambda m: self.grad_sync.finish())
         # BEGIN ASSIGN5_1_3
         return supervised_step(self.model, self.optimizer, batch, self.device,
                                after_backward=lambda m: average_gradients(m, self.dp_group))
@@ -95,17 +106,21 @@ class DataParallelTraining(TrainingMode):
     def config(self) -> dict:
         return {**run_config(self.args), "world_size": self.dp_size, "mode": self.mode,
                 "per_rank_batch_size": self.args.batch_size // self.dp_size,
+                "grad_sync": "average_gradients" if self.grad_sync is None else type(self.grad_sync).__name__,
                 **(self.sharding.config() if self.sharding is not None else {})}
 
     def progress_desc(self, epoch: int) -> str:
         return f"epoch {epoch} (rank 0 of {self.dp_size})"
 
 
-def run_dp(rank: int, world_size: int, args, make_sharding=None) -> dict:
+def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_factory=None) -> dict:
     """Train ``args.n_epochs`` epochs data-parallel; write ``rank{r}_results_epoch{e}.json``.
 
     Args:
         args: the options of ``project/run_data_parallel.py`` (``batch_size`` is global).
+        grad_sync_factory: None, or ``factory(args, model, dp_group)`` returning the
+            ``grad_sync`` of :class:`DataParallelTraining` (a module-level function: it is
+            pickled to the ranks).
 
     In epoch e, rank r trains on ``partition_dataset(r, world_size, train, batch_size,
     collate, seed=args.seed + e)`` — a new shuffle each epoch, the same on every rank —
@@ -130,7 +145,9 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None) -> dict:
     sharding = make_sharding(model, args, mesh.dp_group) if make_sharding is not None else None
     optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
                                                                                    lr=args.learning_rate)
-    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding, rank=rank,
+    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
+    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
+                                grad_sync=grad_sync, rank=rank,
                                 world_group=mesh.group("world"), throughput_group=mesh.dp_group,
                                 show_progress=rank == 0)
     written = run_epochs(mode)

@@ -31,6 +31,7 @@ class Key:
 
 
 DP, PP, TP = "notebooks/01_data_parallel.ipynb", "notebooks/02_pipeline_parallel.ipynb", "notebooks/03_tensor_parallel.ipynb"
+COMM = "notebooks/04_communication.ipynb"
 MEM = "notebooks/05_memory.ipynb"
 THREE_D = "notebooks/06_3d_parallelism.ipynb"
 
@@ -47,6 +48,9 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_3_3", "VocabParallelEmbedding and vocab-parallel cross-entropy", TP, 10, ("a5_3_1",)),
     Key("a5_3_4", "tensor-parallel GPT-2 block and model", TP, 10, ("a5_3_1", "a5_3_2", "a5_3_3")),
     Key("a5_3_5", "sequence parallelism", TP, 10, ("a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4")),
+    Key("a5_4_1", "ring all-reduce and recursive doubling from send/recv", COMM, 10),
+    Key("a5_4_2", "bucketed gradient all-reduce overlapped with the backward pass", COMM, 10),
+    Key("a5_4_3", "top-k gradient compression with error feedback", COMM, 10),
     Key("a5_5_1", "ZeRO-1: optimizer state sharded over dp (flat padded buffer, slice step, all-gather)", MEM, 10),
     Key("a5_5_2", "ZeRO-2: gradients reduce-scattered, each rank keeps its slice", MEM, 10, ("a5_5_1",)),
     Key("a5_5_3", "ZeRO-3 / FSDP: parameters sharded, gathered per block in forward and backward", MEM, 10, ("a5_5_1",)),

@@ -2,17 +2,20 @@
 
 * :mod:`course.plots.runs`          — throughput, loss curves, modes side by side (from results files)
 * :mod:`course.plots.timelines`     — Gantt charts of pipeline schedules, bubble fraction, activation memory
-* :mod:`course.plots.communication` — collectives and traffic per layer
+* :mod:`course.plots.communication` — collectives and traffic per layer; the ring step by step, all-reduce
+  bandwidth with alpha-beta fits, bucket overlap timelines, compression trade-off
 * :mod:`course.plots.memory`        — bytes per parameter per ZeRO stage and dp size, loss by precision
 """
-from course.plots.communication import plot_comm_per_layer
+from course.plots.communication import (plot_allreduce_bandwidth, plot_comm_per_layer, plot_compression,
+                                        plot_overlap_timeline, plot_ring_steps)
 from course.plots.memory import plot_loss_by_precision, plot_memory_bars
 from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference, plot_modes,
                                plot_repeated_timings, plot_throughput)
 from course.plots.timelines import (events_from_records, plot_activation_memory, plot_bubble, plot_gantt,
                                     plot_gantts)
 
-__all__ = ["plot_comm_per_layer", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference", "plot_modes",
+__all__ = ["plot_comm_per_layer", "plot_ring_steps", "plot_allreduce_bandwidth", "plot_overlap_timeline",
+           "plot_compression", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference", "plot_modes",
            "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts",
            "plot_memory_bars", "plot_loss_by_precision"]

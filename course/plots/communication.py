@@ -28,3 +28,115 @@ def plot_comm_per_layer(report: dict, title: str = "Collectives per transformer 
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def plot_ring_steps(traces: dict, world_size: int, chunk_sizes: list[int] | None = None,
+                    title: str = "Ring all-reduce, step by step (recorded run)"):
+    """One panel per step: which chunk each rank sends to its right neighbour.
+
+    ``traces``: ``{rank: [message dicts of communication.ring_all_reduce(trace=...)]}``.
+    Reduce-scatter steps in blue (the receiver adds the chunk), all-gather steps in green (the
+    receiver overwrites it).
+    """
+    import math
+
+    import matplotlib.pyplot as plt
+
+    steps = len(traces[0])
+    fig, axes = plt.subplots(1, steps, figsize=(2.6 * steps, 2.8), squeeze=False)
+    angle = [math.pi / 2 - 2 * math.pi * r / world_size for r in range(world_size)]
+    pos = [(math.cos(a), math.sin(a)) for a in angle]
+    for s, ax in enumerate(axes[0]):
+        for r in range(world_size):
+            ax.add_patch(plt.Circle(pos[r], 0.22, color="0.85"))
+            ax.text(*pos[r], f"rank {r}", ha="center", va="center", fontsize=8)
+        for r in range(world_size):
+            m = traces[r][s]
+            (x0, y0), (x1, y1) = pos[r], pos[m["dst"]]
+            color = "tab:blue" if m["phase"] == "reduce_scatter" else "tab:green"
+            ax.annotate("", xy=(x0 + 0.7 * (x1 - x0), y0 + 0.7 * (y1 - y0)),
+                        xytext=(x0 + 0.3 * (x1 - x0), y0 + 0.3 * (y1 - y0)),
+                        arrowprops=dict(arrowstyle="->", color=color, lw=1.5))
+            size = f" ({chunk_sizes[m['send_chunk']]})" if chunk_sizes else ""
+            ax.text((x0 + x1) / 2 * 1.25, (y0 + y1) / 2 * 1.25, f"c{m['send_chunk']}{size}", color=color,
+                    ha="center", va="center", fontsize=8)
+        m = traces[0][s]
+        ax.set_title(f"{'reduce-scatter' if m['phase'] == 'reduce_scatter' else 'all-gather'} {m['step'] + 1}",
+                     fontsize=9)
+        ax.set(xlim=(-1.6, 1.6), ylim=(-1.6, 1.6), aspect="equal")
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = None):
+    """Left: time per all-reduce vs size (median, min-max bars) with each algorithm's fitted
+    alpha + beta N line; right: bus bandwidth vs size. ``report``: one world size of
+    ``project/benchmark.py``'s JSON (``["allreduce"][str(p)]``)."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, per in report["algorithms"].items():
+        sizes = sorted(int(s) for s in per["points"])
+        pts = [per["points"][str(s)] for s in sizes]
+        med = [p["median"] * 1e6 for p in pts]
+        err = [[m - p["min"] * 1e6 for m, p in zip(med, pts)], [p["max"] * 1e6 - m for m, p in zip(med, pts)]]
+        line = ax1.errorbar(sizes, med, yerr=err, fmt="o", ms=4, capsize=2, label=name)
+        fit = [(per["alpha"] + per["beta"] * s) * 1e6 for s in sizes]
+        ax1.plot(sizes, fit, "--", color=line[0].get_color(), lw=1,
+                 label=f"fit: α={per['alpha'] * 1e6:.0f} µs, 1/β={1 / per['beta'] / 1e9 if per['beta'] > 0 else float('inf'):.2f} GB/s")
+        ax2.plot(sizes, [p["busbw"] / 1e9 for p in pts], "o-", ms=4, label=name)
+    ax1.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per all-reduce (µs)",
+            title="latency")
+    ax2.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+            title="bus bandwidth = 2(p-1)/p · N / t")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=8)
+    fig.suptitle(title or f"All-reduce on {world_size} ranks")
+    fig.tight_layout()
+    return fig
+
+
+def plot_overlap_timeline(timelines: dict, title: str = "Bucket all-reduces and the backward pass"):
+    """One row per (run, rank): the backward pass as a grey bar, each bucket's all-reduce as a bar
+    from its launch to the end of its wait, and the end of ``finish()``.
+
+    ``timelines``: ``{label: {rank: communication.experiments.overlap_timeline_worker output}}``.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [(label, rank, t) for label, per in timelines.items() for rank, t in sorted(per.items())]
+    fig, ax = plt.subplots(figsize=(10, 0.7 * len(rows) + 1.2))
+    cmap = plt.get_cmap("tab10")
+    for y, (label, rank, t) in enumerate(rows):
+        b0, b1 = t["backward"]
+        ax.barh(y, b1 - b0, left=b0, height=0.8, color="0.8", label="backward" if y == 0 else None)
+        for b, start in t["launches"].items():
+            end = t["waits"].get(b, start)
+            ax.barh(y, max(end - start, 0.05), left=start, height=0.35, color=cmap(int(b) % 10))
+        ax.plot([t["finish_end"]], [y], "k|", ms=14, label="finish() returns" if y == 0 else None)
+    ax.set_yticks(range(len(rows)), [f"{label}, rank {rank}" for label, rank, _ in rows])
+    ax.set(xlabel="ms from the start of the backward pass", title=title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_compression(results: dict, title: str = "Gradient compression: loss and bytes sent"):
+    """Left: training loss per step per variant; right: bytes one rank sends per step (log scale).
+    ``results``: ``{variant: {"losses": [...], "bytes_sent": float, "dense_bytes": float}}``."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name, r in results.items():
+        ax1.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name)
+    ax1.set(xlabel="step", ylabel="training loss (mean over ranks)", title="loss")
+    ax1.legend(fontsize=8)
+    names = list(results)
+    ax2.bar(names, [results[n]["bytes_sent"] / 1e6 for n in names])
+    ax2.set(yscale="log", ylabel="MB sent per rank per step", title="traffic")
+    ax2.tick_params(axis="x", rotation=20)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,12 @@
+"""Assignment 5.4: communication — all-reduce from send/recv, bucketed overlapped gradient averaging, compression.
+
+* ``ring``         — ``ring_all_reduce``, ``tree_all_reduce`` (5.4.1)
+* ``buckets``      — ``BucketedReducer``: DDP-like buckets whose all-reduce starts during the backward pass (5.4.2)
+* ``compression``  — top-k sparsification with error feedback (5.4.3), PowerSGD through torch's hook
+* ``experiments``  — workers that notebooks/04_communication.ipynb and project/benchmark.py launch
+
+See notebooks/04_communication.ipynb.
+"""
+from communication.ring import ring_all_reduce, tree_all_reduce
+
+__all__ = ["ring_all_reduce", "tree_all_reduce"]
