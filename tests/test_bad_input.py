@@ -87,3 +87,9 @@ def test_checkpoint_options_are_checked(tmp_path, capsys):
     assert "also give --checkpoint_every N" in err, err
     err = refused(run_pipeline, ["--checkpoint_every", "0", "--workdir", str(tmp_path)], capsys)
     assert "--checkpoint_every must be >= 1" in err, err
+
+
+@pytest.mark.parametrize("memory", [["--zero", "2"], ["--activation_checkpointing"], ["--precision", "bf16"]])
+def test_memory_and_gradient_communication_options_are_not_combined(memory, tmp_path, capsys):
+    err = refused(run_dp, [*memory, "--overlap", "--workdir", str(tmp_path)], capsys)
+    assert "does its own gradient communication; drop --overlap" in err, err
