@@ -83,7 +83,7 @@ def micro_batches_per_round(n_stages: int, n_micro: int) -> int:
     of rounds ``max(1, m // p)``.
 
     Raises:
-        ValueError: ``m`` not a multiple of ``max(1, m // p)`` (e.g. p = 4, m = 6): use a multiple of p.
+        ValueError: ``m`` not a multiple of ``max(1, m // p)`` (e.g. p = 4, m = 9): use a multiple of p.
     """
     rounds = max(1, n_micro // n_stages)
     if n_micro % rounds:
@@ -109,7 +109,8 @@ def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: i
     each chunk takes its micro-batches in order. The ``k``-th backward runs chunk
     ``v - 1 - (k // q) % v`` (the last chunk first). The rank runs
     :func:`interleaved_warmup` forwards, then alternates one forward and one backward,
-    then runs the remaining backwards. With ``v = 1`` it is 1F1B (chunk index 0).
+    then runs the remaining backwards. With ``v = 1`` the warm-up is ``2 * (p - rank - 1)``,
+    twice 1F1B's (as in torch), so more micro-batches are in flight than with :func:`one_f_one_b_actions`.
 
     E.g. p = 2, m = 2, v = 2, rank 0: F(0,c0) F(1,c0) F(0,c1) F(1,c1) | B(0,c1) B(1,c1) B(0,c0) B(1,c0).
 
