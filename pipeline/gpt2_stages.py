@@ -21,8 +21,12 @@ from torch import nn
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
-def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Parameter | None]:
+def gpt2_stage(model, stage: int, n_stages: int,
+               balance: list[int] | None = None) -> tuple[nn.Sequential, nn.Parameter | None]:
     """The layers of ``model`` (a ``GPT2LMHeadModel``) that stage ``stage`` of ``n_stages`` runs.
+
+    ``balance``: layers of :func:`pipeline.gpt2.gpt2_layers` per stage (e.g. from
+    :func:`pipeline.gpt2.gpt2_measured_balance`); default :func:`pipeline.gpt2.gpt2_balance`.
 
     Returns:
         ``(layers, tied)``: the layers map input_ids (batch, seq) [stage 0] or the hidden
@@ -31,10 +35,14 @@ def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Para
         weight (first and last stage of a pipeline with several stages), else None.
 
     Raises:
-        ValueError: more stages than transformer blocks.
+        ValueError: more stages than transformer blocks; a ``balance`` without ``n_stages``
+            entries >= 1 summing to the number of layers.
     """
     layers = list(gpt2_layers(model))
-    balance = gpt2_balance(model.config.n_layer, n_stages)
+    if balance is None:
+        balance = gpt2_balance(model.config.n_layer, n_stages)
+    if len(balance) != n_stages or sum(balance) != len(layers) or min(balance) < 1:
+        raise ValueError(f"balance {balance} must give {n_stages} stages >= 1 layer each, {len(layers)} layers in all")
     start = sum(balance[:stage])
     mine = nn.Sequential(*layers[start:start + balance[stage]])
     tied = None
