@@ -74,3 +74,27 @@ def test_measured_balance_counts_the_lm_head():
     assert balance[-1] < count[-1], f"measured balance {balance} must give the expensive head's stage fewer layers"
     assert _max_part(costs, balance) <= _max_part(costs, count)
     assert all(p.grad is None for p in model.parameters()), "measuring must leave no gradients behind"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--model_parallel_mode", "pipeline_parallel", "--balance", "auto"], "--balance auto"),
+    (["--model_parallel_mode", "1f1b", "--n_virtual", "2"], "--n_virtual"),
+    (["--model_parallel_mode", "interleaved", "--n_stages", "2", "--n_virtual", "3"], "virtual stages"),
+    (["--model_parallel_mode", "interleaved", "--n_stages", "2", "--n_chunk", "5", "--batch_size", "10"], "--n_chunk"),
+])
+def test_run_pipeline_rejects_bad_schedule_options(tmp_path, capsys, extra, message):
+    from project.run_pipeline import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--workdir", str(tmp_path), *extra])
+    assert message in capsys.readouterr().err
+
+
+def test_run_pipeline_accepts_the_new_schedules(tmp_path):
+    from project.run_pipeline import parse_args
+
+    args = parse_args(["--workdir", str(tmp_path), "--model_parallel_mode", "interleaved", "--n_stages", "2"])
+    assert args.n_virtual == 2 and args.balance == "count"
+    args = parse_args(["--workdir", str(tmp_path), "--model_parallel_mode", "zb-h1", "--n_stages", "2",
+                       "--balance", "auto"])
+    assert args.n_virtual == 1 and args.balance == "auto"
