@@ -60,7 +60,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     from course.launch import context
     from course.mesh import Mesh
     from pipeline.gpt2 import gpt2_measured_balance
-    from pipeline.gpt2_stages import gpt2_chunks
+    from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
     from pipeline.metrics import measured_bubble_fraction  # noqa: F401 (documented use by the caller)
     from pipeline.schedules import schedule_actions
     from pipeline.stage_runner import StageRunner
@@ -88,7 +88,8 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     for schedule in cfg["schedules"]:
         v = v_max if schedule == "interleaved" else 1
         model = _model(cfg)
-        chunks, _ = gpt2_chunks(model, mesh.stage, world_size, v, balances[v])
+        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, v, balances[v])
+        sync_tied = TiedGradients(mesh.embedding_group)
         runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=group)
         out[schedule] = {}
         for m in cfg["m"]:
@@ -103,10 +104,14 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
                 start = time.perf_counter()
                 result = runner.run(actions, inputs if mesh.is_first_stage else None,
                                     targets if mesh.is_last_stage else None)
+                tied_start = time.time() - runner.origin
+                sync_tied(tied)  # the tied embedding / LM head gradient summed between the end stages
+                tied_event = [("AR", 0, tied_start, time.time() - runner.origin)] if tied is not None else []
                 dist.barrier(group=group)
                 wall = time.perf_counter() - start
                 if step >= cfg["warmup"]:
-                    steps.append(dict(events=result.events, wall_s=wall, peak_in_flight=result.peak_in_flight,
+                    steps.append(dict(events=result.events, tied_events=tied_event, wall_s=wall,
+                                      peak_in_flight=result.peak_in_flight,
                                       peak_activation_bytes=result.peak_activation_bytes))
             out[schedule][m] = steps
     return out
@@ -114,8 +119,12 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
 def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: int = 2, repeats: int = 3,
         warmup: int = 1, n_layer: int = 8, micro_batch_size: int = 4, seq: int = 32, vocab: int = 8192,
-        timeout: float = 1800) -> dict:
-    """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``."""
+        timeout: float = 1800, keep_events: bool = False) -> dict:
+    """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``.
+
+    ``keep_events``: each row also holds ``events[r]`` of its median-bubble step, with the
+    tied-embedding all-reduce as an ``"AR"`` event on the first and last rank (it is not
+    counted in the bubble: the schedules are compared on their own work)."""
     from course.launch import launch
     from pipeline.metrics import measured_bubble_fraction
 
@@ -147,6 +156,10 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
                         peak_in_flight=[per_rank[r][schedule][m][-1]["peak_in_flight"] for r in range(p)],
                         peak_activation_bytes=[per_rank[r][schedule][m][-1]["peak_activation_bytes"]
                                                for r in range(p)]))
+                    if keep_events:
+                        k = sorted(range(repeats), key=lambda s: bubbles[s])[repeats // 2]
+                        rows[-1]["events"] = [per_rank[r][schedule][m][k]["events"]
+                                              + per_rank[r][schedule][m][k]["tied_events"] for r in range(p)]
     config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
                   repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
                   vocab=vocab, cpu_count=__import__("os").cpu_count(), torch=torch.__version__)
