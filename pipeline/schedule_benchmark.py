@@ -9,7 +9,9 @@ launch of ``p`` processes runs every schedule and every ``m``: ``--warmup`` unti
 then ``--repeats`` timed steps. A step's bubble fraction is
 :func:`pipeline.metrics.measured_bubble_fraction` of its timeline (idle share of
 ``p x`` step time); its tokens/s is the batch's tokens over the step's wall time (the
-slowest rank). The JSON holds, per configuration, the median and min-max over the
+slowest rank); ``cores_busy`` is the CPU seconds of all ranks over the step's wall time
+(how many cores the pipeline kept busy: with more processes than free cores the stages
+wait for a core, not only for each other, and the bubble cannot reach the theory). The JSON holds, per configuration, the median and min-max over the
 repeats and the theoretical bubble:
 
 * GPipe, 1F1B: ``(p - 1) / (m + p - 1)``; interleaved with ``v`` chunks:
@@ -101,16 +103,17 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
                 for c in chunks:
                     c.zero_grad(set_to_none=True)
                 dist.barrier(group=group)
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 result = runner.run(actions, inputs if mesh.is_first_stage else None,
                                     targets if mesh.is_last_stage else None)
                 tied_start = time.time() - runner.origin
                 sync_tied(tied)  # the tied embedding / LM head gradient summed between the end stages
                 tied_event = [("AR", 0, tied_start, time.time() - runner.origin)] if tied is not None else []
+                cpu = time.process_time() - cpu_start  # this process's CPU seconds (all its threads)
                 dist.barrier(group=group)
                 wall = time.perf_counter() - start
                 if step >= cfg["warmup"]:
-                    steps.append(dict(events=result.events, tied_events=tied_event, wall_s=wall,
+                    steps.append(dict(events=result.events, tied_events=tied_event, wall_s=wall, cpu_s=cpu,
                                       peak_in_flight=result.peak_in_flight,
                                       peak_activation_bytes=result.peak_activation_bytes))
             out[schedule][m] = steps
@@ -138,11 +141,13 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
             print(f"p={p} balance={balance}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             for schedule in schedules:
                 for m in m_values:
-                    bubbles, walls = [], []
+                    bubbles, walls, cores_used = [], [], []
                     for step in range(repeats):
                         events = [per_rank[r][schedule][m][step]["events"] for r in range(p)]
                         bubbles.append(measured_bubble_fraction(events))
                         walls.append(max(per_rank[r][schedule][m][step]["wall_s"] for r in range(p)))
+                        cores_used.append(sum(per_rank[r][schedule][m][step].get("cpu_s", float("nan"))
+                                              for r in range(p)) / walls[-1])
                     tokens = m * micro_batch_size * seq
                     tps = [tokens / w for w in walls]
                     th = theory(schedule, p, m, v)
@@ -152,7 +157,7 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
                         bubble_median=statistics.median(bubbles), bubble_min=min(bubbles), bubble_max=max(bubbles),
                         theory=th, ratio_to_theory=statistics.median(bubbles) / th if th else None,
                         tokens_per_s_median=statistics.median(tps), tokens_per_s_min=min(tps),
-                        tokens_per_s_max=max(tps),
+                        tokens_per_s_max=max(tps), cores_busy_median=statistics.median(cores_used),
                         peak_in_flight=[per_rank[r][schedule][m][-1]["peak_in_flight"] for r in range(p)],
                         peak_activation_bytes=[per_rank[r][schedule][m][-1]["peak_activation_bytes"]
                                                for r in range(p)]))
