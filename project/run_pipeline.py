@@ -90,12 +90,12 @@ def parse_args(argv=None):
         except ValueError as exc:
             parser.error(f"--n_chunk {args.n_chunk}: {exc}")
     n_layer = PRESETS[args.preset]["n_layer"]
-    if args.n_stages * args.n_virtual > n_layer:
-        parser.error(f"--n_stages {args.n_stages} x --n_virtual {args.n_virtual} virtual stages are more than the "
-                     f"{n_layer} transformer blocks of preset {args.preset!r}; use fewer or a bigger --preset")
     if args.n_stages > n_layer:
         parser.error(f"--n_stages {args.n_stages} is more than the {n_layer} transformer blocks of preset "
                      f"{args.preset!r}; use --n_stages <= {n_layer} or a bigger --preset")
+    if args.n_stages * args.n_virtual > n_layer:
+        parser.error(f"--n_stages {args.n_stages} x --n_virtual {args.n_virtual} virtual stages are more than the "
+                     f"{n_layer} transformer blocks of preset {args.preset!r}; use fewer or a bigger --preset")
     return args
 
 
