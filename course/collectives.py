@@ -248,16 +248,18 @@ def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
     return out
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True):
-    """Start sending ``tensor`` to global rank ``dst`` (a member of ``group``); returns the ``Work`` handle."""
+def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True, tag: int = 0):
+    """Start sending ``tensor`` to global rank ``dst`` (a member of ``group``); returns the ``Work`` handle.
+    ``tag`` matches it with the receive of the same tag (messages of one tag arrive in order)."""
     if counted:
         _record("send", tensor, group, dst)
-    return dist.isend(tensor, dst, group=group)
+    return dist.isend(tensor, dst, group=group, tag=tag)
 
 
-def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True) -> torch.Tensor:
-    """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``."""
-    dist.recv(tensor, src, group=group)
+def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True, tag: int = 0) -> torch.Tensor:
+    """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``.
+    Only a message sent with the same ``tag`` matches."""
+    dist.recv(tensor, src, group=group, tag=tag)
     if counted:
         _record("recv", tensor, group, src)
     return tensor

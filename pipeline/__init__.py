@@ -6,8 +6,12 @@
 * ``gpt2``             — GPT-2 as a chain of stage-able layers, ``GPT2Pipeline`` (5.2.3)
 * ``schedules``, ``p2p``, ``stage_runner`` — GPipe and 1F1B action lists run across
   processes with send/recv in the pipeline's group (5.2.4); ``gpt2_stages`` cuts GPT-2
-  into per-process stages and sums the tied embedding gradient
+  into per-process stages and sums the tied embedding gradient; interleaved 1F1B with
+  several chunks per rank (5.2.5) and ZB-H1 with the backward split into B and W (5.2.6)
+* ``partition.linear_partition``, ``gpt2.gpt2_measured_balance`` — stages balanced by
+  measured layer cost (``--balance auto``)
 * ``training``         — the training modes of ``project/run_pipeline.py``
+* ``schedule_benchmark`` — bubble and tokens/s of every schedule vs theory (JSON)
 * ``metrics``, ``bubble_experiment``, ``memory_experiment`` — bubble, in-flight
   micro-batches and the notebook's measurements (plots: :mod:`course.plots`)
 
@@ -17,8 +21,8 @@ from pipeline.clock_cycles import _clock_cycles
 from pipeline.gpt2 import gpt2_balance
 from pipeline.partition import WithDevice, _split_module
 from pipeline.pipe import Pipe
-from pipeline.schedules import gpipe_actions, one_f_one_b_actions
+from pipeline.schedules import gpipe_actions, interleaved_1f1b_actions, one_f_one_b_actions, zb_h1_actions
 from pipeline.stage_runner import StageRunner, StepResult
 
-__all__ = ["Pipe", "WithDevice", "_clock_cycles", "_split_module", "gpipe_actions", "one_f_one_b_actions",
-           "gpt2_balance", "StageRunner", "StepResult"]
+__all__ = ["Pipe", "WithDevice", "_clock_cycles", "_split_module", "gpipe_actions", "interleaved_1f1b_actions",
+           "one_f_one_b_actions", "zb_h1_actions", "gpt2_balance", "StageRunner", "StepResult"]

@@ -172,3 +172,36 @@ class GPT2Pipeline(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (batch, seq, vocab); ``attention_mask`` is accepted and not needed (right padding)."""
         return self.pipe(input_ids)
+
+
+def gpt2_measured_balance(model, n_stages: int, sample_input_ids: torch.Tensor,
+                          repeats: int = 3) -> tuple[list[int], list[float]]:
+    """Layers per stage for ``n_stages`` stages of :func:`gpt2_layers` from measured costs (``--balance auto``).
+
+    Each layer's forward + backward is timed on ``sample_input_ids`` (batch, seq) — a
+    micro-batch of the run — on the model's device
+    (:func:`pipeline.partition.measure_layer_costs`); the last layer's cost is the final
+    layer norm, the LM head and the loss (cross-entropy over the vocabulary), which on a
+    small model can cost several transformer blocks. Then the chain is cut into contiguous
+    stages minimising the slowest stage (:func:`pipeline.partition.linear_partition`).
+    The model's gradients are cleared afterwards.
+
+    Returns:
+        ``(balance, costs)``: layers per stage and the measured seconds per layer.
+
+    Raises:
+        ValueError: more stages than layers of the chain.
+    """
+    from pipeline.partition import linear_partition, measure_layer_costs
+
+    layers = gpt2_layers(model)
+    vocab = model.config.vocab_size
+    targets = torch.zeros_like(sample_input_ids)
+
+    def loss(logits):
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device) % vocab)
+
+    device = next(model.parameters()).device
+    costs = measure_layer_costs(layers, sample_input_ids.to(device), loss_fn=loss, repeats=repeats)
+    model.zero_grad(set_to_none=True)
+    return linear_partition(costs, n_stages), costs

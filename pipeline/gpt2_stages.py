@@ -21,8 +21,12 @@ from torch import nn
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
-def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Parameter | None]:
+def gpt2_stage(model, stage: int, n_stages: int,
+               balance: list[int] | None = None) -> tuple[nn.Sequential, nn.Parameter | None]:
     """The layers of ``model`` (a ``GPT2LMHeadModel``) that stage ``stage`` of ``n_stages`` runs.
+
+    ``balance``: layers of :func:`pipeline.gpt2.gpt2_layers` per stage (e.g. from
+    :func:`pipeline.gpt2.gpt2_measured_balance`); default :func:`pipeline.gpt2.gpt2_balance`.
 
     Returns:
         ``(layers, tied)``: the layers map input_ids (batch, seq) [stage 0] or the hidden
@@ -31,10 +35,14 @@ def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Para
         weight (first and last stage of a pipeline with several stages), else None.
 
     Raises:
-        ValueError: more stages than transformer blocks.
+        ValueError: more stages than transformer blocks; a ``balance`` without ``n_stages``
+            entries >= 1 summing to the number of layers.
     """
     layers = list(gpt2_layers(model))
-    balance = gpt2_balance(model.config.n_layer, n_stages)
+    if balance is None:
+        balance = gpt2_balance(model.config.n_layer, n_stages)
+    if len(balance) != n_stages or sum(balance) != len(layers) or min(balance) < 1:
+        raise ValueError(f"balance {balance} must give {n_stages} stages >= 1 layer each, {len(layers)} layers in all")
     start = sum(balance[:stage])
     mine = nn.Sequential(*layers[start:start + balance[stage]])
     tied = None
@@ -46,6 +54,47 @@ def gpt2_stage(model, stage: int, n_stages: int) -> tuple[nn.Sequential, nn.Para
             tied = head.untie()
     return mine, tied
 
+
+
+def gpt2_chunks(model, stage: int, n_stages: int, n_chunks: int,
+                balance: list[int] | None = None) -> tuple[list[nn.Sequential], nn.Parameter | None]:
+    """The ``n_chunks`` model chunks of rank ``stage`` for interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2).
+
+    The chain :func:`pipeline.gpt2.gpt2_layers` is cut into ``v * p`` contiguous virtual
+    stages (``balance``: layers per virtual stage, default :func:`pipeline.gpt2.gpt2_balance`);
+    chunk ``c`` of this rank is virtual stage ``c * p + stage``. The first virtual stage
+    (rank 0, chunk 0) holds the embeddings, the last (rank p - 1, chunk v - 1) the final
+    norm and LM head; with ``p > 1`` the head gets its own copy of the tied weight, as in
+    :func:`gpt2_stage`.
+
+    Returns:
+        ``(chunks, tied)``: this rank's ``v`` ``nn.Sequential`` chunks and its copy of the
+        tied weight (vocab, n_embd) or None.
+
+    Raises:
+        ValueError: ``n_chunks`` < 1; more virtual stages than transformer blocks; a
+            ``balance`` that does not have ``v * p`` positive entries summing to the layers.
+    """
+    if n_chunks < 1:
+        raise ValueError(f"need at least one chunk per rank, got {n_chunks}")
+    layers = list(gpt2_layers(model))
+    n_virtual = n_chunks * n_stages
+    if balance is None:
+        balance = gpt2_balance(model.config.n_layer, n_virtual)
+    if len(balance) != n_virtual or sum(balance) != len(layers) or min(balance) < 1:
+        raise ValueError(f"balance {balance} must give {n_virtual} virtual stages >= 1 layer each, "
+                         f"{len(layers)} layers in all")
+    starts = [sum(balance[:k]) for k in range(n_virtual)]
+    chunks = [nn.Sequential(*layers[starts[v]:starts[v] + balance[v]])
+              for v in (c * n_stages + stage for c in range(n_chunks))]
+    tied = None
+    head = layers[-1]
+    if n_stages > 1 and isinstance(head, GPT2Head) and head.weight is None:
+        if stage == 0:
+            tied = layers[0].wte.weight
+        elif stage == n_stages - 1:
+            tied = head.untie()
+    return chunks, tied
 
 class TiedGradients:
     """Sums the tied embedding/head gradient between the first and the last stage.

@@ -29,8 +29,12 @@ MAX_DIMS = 6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 
 
-def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> list:
+def send_tensor(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> list:
     """Start sending ``tensor`` (any shape, up to ``MAX_DIMS`` dims) to global rank ``dst`` of ``group``.
+
+    ``tag`` keeps apart streams of messages between the same two ranks (the interleaved
+    schedule sends activations and gradients of several chunks between one pair of ranks);
+    within a tag, messages arrive in the order they were sent.
 
     Returns:
         The pending ``dist.Work`` handles; keep them (and so the tensors) until ``wait()``.
@@ -45,14 +49,14 @@ def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> list:
     header[0] = DTYPES.index(tensor.dtype)
     header[1] = tensor.dim()
     header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    return [isend(header, dst, group, counted=False), isend(tensor, dst, group)]
+    return [isend(header, dst, group, counted=False, tag=tag), isend(tensor, dst, group, tag=tag)]
 
 
-def recv_tensor(src: int, device: torch.device, group=None) -> torch.Tensor:
-    """Receive the next tensor that global rank ``src`` of ``group`` sent with :func:`send_tensor` (blocking)."""
+def recv_tensor(src: int, device: torch.device, group=None, tag: int = 0) -> torch.Tensor:
+    """Receive the next tensor that global rank ``src`` of ``group`` sent with :func:`send_tensor` and ``tag`` (blocking)."""
     header = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=device)
-    recv(header, src, group, counted=False)
+    recv(header, src, group, counted=False, tag=tag)
     dtype, ndim = DTYPES[int(header[0])], int(header[1])
     shape = [int(s) for s in header[2:2 + ndim]]
     tensor = torch.empty(shape, dtype=dtype, device=device)
-    return recv(tensor, src, group)
+    return recv(tensor, src, group, tag=tag)

@@ -156,3 +156,93 @@ def place(modules: nn.Sequential, devices: list[torch.device | str], balance: li
         placed += [WithDevice(layer.to(device), device) for layer in layers[start:start + size]]
         start += size
     return nn.Sequential(*placed), balance
+
+
+def linear_partition(costs: list[float], n_parts: int) -> list[int]:
+    """Split ``costs`` (one per layer, in chain order) into ``n_parts`` contiguous runs of at
+    least one layer, minimising the largest run's sum — the classic linear-partition problem,
+    solved exactly by dynamic programming in O(n^2 * n_parts).
+
+    ``best[k][j]`` is the smallest achievable maximum when the first ``j`` layers form ``k``
+    parts: ``min over i of max(best[k - 1][i], sum(costs[i:j]))``. Among equal optima the
+    one with the earliest cuts is returned.
+
+    Returns:
+        layers per part (``balance``), e.g. ``linear_partition([1, 1, 1, 3], 2) == [3, 1]``.
+
+    Raises:
+        ValueError: ``n_parts`` < 1 or more parts than layers; a negative cost.
+
+    Source: Skiena, The Algorithm Design Manual, Sec. 10.7 (the partition problem);
+    used for pipeline stages by torchgpipe's ``balance_by_time`` (Kim et al. 2020, Sec. 3.3).
+    """
+    n = len(costs)
+    if n_parts < 1 or n_parts > n:
+        raise ValueError(f"cannot split {n} layers into {n_parts} stages of at least one layer each; "
+                         f"use between 1 and {n} stages")
+    if any(c < 0 for c in costs):
+        raise ValueError(f"layer costs must be >= 0, got {costs}")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(n_parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_parts + 1):
+        for j in range(k, n - (n_parts - k) + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j] - 1e-12 * max(1.0, abs(value)):
+                    best[k][j], cut[k][j] = value, i
+    sizes, j = [], n
+    for k in range(n_parts, 0, -1):
+        i = cut[k][j]
+        sizes.append(j - i)
+        j = i
+    return sizes[::-1]
+
+
+def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_fn=None, repeats: int = 3,
+                        warmup: int = 1) -> list[float]:
+    """Seconds of one forward + backward of each layer of ``layers`` on ``sample_input`` (the fastest of
+    ``repeats`` after ``warmup`` untimed runs: on a shared machine the other processes only ever add
+    time, so the minimum is the layer's own cost), on the device the layers are on, with this
+    process's threads.
+
+    Layer ``j`` is timed on the output of layers ``0 .. j - 1`` (detached, requiring grad if
+    floating point), back-propagating a gradient of ones of its output's shape. The last
+    layer's time includes ``loss_fn(output)`` and its backward if ``loss_fn`` is given —
+    for GPT-2 the last layer is the final layer norm and the LM head (the largest matrix
+    of the model), so its cost belongs to the last stage (:func:`linear_partition`).
+
+    Raises:
+        ValueError: ``repeats`` < 1.
+    """
+    import time
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    layers = list(layers)
+    costs = []
+    h = sample_input
+    for j, layer in enumerate(layers):
+        x = h.detach().requires_grad_() if h.is_floating_point() else h
+        times = []
+        for r in range(warmup + repeats):
+            start = time.perf_counter()
+            y = layer(x)
+            if j == len(layers) - 1 and loss_fn is not None:
+                loss_fn(y).backward()
+            elif y.requires_grad:
+                y.backward(torch.ones_like(y))
+            if y.is_cuda:
+                torch.cuda.synchronize(y.device)
+            if r >= warmup:
+                times.append(time.perf_counter() - start)
+        for p in layer.parameters():
+            p.grad = None
+        costs.append(min(times))
+        with torch.no_grad():
+            h = layer(x)
+    return costs

@@ -13,12 +13,24 @@ gradient from rank + 1 and sends the input's gradient to rank - 1
   remaining backwards (cool-down). It holds at most ``p - r`` micro-batches' activations;
   the bubble is the same as GPipe's (Narayanan et al. 2021, "Efficient Large-Scale
   Language Model Training on GPU Clusters Using Megatron-LM", Sec. 2.2.1, Fig. 4 top).
+* Interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2, Fig. 4 bottom): each rank holds
+  ``v`` model chunks (virtual stages); chunk ``c`` of rank ``r`` is virtual stage
+  ``c * p + r`` of ``v * p``. Actions are ``(kind, micro-batch, chunk)``. The bubble
+  shrinks to ``(p - 1) / (v * m + p - 1)`` of the step, for ``v`` times the messages.
+* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3, Fig. 3): the
+  backward is split into ``("B", i)``, the gradient with respect to the stage's input
+  (sent upstream at once), and ``("W", i)``, the gradient with respect to its weights,
+  which has no consumer in the pipeline and so can wait to fill a bubble. Rank ``r``
+  defers ``r`` weight gradients; every ``W`` runs before the step ends (before the
+  optimizer step). Peak in-flight micro-batches (forwarded, weight gradient not yet
+  done) stay at 1F1B's ``p``; the bubble is about a third of 1F1B's when F, B and W
+  take equal time.
 """
 from __future__ import annotations
 
-Action = tuple[str, int]
+Action = tuple  # (kind, micro-batch) or (kind, micro-batch, chunk); kind "F", "B" or "W"
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def _check(rank: int, n_stages: int, n_micro: int) -> None:
@@ -63,19 +75,137 @@ def one_f_one_b_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
     # END ASSIGN5_2_4
 
 
-def schedule_actions(schedule: str, rank: int, n_stages: int, n_micro: int) -> list[Action]:
-    """The action list of ``schedule`` (``"gpipe"`` or ``"1f1b"``) on ``rank``.
+def micro_batches_per_round(n_stages: int, n_micro: int) -> int:
+    """Micro-batches per round of the interleaved schedule: ``p`` if ``m >= p``, else ``m``.
+
+    Megatron-LM needs ``m`` divisible by ``p``; like torch's ``ScheduleInterleaved1F1B``
+    this also accepts ``m < p`` (one round of ``m``) and any ``m`` divisible by the number
+    of rounds ``max(1, m // p)``.
 
     Raises:
-        ValueError: unknown schedule name (and see :func:`gpipe_actions`).
+        ValueError: ``m`` not a multiple of ``max(1, m // p)`` (e.g. p = 4, m = 9): use a multiple of p.
     """
+    rounds = max(1, n_micro // n_stages)
+    if n_micro % rounds:
+        raise ValueError(f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of the "
+                         f"number of rounds max(1, m // p) = {rounds}; use an --n_chunk that is a multiple of "
+                         f"the number of stages ({n_stages}) or smaller than it")
+    return n_micro // rounds
+
+
+def interleaved_warmup(rank: int, n_stages: int, n_micro: int, n_chunks: int) -> int:
+    """Warm-up forwards of interleaved 1F1B on ``rank``: ``(v - 1) * q + 2 * (p - rank - 1)``, at most ``v * m``,
+    with ``q`` = :func:`micro_batches_per_round` (``q = p`` when ``p`` divides ``m``)."""
+    q = micro_batches_per_round(n_stages, n_micro)
+    return min((n_chunks - 1) * q + 2 * (n_stages - rank - 1), n_chunks * n_micro)
+
+
+def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: int) -> list[Action]:
+    """Interleaved 1F1B's actions on ``rank``: ``(kind, micro-batch, chunk)`` with kind ``"F"`` or ``"B"``.
+
+    Megatron-LM's order (Narayanan et al. 2021, Sec. 2.2.2; torch's ``ScheduleInterleaved1F1B``):
+    the ``k``-th forward of the rank (``k = 0 .. v*m - 1``) runs chunk ``(k // q) % v``, i.e.
+    rounds of ``q`` micro-batches go through chunk 0, then chunk 1, ... (depth first);
+    each chunk takes its micro-batches in order. The ``k``-th backward runs chunk
+    ``v - 1 - (k // q) % v`` (the last chunk first). The rank runs
+    :func:`interleaved_warmup` forwards, then alternates one forward and one backward,
+    then runs the remaining backwards. With ``v = 1`` the warm-up is ``2 * (p - rank - 1)``,
+    twice 1F1B's (as in torch), so more micro-batches are in flight than with :func:`one_f_one_b_actions`.
+
+    E.g. p = 2, m = 2, v = 2, rank 0: F(0,c0) F(1,c0) F(0,c1) F(1,c1) | B(0,c1) B(1,c1) B(0,c0) B(1,c0).
+
+    Args:
+        n_chunks: ``v``, the model chunks per rank (virtual stages per rank), >= 1.
+
+    Raises:
+        ValueError: ``n_chunks`` < 1 (and see :func:`micro_batches_per_round`, :func:`gpipe_actions`).
+    """
+    _check(rank, n_stages, n_micro)
+    if n_chunks < 1:
+        raise ValueError(f"need at least one chunk per rank, got v={n_chunks}")
+    # BEGIN ASSIGN5_2_5
+    q = micro_batches_per_round(n_stages, n_micro)
+    total = n_chunks * n_micro
+    warmup = interleaved_warmup(rank, n_stages, n_micro, n_chunks)
+    next_mb = {"F": [0] * n_chunks, "B": [0] * n_chunks}
+
+    def action(kind: str, k: int) -> Action:
+        chunk = (k // q) % n_chunks
+        if kind == "B":
+            chunk = n_chunks - 1 - chunk
+        i = next_mb[kind][chunk]
+        next_mb[kind][chunk] += 1
+        return (kind, i, chunk)
+
+    actions = [action("F", k) for k in range(warmup)]
+    for k in range(warmup, total):
+        actions += [action("F", k), action("B", k - warmup)]
+    actions += [action("B", k) for k in range(total - warmup, total)]
+    return actions
+    # END ASSIGN5_2_5
+
+
+def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
+    """ZB-H1's actions on ``rank`` (Qi et al. 2024, Sec. 3, Fig. 3; torch's ``ScheduleInterleavedZeroBubble``, v = 1).
+
+    ``("F", i)`` forward, ``("B", i)`` gradient with respect to the stage's input only,
+    ``("W", i)`` gradient with respect to the stage's weights. Like 1F1B: ``min(p - rank - 1, m)``
+    warm-up forwards, then ``F, B`` pairs, then the remaining ``B``. The ``W`` are taken in
+    micro-batch order, one right after each ``B`` except that the first ``rank`` of them are
+    deferred: after the ``k``-th ``B`` comes ``W(k - rank)`` (if ``k >= rank``), and the
+    deferred ones close the list. E.g. p = 2, m = 3: rank 0 ``F0 F1 B0 W0 F2 B1 W1 B2 W2``,
+    rank 1 ``F0 B0 F1 B1 W0 F2 B2 W1 W2``.
+
+    Raises:
+        ValueError: ``n_stages`` or ``n_micro`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
+    """
+    _check(rank, n_stages, n_micro)
+    # BEGIN ASSIGN5_2_6
+    warmup = min(n_stages - rank - 1, n_micro)
+    actions = [("F", i) for i in range(warmup)]
+    next_w = 0
+
+    def backward(k: int) -> list[Action]:
+        nonlocal next_w
+        out = [("B", k)]
+        if k >= rank:
+            out.append(("W", next_w))
+            next_w += 1
+        return out
+
+    for k in range(n_micro - warmup):
+        actions += [("F", warmup + k)] + backward(k)
+    for k in range(n_micro - warmup, n_micro):
+        actions += backward(k)
+    actions += [("W", i) for i in range(next_w, n_micro)]
+    return actions
+    # END ASSIGN5_2_6
+
+
+def schedule_actions(schedule: str, rank: int, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[Action]:
+    """The action list of ``schedule`` (one of ``SCHEDULES``) on ``rank``.
+
+    Args:
+        n_chunks: ``v``, model chunks per rank; only ``"interleaved"`` takes ``v > 1``.
+
+    Raises:
+        ValueError: unknown schedule name; ``n_chunks != 1`` for a schedule with one chunk per rank
+            (and see :func:`gpipe_actions`, :func:`interleaved_1f1b_actions`).
+    """
+    if schedule == "interleaved":
+        return interleaved_1f1b_actions(rank, n_stages, n_micro, n_chunks)
+    if schedule in SCHEDULES and n_chunks != 1:
+        raise ValueError(f"the {schedule} schedule runs one chunk per rank, got n_chunks={n_chunks}; "
+                         "use the interleaved schedule for several chunks")
     if schedule == "gpipe":
         return gpipe_actions(rank, n_stages, n_micro)
     if schedule == "1f1b":
         return one_f_one_b_actions(rank, n_stages, n_micro)
+    if schedule == "zb-h1":
+        return zb_h1_actions(rank, n_stages, n_micro)
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
 
 
-def all_actions(schedule: str, n_stages: int, n_micro: int) -> list[list[Action]]:
+def all_actions(schedule: str, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[list[Action]]:
     """The action lists of every rank ``0 .. n_stages - 1``."""
-    return [schedule_actions(schedule, r, n_stages, n_micro) for r in range(n_stages)]
+    return [schedule_actions(schedule, r, n_stages, n_micro, n_chunks) for r in range(n_stages)]

@@ -10,6 +10,28 @@ global rank, ``dist.get_global_rank(pp_group, s ± 1)``. Gradients accumulate in
 stage's parameters over the micro-batches, exactly as in single-process training of the
 same micro-batches, so the optimizer step after :meth:`run` is the same.
 
+Several chunks per rank (interleaved 1F1B, Narayanan et al. 2021, Sec. 2.2.2): give the
+runner a list of ``v`` modules; chunk ``c`` of the rank at stage ``s`` is virtual stage
+``c * p + s`` of ``v * p``, and the actions name their chunk, ``(kind, micro-batch, chunk)``.
+Before each step the runner makes that chunk current: :attr:`stage`, :attr:`is_first`,
+:attr:`is_last` and :attr:`in_flight` then refer to it, and :meth:`send` / :meth:`recv`
+address the neighbouring *virtual* stage (stage ``s ± 1`` taken modulo ``p``: the last
+rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Each message carries a tag
+naming its kind (activation or gradient) and the virtual stage it is for, so the
+activations and gradients of several chunks that travel between the same two ranks
+cannot be mixed up.
+
+Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
+actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
+``torch.autograd.grad(output, input, grad, retain_graph=True)`` — the graph is kept — and
+sends it upstream at once; ``("W", i)`` later computes the weight gradients,
+``torch.autograd.backward(output, grad, inputs=parameters)``, and frees the graph. This
+simple split re-traverses the stage's graph in ``W`` (the weight gradients of a layer
+need the gradient of its output), so ``W`` costs about a whole backward here; torch's
+``torch.distributed.pipelining`` keeps the intermediate gradients from ``B`` to avoid
+that. :meth:`run` raises if a weight gradient is still pending at its end: the
+optimizer step that follows would miss it.
+
 The runner also measures what the notebook draws: the start and end of every forward
 and backward (seconds since a common origin, :func:`common_clock_origin`; the time spent waiting
 for a neighbour is not inside these intervals), the micro-batches in flight (forwarded
@@ -37,8 +59,9 @@ class StepResult:
 
     Attributes:
         losses: ``{micro-batch: loss}`` (last stage only; float values of ``loss_fn``).
-        events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"`` or ``"B"``,
+        events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"``, ``"B"`` or ``"W"``,
             seconds since the runner's common time origin.
+        event_chunks: the chunk of each event (all 0 with one chunk per rank).
         peak_in_flight: most micro-batches forwarded and not yet backwarded at once.
         peak_activation_bytes: most bytes of tensors saved for backward at once
             (parameters excluded).
@@ -46,6 +69,7 @@ class StepResult:
 
     losses: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
+    event_chunks: list = field(default_factory=list)
     peak_in_flight: int = 0
     peak_activation_bytes: int = 0
 
@@ -71,6 +95,8 @@ class StageRunner:
 
     Args:
         stage: this rank's layers; maps the previous stage's output to this stage's output.
+            A list (or ``nn.ModuleList``) of ``v`` modules: this rank's chunks, chunk ``c``
+            being virtual stage ``c * p + stage_index``.
         device: this rank's device (``course.launch.context().device``).
         loss_fn: last stage only: ``loss_fn(output, target) -> scalar``, the micro-batch's
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
@@ -79,35 +105,82 @@ class StageRunner:
 
     Attributes:
         stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
-        is_first, is_last: ``s == 0``, ``s == p - 1``.
+        chunks, n_chunks: this rank's modules and their number ``v``.
+        chunk: the chunk of the action being run (None outside :meth:`run`).
+        is_first, is_last: the current chunk is the first / last virtual stage; outside
+            :meth:`run`, this rank holds it (``s == 0``, ``s == p - 1``).
 
     The constructor is collective in ``group`` (every stage must build its runner): it sets
     the common time origin of the recorded events (:func:`common_clock_origin`).
     """
 
     def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None):
-        self.stage, self.group = stage, group
+        self.group = group
+        self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
+        if not self.chunks:
+            raise ValueError("a stage runner needs at least one chunk")
+        self.n_chunks, self.chunk = len(self.chunks), None
         self.stage_index, self.n_stages = group_rank(group), group_size(group)
         self.device = torch.device(device)
-        self.is_first, self.is_last = self.stage_index == 0, self.stage_index == self.n_stages - 1
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
-        self._param_storages = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+        self._param_storages = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
+        self._kind = "F"
         self.origin = common_clock_origin(self.device, group)
+
+    # ---- the current chunk ----------------------------------------------------------------
+    @property
+    def stage(self) -> nn.Module:
+        """The current chunk's module (the only one with one chunk per rank)."""
+        return self.chunks[self.chunk or 0]
+
+    @property
+    def virtual_stage(self) -> int:
+        """``chunk * p + stage_index``: the current chunk's place in the chain of ``v * p`` virtual stages."""
+        return (self.chunk or 0) * self.n_stages + self.stage_index
+
+    @property
+    def is_first(self) -> bool:
+        if self.chunk is None:
+            return self.stage_index == 0
+        return self.virtual_stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        if self.chunk is None:
+            return self.stage_index == self.n_stages - 1
+        return self.virtual_stage == self.n_chunks * self.n_stages - 1
+
+    @property
+    def in_flight(self) -> dict:
+        """The current chunk's ``{micro-batch: (input, output)}`` forwarded and not yet backwarded."""
+        return self._in_flight[self.chunk or 0]
+
+    def _tag(self, kind: str, virtual_stage: int) -> int:
+        # activations for virtual stage t travel with tag 2t, gradients for it with 2t + 1
+        return 2 * virtual_stage + (kind == "B")
 
     # ---- helpers the steps call -------------------------------------------------------
     def send(self, tensor: torch.Tensor, stage: int) -> None:
-        """Start sending ``tensor`` to the rank of stage ``stage`` (non-blocking; finished by the end of :meth:`run`)."""
-        self._pending.append((send_tensor(tensor, global_rank(self.group, stage), self.group), tensor))
+        """Start sending ``tensor`` to the rank of stage ``stage`` (non-blocking; finished by the end of :meth:`run`).
+
+        ``stage`` is ``stage_index + 1`` in a forward (to the next virtual stage) or
+        ``stage_index - 1`` in a backward (to the previous one), taken modulo ``p``."""
+        target = self.virtual_stage + (stage - self.stage_index)
+        work = send_tensor(tensor, global_rank(self.group, stage % self.n_stages), self.group,
+                           tag=self._tag(self._kind, target))
+        self._pending.append((work, tensor))
 
     def recv(self, stage: int) -> torch.Tensor:
-        """Receive the next tensor from the rank of stage ``stage`` onto this rank's device (blocking).
+        """Receive the next tensor from the rank of stage ``stage`` (modulo ``p``) onto this rank's device
+        (blocking): in a forward the current chunk's input, in a backward its output's gradient.
 
         It arrives as a leaf without ``requires_grad``: a stage that back-propagates into it
         must call ``.requires_grad_()`` on it before its forward, or its ``.grad`` stays None.
         """
-        return recv_tensor(global_rank(self.group, stage), self.device, self.group)
+        return recv_tensor(global_rank(self.group, stage % self.n_stages), self.device, self.group,
+                           tag=self._tag(self._kind, self.virtual_stage))
 
     def compute_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The stage's forward of micro-batch ``i`` (timed); on the last stage, its loss instead."""
@@ -127,21 +200,61 @@ class StageRunner:
         self._record("F", i, start)
         if self.is_last:
             self.result.losses[i] = float(y.detach())
-        self._activation_bytes[i] = sum(sizes.values())
+        self._activation_bytes[(self.chunk, i)] = sum(sizes.values())
+        self._inputs[(self.chunk, i)] = x
         return y
 
     def compute_backward(self, i: int, y: torch.Tensor, grad: torch.Tensor | None) -> None:
-        """Back-propagate ``grad`` (None on the last stage: ``y`` is the loss) through micro-batch ``i`` (timed)."""
+        """Back-propagate ``grad`` (None on the last stage: ``y`` is the loss) through micro-batch ``i`` (timed).
+
+        With a split backward (the action list has ``W`` actions), only the input's
+        gradient: :meth:`compute_input_grad`; the weights wait for :meth:`backward_weight_step`."""
+        key = (self.chunk, i)
+        x = self._inputs.pop(key)
         start = time.time()
-        torch.autograd.backward(y, grad)
+        if self._split:
+            self.compute_input_grad(x, y, grad)
+            self._deferred[key] = (y, grad)
+        else:
+            torch.autograd.backward(y, grad)
+            self._activation_bytes.pop(key, None)
         self._record("B", i, start)
-        self._activation_bytes.pop(i, None)
+
+    def compute_input_grad(self, x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor | None) -> None:
+        """The gradient of ``y`` (the loss on the last stage, else the output, with ``grad`` its
+        gradient) with respect to the input ``x`` only, into ``x.grad``; the graph is kept for the
+        weight gradients. Nothing to do if ``x`` does not require grad (the first stage's token ids)."""
+        # BEGIN ASSIGN5_2_6
+        if x.requires_grad:
+            (x.grad,) = torch.autograd.grad(y, (x,), grad, retain_graph=True)
+        # END ASSIGN5_2_6
+
+    def backward_weight_step(self, i: int) -> None:
+        """``("W", i)``: the weight gradients of micro-batch ``i`` on the current chunk, accumulated into
+        the chunk's parameters' ``.grad``, from the output and output gradient kept by its ``B``
+        (``self._deferred[(chunk, i)]``, removed); frees its graph and saved activations (timed).
+
+        Raises:
+            ValueError: ``W`` before the micro-batch's ``B``.
+        """
+        key = (self.chunk, i)
+        if key not in self._deferred:
+            raise ValueError(f"W of micro-batch {i} (chunk {self.chunk}) before its B")
+        start = time.time()
+        # BEGIN ASSIGN5_2_6
+        y, grad = self._deferred.pop(key)
+        params = [p for p in self.stage.parameters() if p.requires_grad]
+        torch.autograd.backward(y, grad, inputs=params)
+        # END ASSIGN5_2_6
+        self._record("W", i, start)
+        self._activation_bytes.pop(key, None)
 
     def _record(self, kind: str, i: int, start: float) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.time()
         self.result.events.append((kind, i, start - self.origin, end - self.origin))
+        self.result.event_chunks.append(self.chunk or 0)
 
     # ---- the two steps of a schedule ------------------------------------------------------
     def forward_step(self, i: int) -> None:
@@ -172,9 +285,12 @@ class StageRunner:
             self.send(x.grad, self.stage_index - 1)
         # END ASSIGN5_2_4
 
-    def run(self, actions: list[tuple[str, int]], inputs: list | None = None,
+    def run(self, actions: list[tuple], inputs: list | None = None,
             targets: list | None = None) -> StepResult:
         """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
+
+        An action is ``(kind, micro-batch)`` or ``(kind, micro-batch, chunk)``; kind ``"F"``,
+        ``"B"`` or ``"W"`` (a list with ``W`` actions splits the backward, see the module docstring).
 
         Args:
             inputs: first stage: the ``m`` micro-batch inputs (e.g. input_ids (mb, seq)).
@@ -183,25 +299,44 @@ class StageRunner:
         Gradients are accumulated into the stage's ``.grad`` (zero them before, step after).
 
         Raises:
-            ValueError: an unknown action kind; the first stage without ``inputs``.
+            ValueError: an unknown action kind or chunk; the first stage without ``inputs``;
+                weight gradients (``W``) missing at the end of the list.
         """
+        self.chunk = None
         if self.is_first and inputs is None:
             raise ValueError("the first stage needs the micro-batch inputs")
         self.inputs, self.targets = inputs, targets
-        self.in_flight: dict[int, tuple] = {}
-        self._activation_bytes: dict[int, int] = {}
+        self._in_flight: list[dict] = [{} for _ in self.chunks]
+        self._inputs: dict = {}
+        self._deferred: dict = {}
+        self._split = any(a[0] == "W" for a in actions)
+        self._activation_bytes: dict = {}
         self._pending: list = []
         self.result = StepResult()
-        for kind, i in actions:
-            if kind == "F":
-                self.forward_step(i)
-            elif kind == "B":
-                self.backward_step(i)
-            else:
-                raise ValueError(f"unknown action {kind!r} (use 'F' or 'B')")
-            self.result.peak_in_flight = max(self.result.peak_in_flight, len(self.in_flight))
-            self.result.peak_activation_bytes = max(self.result.peak_activation_bytes,
-                                                    sum(self._activation_bytes.values()))
+        try:
+            for action in actions:
+                kind, i = action[0], action[1]
+                chunk = action[2] if len(action) > 2 else 0
+                if not 0 <= chunk < self.n_chunks:
+                    raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.n_chunks}")
+                self.chunk, self._kind = chunk, kind
+                if kind == "F":
+                    self.forward_step(i)
+                elif kind == "B":
+                    self.backward_step(i)
+                elif kind == "W":
+                    self.backward_weight_step(i)
+                else:
+                    raise ValueError(f"unknown action {kind!r} (use 'F', 'B' or 'W')")
+                live = sum(len(d) for d in self._in_flight) + len(self._deferred)
+                self.result.peak_in_flight = max(self.result.peak_in_flight, live)
+                self.result.peak_activation_bytes = max(self.result.peak_activation_bytes,
+                                                        sum(self._activation_bytes.values()))
+        finally:
+            self.chunk = None
+        if self._deferred:
+            raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "
+                             "every W must run within the step, before the optimizer step")
         for works, _ in self._pending:
             for work in works:
                 work.wait()

@@ -34,7 +34,7 @@ from course.loss import count_target_tokens, lm_loss
 from course.model import parameter_fingerprint
 from course.task import build_model, prepare_data, worker_env_quiet
 
-MULTIPROCESS_MODES = ("1f1b", "gpipe")
+MULTIPROCESS_MODES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
 
 
@@ -174,6 +174,7 @@ class StageTraining(PipelineMode):
         super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          show_progress=mesh.is_last_stage)
         self.mesh, self.model, self.stage, self.tied = mesh, model, stage, tied
+        self.balance = None  # layers per (virtual) stage if --balance auto
         self.sync_tied = TiedGradients(mesh.embedding_group)
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
         self.runner = StageRunner(stage, device, group=mesh.pp_group,
@@ -199,19 +200,23 @@ class StageTraining(PipelineMode):
         args, runner = self.args, self.runner
         inputs = list(batch["input_ids"].split(micro_batch_size(args)))
         m = len(inputs)
+        labels = list(batch["labels"].split(micro_batch_size(args)))
+        if self.mode == "interleaved" and m != valid_interleaved_micro(runner.n_stages, m):
+            # a short last batch: fewer, unequal micro-batches that the interleaved schedule accepts
+            m = valid_interleaved_micro(runner.n_stages, m)
+            inputs, labels = list(batch["input_ids"].tensor_split(m)), list(batch["labels"].tensor_split(m))
         n_target = max(1, count_target_tokens(batch["labels"]))
-        targets = ([(labels.to(self.device), n_target) for labels in batch["labels"].split(micro_batch_size(args))]
-                   if runner.is_last else None)
+        targets = [(t.to(self.device), n_target) for t in labels] if runner.is_last else None
         self.optimizer.zero_grad(set_to_none=True)
-        result = runner.run(schedule_actions(self.mode, runner.stage_index, runner.n_stages, m),
+        result = runner.run(schedule_actions(self.mode, runner.stage_index, runner.n_stages, m, runner.n_chunks),
                             inputs if runner.is_first else None, targets)
         self.sync_tied(self.tied)
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         if m == args.n_chunk or not self.timeline:
-            self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b)
-                             for k, i, a, b in result.events]
+            self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b, chunk=c)
+                             for (k, i, a, b), c in zip(result.events, result.event_chunks)]
         loss = sum(result.losses.values()) if runner.is_last else None
         return StepOutcome(loss, int(batch["attention_mask"].sum()))
 
@@ -245,7 +250,8 @@ class StageTraining(PipelineMode):
 
     def config(self) -> dict:
         return super().config(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
-                              stage_layers=len(self.stage), mesh=self.mesh.describe())
+                              stage_layers=sum(len(c) for c in self.runner.chunks), n_virtual=self.runner.n_chunks,
+                              balance=self.balance, mesh=self.mesh.describe())
 
     def progress_desc(self, epoch: int) -> str:
         return f"{self.mode} epoch {epoch} (last stage)"
@@ -269,6 +275,50 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     mesh = Mesh.build(pp=world_size)
     data = prepare_data(args)
     model = build_model(args, data.tokenizer.vocab_size)
-    stage, tied = gpt2_stage(model, mesh.stage, world_size)
+    n_virtual = getattr(args, "n_virtual", 1)
+    balance = None
+    if getattr(args, "balance", "count") == "auto":
+        balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
+    if args.model_parallel_mode == "interleaved":
+        from pipeline.gpt2_stages import gpt2_chunks
+
+        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_virtual, balance)
+        stage = torch.nn.ModuleList(chunks)
+    else:
+        stage, tied = gpt2_stage(model, mesh.stage, world_size, balance)
     stage.to(device)
-    return {"results": run_epochs(StageTraining(args, data, device, mesh, model, stage, tied))}
+    training = StageTraining(args, data, device, mesh, model, stage, tied)
+    training.balance = balance
+    return {"results": run_epochs(training)}
+
+
+def valid_interleaved_micro(n_stages: int, m: int) -> int:
+    """The largest number of micro-batches ``<= m`` that interleaved 1F1B accepts (``m`` itself if valid)."""
+    from pipeline.schedules import micro_batches_per_round
+
+    while m > 1:
+        try:
+            micro_batches_per_round(n_stages, m)
+            return m
+        except ValueError:
+            m -= 1
+    return 1
+
+
+def measured_balance(args, data, model, device, mesh, n_parts: int) -> list[int]:
+    """``--balance auto``: layers per (virtual) stage from the measured cost of each layer on a
+    micro-batch of the first training batch (:func:`pipeline.gpt2.gpt2_measured_balance`), with
+    this rank's threads; the pp group's first rank measures alone (the others wait at the
+    broadcast, so the cores are its) and broadcasts its balance to every stage."""
+    from pipeline.gpt2 import gpt2_measured_balance
+
+    group = mesh.pp_group
+    box = [None]
+    if mesh.stage == 0:
+        batch = next(iter(train_loader(data, args, 0)))
+        sample = batch["input_ids"][:micro_batch_size(args)]
+        model.to(device)
+        box[0], _ = gpt2_measured_balance(model, n_parts, sample)
+        model.to("cpu")
+    dist.broadcast_object_list(box, src=global_rank(group, 0), group=group)
+    return box[0]

@@ -1,12 +1,14 @@
 """Timelines of pipeline schedules (Gantt charts), the bubble fraction, and activation memory per stage.
 
-Timelines are ``events[stage] = [(kind, micro-batch, start, end), ...]`` (kind ``"F"`` or
-``"B"``), as returned by :func:`pipeline.metrics.simulate` (unit time slots) or measured by
+Timelines are ``events[stage] = [(kind, micro-batch, start, end), ...]`` (kind ``"F"``,
+``"B"``, ``"W"`` — ZB-H1's weight gradient — or ``"AR"``, the tied-embedding all-reduce), as returned by :func:`pipeline.metrics.simulate` (unit time slots) or measured by
 :class:`pipeline.stage_runner.StageRunner` / ``Pipe.timeline`` (seconds).
 """
 from __future__ import annotations
 
-COLORS = {"F": "tab:blue", "B": "tab:green"}
+COLORS = {"F": "tab:blue", "B": "tab:green", "W": "tab:olive", "AR": "tab:red"}
+NAMES = {"F": "forward", "B": "backward (ZB-H1: input gradient)", "W": "weight gradient (ZB-H1)",
+         "AR": "tied-embedding all-reduce"}
 
 
 def _plt():
@@ -46,7 +48,7 @@ def plot_gantt(events: list[list[tuple]], title: str = "", unit: str = "time slo
     ax.set_title(title)
     kinds = [k for k in COLORS if any(e[0] == k for stage in events for e in stage)]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds]
-    ax.legend(handles, [{"F": "forward", "B": "backward"}[k] for k in kinds], loc="upper left",
+    ax.legend(handles, [NAMES[k] if "W" in kinds else NAMES[k].split(" (")[0] for k in kinds], loc="upper left",
               bbox_to_anchor=(1.005, 1.0), fontsize=8)
     return ax
 

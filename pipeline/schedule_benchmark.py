@@ -1,0 +1,224 @@
+"""Benchmark (not a test): bubble fraction and tokens/s of GPipe, 1F1B, interleaved 1F1B and ZB-H1
+on real GPT-2 stages, count-balanced and measured-balanced, next to the theory.
+
+    python -m pipeline.schedule_benchmark --p 2 4 --m 4 8 16 --out results/schedule_benchmark.json
+
+For every ``p`` and balance (``count``: blocks spread evenly, embeddings on the first and
+the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance`) one
+launch of ``p`` processes runs every schedule and every ``m``: ``--warmup`` untimed steps,
+then ``--repeats`` timed steps. A step's bubble fraction is
+:func:`pipeline.metrics.measured_bubble_fraction` of its timeline (idle share of
+``p x`` step time); its tokens/s is the batch's tokens over the step's wall time (the
+slowest rank); ``cores_busy`` is the CPU seconds of all ranks over the step's wall time
+(how many cores the pipeline kept busy: with more processes than free cores the stages
+wait for a core, not only for each other, and the bubble cannot reach the theory). The JSON holds, per configuration, the median and min-max over the
+repeats and the theoretical bubble:
+
+* GPipe, 1F1B: ``(p - 1) / (m + p - 1)``; interleaved with ``v`` chunks:
+  ``(p - 1) / (v m + p - 1)`` (Narayanan et al. 2021, Sec. 2.2);
+* ZB-H1 with equal F, B, W times: ``(p - 1) / (3 m + p - 1)``, a third of 1F1B's bubble
+  time (Qi et al. 2024, Sec. 3). Here W re-traverses the stage's graph
+  (:mod:`pipeline.stage_runner`), so W is not the equal third the formula assumes.
+
+The model: the tiny GPT-2 preset with ``--n_layer`` blocks (8, so that p = 4 with v = 2
+has a block per virtual stage), random tokens, micro-batches of ``--micro_batch_size``
+sequences of ``--seq`` tokens. On a CPU machine, each process gets ``cores // p`` threads
+(:mod:`course.launch`); with more processes than cores they share cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+def theory(schedule: str, p: int, m: int, v: int = 2) -> float:
+    """The theoretical bubble fraction of ``schedule`` (see the module docstring)."""
+    if schedule == "interleaved":
+        return (p - 1) / (v * m + p - 1)
+    if schedule == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
+    return (p - 1) / (m + p - 1)
+
+
+def _model(cfg):
+    from course.model import build_gpt2
+
+    return build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0, n_layer=cfg["n_layer"])
+
+
+def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
+    """A worker for :func:`course.launch.launch`: ``{schedule: {m: [per step: events, wall_s, peaks]}}``."""
+    import torch.distributed as dist
+
+    from course.collectives import global_rank
+    from course.launch import context
+    from course.mesh import Mesh
+    from pipeline.gpt2 import gpt2_measured_balance
+    from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
+    from pipeline.metrics import measured_bubble_fraction  # noqa: F401 (documented use by the caller)
+    from pipeline.schedules import schedule_actions
+    from pipeline.stage_runner import StageRunner
+
+    device = context().device
+    mesh = Mesh.build(pp=world_size)
+    group = mesh.pp_group
+    v_max = cfg["v"]
+    g = torch.Generator().manual_seed(1)
+    mb, seq, vocab = cfg["micro_batch_size"], cfg["seq"], cfg["vocab"]
+    balances = {}
+    for v in sorted({1, v_max}):
+        box = [None]
+        if cfg["balance"] == "auto":
+            if mesh.stage == 0:
+                sample = torch.randint(0, vocab, (mb, seq), generator=torch.Generator().manual_seed(2))
+                box[0], _ = gpt2_measured_balance(_model(cfg), world_size * v, sample, repeats=5)
+            dist.broadcast_object_list(box, src=global_rank(group, 0), group=group)
+        balances[v] = box[0]
+    out = {"balance": {str(v): b for v, b in balances.items()}}
+
+    def loss_fn(logits, target):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+    for schedule in cfg["schedules"]:
+        v = v_max if schedule == "interleaved" else 1
+        model = _model(cfg)
+        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, v, balances[v])
+        sync_tied = TiedGradients(mesh.embedding_group)
+        runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=group)
+        out[schedule] = {}
+        for m in cfg["m"]:
+            inputs = [torch.randint(0, vocab, (mb, seq), generator=g) for _ in range(m)]
+            targets = [torch.randint(0, vocab, (mb, seq), generator=g).to(device) for _ in range(m)]
+            actions = schedule_actions(schedule, mesh.stage, world_size, m, v)
+            steps = []
+            for step in range(cfg["warmup"] + cfg["repeats"]):
+                for c in chunks:
+                    c.zero_grad(set_to_none=True)
+                dist.barrier(group=group)
+                start, cpu_start = time.perf_counter(), time.process_time()
+                result = runner.run(actions, inputs if mesh.is_first_stage else None,
+                                    targets if mesh.is_last_stage else None)
+                tied_start = time.time() - runner.origin
+                sync_tied(tied)  # the tied embedding / LM head gradient summed between the end stages
+                tied_event = [("AR", 0, tied_start, time.time() - runner.origin)] if tied is not None else []
+                cpu = time.process_time() - cpu_start  # this process's CPU seconds (all its threads)
+                dist.barrier(group=group)
+                wall = time.perf_counter() - start
+                if step >= cfg["warmup"]:
+                    steps.append(dict(events=result.events, tied_events=tied_event, wall_s=wall, cpu_s=cpu,
+                                      peak_in_flight=result.peak_in_flight,
+                                      peak_activation_bytes=result.peak_activation_bytes))
+            out[schedule][m] = steps
+    return out
+
+
+def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: int = 2, repeats: int = 3,
+        warmup: int = 1, n_layer: int = 8, micro_batch_size: int = 4, seq: int = 32, vocab: int = 8192,
+        timeout: float = 1800, keep_events: bool = False) -> dict:
+    """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``.
+
+    ``keep_events``: each row also holds ``events[r]`` of its median-bubble step, with the
+    tied-embedding all-reduce as an ``"AR"`` event on the first and last rank (it is not
+    counted in the bubble: the schedules are compared on their own work)."""
+    from course.launch import launch
+    from pipeline.metrics import measured_bubble_fraction
+
+    rows = []
+    for p in p_values:
+        for balance in balances:
+            cfg = dict(balance=balance, v=v, m=list(m_values), schedules=list(schedules), repeats=repeats,
+                       warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq, vocab=vocab)
+            t0 = time.time()
+            per_rank = launch(benchmark_worker, p, cfg, device="cpu", timeout=timeout, collective_timeout=600)
+            print(f"p={p} balance={balance}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            for schedule in schedules:
+                for m in m_values:
+                    bubbles, walls, cores_used = [], [], []
+                    for step in range(repeats):
+                        events = [per_rank[r][schedule][m][step]["events"] for r in range(p)]
+                        bubbles.append(measured_bubble_fraction(events))
+                        walls.append(max(per_rank[r][schedule][m][step]["wall_s"] for r in range(p)))
+                        cores_used.append(sum(per_rank[r][schedule][m][step].get("cpu_s", float("nan"))
+                                              for r in range(p)) / walls[-1])
+                    tokens = m * micro_batch_size * seq
+                    tps = [tokens / w for w in walls]
+                    th = theory(schedule, p, m, v)
+                    rows.append(dict(
+                        p=p, balance=balance, schedule=schedule, m=m, v=v if schedule == "interleaved" else 1,
+                        layers_per_stage=per_rank[0]["balance"][str(v if schedule == "interleaved" else 1)],
+                        bubble_median=statistics.median(bubbles), bubble_min=min(bubbles), bubble_max=max(bubbles),
+                        theory=th, ratio_to_theory=statistics.median(bubbles) / th if th else None,
+                        tokens_per_s_median=statistics.median(tps), tokens_per_s_min=min(tps),
+                        tokens_per_s_max=max(tps), cores_busy_median=statistics.median(cores_used),
+                        peak_in_flight=[per_rank[r][schedule][m][-1]["peak_in_flight"] for r in range(p)],
+                        peak_activation_bytes=[per_rank[r][schedule][m][-1]["peak_activation_bytes"]
+                                               for r in range(p)]))
+                    if keep_events:
+                        k = sorted(range(repeats), key=lambda s: bubbles[s])[repeats // 2]
+                        rows[-1]["events"] = [per_rank[r][schedule][m][k]["events"]
+                                              + per_rank[r][schedule][m][k]["tied_events"] for r in range(p)]
+    config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
+                  repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
+                  vocab=vocab, cpu_count=__import__("os").cpu_count(), torch=torch.__version__)
+    return {"config": config, "rows": rows}
+
+
+def format_table(report: dict) -> str:
+    """A plain-text table of the rows."""
+    lines = [f"{'p':>2} {'bal':>5} {'schedule':>11} {'m':>3} {'bubble':>7} {'(min-max)':>13} {'theory':>6} "
+             f"{'ratio':>5} {'tok/s':>7} {'(min-max)':>13}"]
+    for r in report["rows"]:
+        lines.append(f"{r['p']:>2} {r['balance']:>5} {r['schedule']:>11} {r['m']:>3} {r['bubble_median']:7.3f} "
+                     f"({r['bubble_min']:.3f}-{r['bubble_max']:.3f}) {r['theory']:6.3f} {r['ratio_to_theory']:5.2f} "
+                     f"{r['tokens_per_s_median']:7.0f} ({r['tokens_per_s_min']:5.0f}-{r['tokens_per_s_max']:5.0f})")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--p", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
+    parser.add_argument("--m", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
+    parser.add_argument("--v", type=int, default=2, help="chunks per rank of the interleaved schedule")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--n_layer", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path("results/schedule_benchmark.json"))
+    args = parser.parse_args(argv)
+    if args.repeats < 3:
+        parser.error(f"--repeats {args.repeats}: use at least 3 timed repeats (median and min-max)")
+    if min(args.p) < 1 or min(args.m) < 1 or args.v < 1 or args.warmup < 0:
+        parser.error("--p, --m and --v must be >= 1 and --warmup >= 0")
+    if max(args.p) * args.v > args.n_layer:
+        parser.error(f"--p {max(args.p)} x --v {args.v} virtual stages need that many blocks; raise --n_layer")
+    from pipeline.schedules import micro_batches_per_round
+    for p in args.p:
+        for m in args.m:
+            try:
+                micro_batches_per_round(p, m)
+            except ValueError as exc:
+                parser.error(f"--m {m} with --p {p}: {exc}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    report = run(args.p, args.m, args.schedules, args.balance, args.v, args.repeats, args.warmup, args.n_layer)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(format_table(report))
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

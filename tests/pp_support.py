@@ -1,0 +1,122 @@
+"""Helpers shared by the pipeline-schedule tests (a5_2_5, a5_2_6).
+
+* :func:`torch_order`: torch's own action lists (``pipeline_order`` of
+  ``torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B`` /
+  ``ScheduleInterleavedZeroBubble``), built without processes: the schedules only read
+  ``group_size``, ``group_rank``, ``num_stages`` and ``stage_index`` of their stages, so
+  stand-in stage objects are enough. Idle slots (``None``) are dropped and torch's
+  ``Action(stage_index, kind, micro-batch)`` becomes ours ``(kind, micro-batch, chunk)``
+  with ``chunk = stage_index // p`` (torch's "I", backward of the input only, is our "B").
+* :func:`gpt2_schedule_worker`: a rank of a tiny GPT-2 pipeline (dropout 0) that runs one
+  schedule and returns its gradients, losses and measurements; :func:`single_process_reference`
+  computes the same micro-batches in one process.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+VOCAB, SEQ, N_LAYER, N_EMBD, N_HEAD = 96, 12, 4, 32, 2
+MICRO_SIZES = [2, 3, 2, 1]  # micro-batches of unequal size: shapes travel with the data
+
+
+def torch_order(schedule: str, p: int, m: int, v: int = 1) -> list[list[tuple]] | None:
+    """torch's action list of every rank, or None if torch rejects ``m`` for ``p``."""
+    from torch.distributed.pipelining import schedules as S
+
+    cls = {"interleaved": S.ScheduleInterleaved1F1B, "zero_bubble": S.ScheduleInterleavedZeroBubble}[schedule]
+    stages = [SimpleNamespace(group_size=p, group_rank=0, num_stages=p * v, stage_index=c * p,
+                              is_first=c == 0, is_last=False, submod=None) for c in range(v)]
+    try:
+        sched = cls(stages, m)
+    except ValueError:
+        return None
+    kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
+    return [[(kinds[str(a.computation_type.value)], a.microbatch_index, a.stage_index // p)
+             for a in sched.pipeline_order[r] if a is not None] for r in range(p)]
+
+
+def build_model():
+    from course.model import build_gpt2
+
+    return build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=3, n_layer=N_LAYER, n_embd=N_EMBD,
+                      n_head=N_HEAD)
+
+
+def data():
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randint(0, VOCAB, (s, SEQ), generator=g) for s in MICRO_SIZES]
+    targets = [torch.randint(0, VOCAB, (s, SEQ), generator=g) for s in MICRO_SIZES]
+    return inputs, targets
+
+
+def loss_fn(logits, target):
+    """The micro-batch's mean next-token loss divided by the number of micro-batches."""
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten()) / len(MICRO_SIZES)
+
+
+def single_process_reference():
+    """``({name: grad}, [loss per micro-batch])`` of the whole model in one process."""
+    model = build_model()
+    inputs, targets = data()
+    losses = []
+    for x, t in zip(inputs, targets):
+        loss = loss_fn(model(input_ids=x).logits, t)
+        loss.backward()
+        losses.append(float(loss.detach()))
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, losses
+
+
+def gpt2_schedule_worker(rank, world_size, schedule, n_chunks, runner_class=None):
+    """Rank ``rank`` runs its chunks of the tiny GPT-2 under ``schedule`` once.
+
+    Returns ``{"grads": {name: grad}, "tied_grad", "losses", "peak_in_flight",
+    "peak_activation_bytes", "events", "event_chunks", "runner": what a runner subclass recorded}``.
+    """
+    from course.launch import context
+    from pipeline.gpt2_stages import gpt2_chunks
+    from pipeline.schedules import schedule_actions
+    from pipeline.stage_runner import StageRunner
+
+    device = context().device
+    model = build_model()
+    chunks, tied = gpt2_chunks(model, rank, world_size, n_chunks)
+    runner = (runner_class or StageRunner)([c.to(device) for c in chunks], device, loss_fn=loss_fn)
+    inputs, targets = data()
+    result = runner.run(schedule_actions(schedule, rank, world_size, len(MICRO_SIZES), n_chunks),
+                        inputs if rank == 0 else None, targets if rank == world_size - 1 else None)
+    ids = {id(p) for c in chunks for p in c.parameters()}
+    grads = {n: p.grad.detach().clone() if p.grad is not None else None
+             for n, p in model.named_parameters() if id(p) in ids}
+    tied_grad = None
+    if tied is not None and rank == world_size - 1:
+        tied_grad = tied.grad.detach().clone() if tied.grad is not None else None
+    return {"grads": grads, "tied_grad": tied_grad, "losses": dict(result.losses),
+            "peak_in_flight": result.peak_in_flight, "peak_activation_bytes": result.peak_activation_bytes,
+            "events": list(result.events), "event_chunks": list(result.event_chunks),
+            "runner": getattr(runner, "record", None)}
+
+
+def check_equal_to_single_process(results, world_size):
+    """Every parameter's gradient and every loss equal the single-process ones (the tied
+    embedding/head weight: rank 0's embedding gradient plus the last rank's head copy's)."""
+    want, losses = single_process_reference()
+    seen = set()
+    for rank in range(world_size):
+        for name, grad in results[rank]["grads"].items():
+            assert grad is not None, f"rank {rank}: {name} has no gradient"
+            expected = want[name]
+            if name == "transformer.wte.weight" and world_size > 1:
+                tied = results[world_size - 1]["tied_grad"]
+                assert tied is not None, "the last rank's head copy has no gradient"
+                grad = grad + tied
+            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6,
+                                       msg=f"rank {rank}: gradient of {name} differs from one process")
+            seen.add(name)
+    assert seen == set(want), f"parameters without a pipeline gradient: {sorted(set(want) - seen)}"
+    got = results[world_size - 1]["losses"]
+    assert sorted(got) == list(range(len(MICRO_SIZES)))
+    for i, loss in enumerate(losses):
+        assert abs(got[i] - loss) < 1e-5, f"micro-batch {i}: loss {got[i]} != {loss}"
