@@ -167,6 +167,10 @@ class StageRunner:
 
         ``stage`` is ``stage_index + 1`` in a forward (to the next virtual stage) or
         ``stage_index - 1`` in a backward (to the previous one), taken modulo ``p``."""
+        if tensor is None:  # the usual cause: the received activation was not made to require grad
+            raise ValueError(f"stage {self.stage_index} was asked to send None to stage {stage}: in a backward this is "
+                             "the input's .grad, which stays None when the activation received in the forward was "
+                             "not made to require grad — call .requires_grad_() on what recv() returns (see recv)")
         target = self.virtual_stage + (stage - self.stage_index)
         work = send_tensor(tensor, global_rank(self.group, stage % self.n_stages), self.group,
                            tag=self._tag(self._kind, target))
