@@ -60,6 +60,16 @@ def _finish(tensor: torch.Tensor, flat: torch.Tensor, op: str, p: int) -> torch.
     return tensor
 
 
+def _prepare(tensor: torch.Tensor, op: str, group) -> tuple[int, int, torch.Tensor]:
+    """Checks, then ``(group size, rank in the group, a flat view of tensor)`` — or a flat
+    contiguous copy when no flat view shares its storage (written back by :func:`_finish`)."""
+    _check(tensor, op)
+    flat = tensor.detach().reshape(-1)
+    if not flat.is_contiguous() or flat.data_ptr() != tensor.data_ptr():
+        flat = flat.contiguous().clone()
+    return group_size(group), group_rank(group), flat
+
+
 def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, trace: list | None = None) -> torch.Tensor:
     """All-reduce ``tensor`` in place over ``group`` with the ring algorithm (send/recv only).
 
@@ -78,11 +88,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, trace: li
         ValueError: unknown ``op``. TypeError: ``op="avg"`` on an integer tensor.
         RuntimeError: no process group.
     """
-    _check(tensor, op)
-    p, r = group_size(group), group_rank(group)
-    flat = tensor.detach().reshape(-1)
-    if not flat.is_contiguous() or flat.data_ptr() != tensor.data_ptr():
-        flat = flat.contiguous().clone()
+    p, r, flat = _prepare(tensor, op, group)
     if p == 1:
         return _finish(tensor, flat, op, p)
     # BEGIN ASSIGN5_4_1
@@ -118,11 +124,7 @@ def tree_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
 
     Args, Returns, Raises: as :func:`ring_all_reduce` (no ``trace``).
     """
-    _check(tensor, op)
-    p, r = group_size(group), group_rank(group)
-    flat = tensor.detach().reshape(-1)
-    if not flat.is_contiguous() or flat.data_ptr() != tensor.data_ptr():
-        flat = flat.contiguous().clone()
+    p, r, flat = _prepare(tensor, op, group)
     if p == 1:
         return _finish(tensor, flat, op, p)
     # BEGIN ASSIGN5_4_1
