@@ -211,7 +211,11 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
         elif variant == "powersgd":
             sync = PowerSGDReducer(model, group=group, rank=cfg["powersgd_rank"])
         elif variant == "torch_powersgd":
-            forward = DistributedDataParallel(model, process_group=group)
+            # One bucket for the whole model: torch's hook chains collectives from future callbacks, and
+            # with several buckets those chains can interleave in a different order on each rank, which
+            # gloo (one ordered stream of collectives) answers with a recv timeout. An explicit
+            # bucket_cap_mb also sets DDP's first-bucket cap, so 1024 MB gives a single bucket here.
+            forward = DistributedDataParallel(model, process_group=group, bucket_cap_mb=1024)
             state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=cfg["powersgd_rank"],
                                        start_powerSGD_iter=2, min_compression_rate=0.0, use_error_feedback=True,
                                        warm_start=True)

@@ -1,7 +1,8 @@
 """Which assignments of this checkout are still stubs, and a guard for notebook cells that need one.
 
-In the student release every solution block — the code between ``# BEGIN ASSIGN5_x_y`` and
-``# END ASSIGN5_x_y`` — is one line, ``raise NotImplementedError('Assignment 5.x.y: ...')``.
+In the student release every solution block — the code between an assignment's BEGIN and END
+marker comments (docs/architecture.md, "Assignment keys") — is one line,
+``raise NotImplementedError('Assignment 5.x.y: ...')``.
 A notebook cell that needs an assignment starts, in the release, with
 ``require("a5_x_y")``: while that block is still the stub, the cell stops at once with the
 assignment's own message (not with an error from deep inside the code, or a ``NameError``
@@ -16,7 +17,8 @@ import re
 from pathlib import Path
 
 TREE = Path(__file__).resolve().parent.parent
-_BLOCK = re.compile(r"^[ \t]*# BEGIN (ASSIGN\d+_\d+_\d+)[ \t]*\n(.*?)^[ \t]*# END \1[ \t]*$", re.M | re.S)
+_BEGIN, _END = "# " + "BEGIN", "# " + "END"  # spelled apart: this file holds no marker of its own
+_BLOCK = re.compile(rf"^[ \t]*{_BEGIN} (ASSIGN\d+_\d+_\d+)[ \t]*\n(.*?)^[ \t]*{_END} \1[ \t]*$", re.M | re.S)
 
 
 class AssignmentNotDone(RuntimeError):
@@ -37,7 +39,7 @@ def stubs(tree: Path = TREE) -> dict[str, tuple[str, str]]:
         if any(part.startswith(".") or part in ("workdir", "__pycache__") for part in path.relative_to(tree).parts):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        if "# BEGIN ASSIGN" not in text:
+        if f"{_BEGIN} ASSIGN" not in text:
             continue
         for match in _BLOCK.finditer(text):
             body = match.group(2).strip()
