@@ -175,7 +175,7 @@ class GPT2Pipeline(nn.Module):
 
 
 def gpt2_measured_balance(model, n_stages: int, sample_input_ids: torch.Tensor,
-                          repeats: int = 3) -> tuple[list[int], list[float]]:
+                          repeats: int = 3, group=None) -> tuple[list[int], list[float]]:
     """Layers per stage for ``n_stages`` stages of :func:`gpt2_layers` from measured costs (``--balance auto``).
 
     Each layer's forward + backward is timed on ``sample_input_ids`` (batch, seq) — a
@@ -186,12 +186,22 @@ def gpt2_measured_balance(model, n_stages: int, sample_input_ids: torch.Tensor,
     stages minimising the slowest stage (:func:`pipeline.partition.linear_partition`).
     The model's gradients are cleared afterwards.
 
+    With ``group`` (the pipeline's process group; collective: every rank of it calls), every
+    rank measures at the same time — so the machine is as busy as it will be in the run:
+    a memory-bound layer such as the LM head costs more when the other ranks compete for
+    the caches and memory than when it runs alone — and every rank gets the partition of
+    the per-layer medians over the ranks.
+
     Returns:
         ``(balance, costs)``: layers per stage and the measured seconds per layer.
 
     Raises:
         ValueError: more stages than layers of the chain.
     """
+    import statistics
+
+    import torch.distributed as dist
+
     from pipeline.partition import linear_partition, measure_layer_costs
 
     layers = gpt2_layers(model)
@@ -202,6 +212,12 @@ def gpt2_measured_balance(model, n_stages: int, sample_input_ids: torch.Tensor,
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device) % vocab)
 
     device = next(model.parameters()).device
+    if group is not None and dist.is_initialized():
+        dist.barrier(group=group)  # start together: the ranks measure under the run's load
     costs = measure_layer_costs(layers, sample_input_ids.to(device), loss_fn=loss, repeats=repeats)
     model.zero_grad(set_to_none=True)
+    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, costs, group=group)
+        costs = [statistics.median(layer) for layer in zip(*gathered)]
     return linear_partition(costs, n_stages), costs

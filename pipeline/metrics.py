@@ -96,3 +96,96 @@ def measured_bubble_fraction(events: list[list[tuple[str, int, float, float]]]) 
     span = max(ends) - min(starts)
     busy = sum(e[3] - e[2] for rank_events in events for e in rank_events)
     return 1.0 - busy / (len(events) * span)
+
+
+def replay(actions: list[list[tuple]], durations: list[list[float]], latency: float = 0.0
+           ) -> list[list[tuple[str, int, float, float]]]:
+    """The timeline the action lists would have if every rank had a core (or device) of its own.
+
+    Each rank runs its actions in order, each taking its measured duration; an action
+    starts when its rank is free and its input exists: ``F`` of micro-batch ``i`` on virtual
+    stage ``s`` after ``F(i)`` on ``s - 1``; ``B`` on ``s`` after ``B(i)`` on ``s + 1`` (on the
+    last virtual stage, after its own ``F(i)``); ``W`` after its own ``B(i)``. With ``v``
+    chunks per rank, chunk ``c`` of rank ``r`` is virtual stage ``c * p + r``. A hand-over
+    between ranks costs ``latency`` seconds (0: free, as in the theory; see
+    :func:`handover_latencies` to measure it).
+
+    This separates what the schedule costs from what the machine adds: on a machine with
+    fewer cores than ranks the measured wall-clock timeline also holds the time each rank
+    waited for a core; replaying the ranks' CPU seconds per action
+    (:attr:`pipeline.stage_runner.StepResult.event_cpu_s`) leaves only the schedule's own
+    bubble with the stages' real, unequal costs.
+
+    Args:
+        actions: ``actions[r]``: rank r's ``(kind, micro-batch)`` or ``(kind, micro-batch, chunk)``.
+        durations: ``durations[r][k]``: seconds of ``actions[r][k]``.
+
+    Returns:
+        ``events[r] = [(kind, i, start, end)]`` in the order of ``actions[r]``.
+
+    Raises:
+        ValueError: a rank's durations do not match its actions; the lists deadlock.
+    """
+    p = len(actions)
+    if len(durations) != p or any(len(d) != len(a) for d, a in zip(durations, actions)):
+        raise ValueError("durations[r] must give one duration per action of rank r")
+    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+    done: dict[tuple[str, int, int], float] = {}
+    events: list[list] = [[] for _ in range(p)]
+    pos, clock = [0] * p, [0.0] * p
+    while any(pos[r] < len(actions[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(actions[r]):
+                action = actions[r][pos[r]]
+                kind, i = action[0], action[1]
+                s = (action[2] if len(action) > 2 else 0) * p + r
+                if kind == "F":
+                    dep = ("F", i, s - 1) if s > 0 else None
+                elif kind == "B":
+                    dep = ("B", i, s + 1) if s < n_virtual - 1 else ("F", i, s)
+                else:
+                    dep = ("B", i, s)
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + (latency if dep[2] % p != r else 0.0)
+                start = max(clock[r], ready)
+                end = start + durations[r][pos[r]]
+                done[(kind, i, s)] = end
+                events[r].append((kind, i, start, end))
+                clock[r], pos[r], progressed = end, pos[r] + 1, True
+        if not progressed:
+            stuck = {r: actions[r][pos[r]] for r in range(p) if pos[r] < len(actions[r])}
+            raise ValueError(f"the action lists deadlock; ranks wait at {stuck}")
+    return events
+
+
+def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]]) -> list[float]:
+    """Measured hand-over latencies of a run: for every action that waited for another rank
+    (it started after its rank's previous action ended), the seconds from the end of the action
+    it waited for (same dependencies as :func:`replay`) to its own start — the send, the
+    receive and the wake-up of the waiting process together.
+
+    Args:
+        actions, events: the ranks' action lists and the measured ``(kind, i, start, end)``
+            events of one step, in the same order.
+    """
+    p = len(actions)
+    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+    end_of = {}
+    for r in range(p):
+        for action, event in zip(actions[r], events[r]):
+            s = (action[2] if len(action) > 2 else 0) * p + r
+            end_of[(action[0], action[1], s)] = event[3]
+    gaps = []
+    for r in range(p):
+        previous_end = None
+        for action, event in zip(actions[r], events[r]):
+            kind, i = action[0], action[1]
+            s = (action[2] if len(action) > 2 else 0) * p + r
+            dep = ("F", i, s - 1) if kind == "F" and s > 0 else ("B", i, s + 1) if kind == "B" and s < n_virtual - 1 \
+                else None
+            if dep is not None and dep[2] % p != r and (previous_end is None or event[2] > previous_end):
+                gaps.append(event[2] - end_of[dep])
+            previous_end = event[3]
+    return gaps

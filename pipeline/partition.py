@@ -204,7 +204,7 @@ def linear_partition(costs: list[float], n_parts: int) -> list[int]:
 
 
 def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_fn=None, repeats: int = 3,
-                        warmup: int = 1) -> list[float]:
+                        warmup: int = 1, clock: str = "auto") -> list[float]:
     """Seconds of one forward + backward of each layer of ``layers`` on ``sample_input`` (the fastest of
     ``repeats`` after ``warmup`` untimed runs: on a shared machine the other processes only ever add
     time, so the minimum is the layer's own cost), on the device the layers are on, with this
@@ -216,13 +216,24 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
     for GPT-2 the last layer is the final layer norm and the LM head (the largest matrix
     of the model), so its cost belongs to the last stage (:func:`linear_partition`).
 
+    ``clock``: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (``time.process_time``: this
+    process's CPU seconds, which leave out the time it waited for a core while other ranks
+    ran — the right cost when a machine runs more ranks than it has cores), or ``"auto"``:
+    ``"cpu"`` on a CPU device with one thread per process (so CPU seconds are the compute's own
+    seconds), else ``"wall"`` (a GPU computes asynchronously of the host's CPU clock).
+
     Raises:
-        ValueError: ``repeats`` < 1.
+        ValueError: ``repeats`` < 1; an unknown ``clock``.
     """
     import time
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if clock not in ("auto", "wall", "cpu"):
+        raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {clock!r}")
+    if clock == "auto":
+        clock = "cpu" if sample_input.device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
+    now = time.process_time if clock == "cpu" else time.perf_counter
     layers = list(layers)
     costs = []
     h = sample_input
@@ -230,7 +241,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         x = h.detach().requires_grad_() if h.is_floating_point() else h
         times = []
         for r in range(warmup + repeats):
-            start = time.perf_counter()
+            start = now()
             y = layer(x)
             if j == len(layers) - 1 and loss_fn is not None:
                 loss_fn(y).backward()
@@ -239,7 +250,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
             if y.is_cuda:
                 torch.cuda.synchronize(y.device)
             if r >= warmup:
-                times.append(time.perf_counter() - start)
+                times.append(now() - start)
         for p in layer.parameters():
             p.grad = None
         costs.append(min(times))

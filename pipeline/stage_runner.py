@@ -62,6 +62,10 @@ class StepResult:
         events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"``, ``"B"`` or ``"W"``,
             seconds since the runner's common time origin.
         event_chunks: the chunk of each event (all 0 with one chunk per rank).
+        event_cpu_s: the CPU seconds this process spent in each event (``time.process_time``,
+            all its threads): the event's cost without the time it waited for a core, which
+            :func:`pipeline.metrics.replay` uses to rebuild the timeline on dedicated cores.
+            On a GPU it counts only the host's share; use the events' wall time there.
         peak_in_flight: most micro-batches forwarded and not yet backwarded at once.
         peak_activation_bytes: most bytes of tensors saved for backward at once
             (parameters excluded).
@@ -70,6 +74,7 @@ class StepResult:
     losses: dict = field(default_factory=dict)
     events: list = field(default_factory=list)
     event_chunks: list = field(default_factory=list)
+    event_cpu_s: list = field(default_factory=list)
     peak_in_flight: int = 0
     peak_activation_bytes: int = 0
 
@@ -196,7 +201,7 @@ class StageRunner:
                 sizes[ptr] = t.untyped_storage().nbytes()
             return t
 
-        start = time.time()
+        start = self._start_timer()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = self.stage(x)
             if self.is_last:
@@ -215,7 +220,7 @@ class StageRunner:
         gradient: :meth:`compute_input_grad`; the weights wait for :meth:`backward_weight_step`."""
         key = (self.chunk, i)
         x = self._inputs.pop(key)
-        start = time.time()
+        start = self._start_timer()
         if self._split:
             self.compute_input_grad(x, y, grad)
             self._deferred[key] = (y, grad)
@@ -244,7 +249,7 @@ class StageRunner:
         key = (self.chunk, i)
         if key not in self._deferred:
             raise ValueError(f"W of micro-batch {i} (chunk {self.chunk}) before its B")
-        start = time.time()
+        start = self._start_timer()
         # BEGIN ASSIGN5_2_6
         y, grad = self._deferred.pop(key)
         params = [p for p in self.stage.parameters() if p.requires_grad]
@@ -253,12 +258,17 @@ class StageRunner:
         self._record("W", i, start)
         self._activation_bytes.pop(key, None)
 
+    def _start_timer(self) -> float:
+        self._cpu_start = time.process_time()
+        return time.time()
+
     def _record(self, kind: str, i: int, start: float) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.time()
         self.result.events.append((kind, i, start - self.origin, end - self.origin))
         self.result.event_chunks.append(self.chunk or 0)
+        self.result.event_cpu_s.append(time.process_time() - self._cpu_start)
 
     # ---- the two steps of a schedule ------------------------------------------------------
     def forward_step(self, i: int) -> None:

@@ -308,17 +308,13 @@ def valid_interleaved_micro(n_stages: int, m: int) -> int:
 def measured_balance(args, data, model, device, mesh, n_parts: int) -> list[int]:
     """``--balance auto``: layers per (virtual) stage from the measured cost of each layer on a
     micro-batch of the first training batch (:func:`pipeline.gpt2.gpt2_measured_balance`), with
-    this rank's threads; the pp group's first rank measures alone (the others wait at the
-    broadcast, so the cores are its) and broadcasts its balance to every stage."""
+    this rank's threads. Every rank of the pp group measures at once, under the load of the run,
+    and all get the partition of the per-layer medians."""
     from pipeline.gpt2 import gpt2_measured_balance
 
-    group = mesh.pp_group
-    box = [None]
-    if mesh.stage == 0:
-        batch = next(iter(train_loader(data, args, 0)))
-        sample = batch["input_ids"][:micro_batch_size(args)]
-        model.to(device)
-        box[0], _ = gpt2_measured_balance(model, n_parts, sample)
-        model.to("cpu")
-    dist.broadcast_object_list(box, src=global_rank(group, 0), group=group)
-    return box[0]
+    batch = next(iter(train_loader(data, args, 0)))
+    sample = batch["input_ids"][:micro_batch_size(args)]
+    model.to(device)
+    balance, _ = gpt2_measured_balance(model, n_parts, sample, group=mesh.pp_group)
+    model.to("cpu")
+    return balance
