@@ -25,9 +25,10 @@ def runs(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("pipeline_runs")
     out = {}
-    for mode in ("model_parallel", "pipeline_parallel", "1f1b"):
-        assert main(_argv(workdir, mode)) == 0, f"{mode} run failed"
-        ranks = 2 if mode == "1f1b" else 1
+    extra = {"interleaved": ["--n_virtual", "2"], "zb-h1": ["--balance", "auto"]}
+    for mode in ("model_parallel", "pipeline_parallel", "1f1b", "interleaved", "zb-h1"):
+        assert main(_argv(workdir, mode, *extra.get(mode, []))) == 0, f"{mode} run failed"
+        ranks = 1 if mode in ("model_parallel", "pipeline_parallel") else 2
         out[mode] = [json.loads((workdir / f"pipeline_{mode}_rank{r}_results_epoch0.json").read_text())
                      for r in range(ranks)]
     return out
@@ -50,13 +51,20 @@ def test_each_mode_trains_and_writes_results(runs):
     assert [len(r["timeline"]) for r in one_f_one_b] == [4, 4]  # F and B of 2 micro-batches per stage
     assert [r["peak_in_flight"] for r in one_f_one_b] == [2, 1]
     assert one_f_one_b[0]["param_sha256"] == one_f_one_b[1]["param_sha256"], "stages gathered differently"
+    interleaved = runs["interleaved"]
+    assert [r["config"]["n_virtual"] for r in interleaved] == [2, 2]
+    assert [len(r["timeline"]) for r in interleaved] == [8, 8]  # F and B of 2 micro-batches x 2 chunks per rank
+    zero_bubble = runs["zb-h1"]
+    assert [sorted(e["kind"] for e in r["timeline"]) for r in zero_bubble] == [["B", "B", "F", "F", "W", "W"]] * 2
+    balance = zero_bubble[0]["config"]["balance"]
+    assert sum(balance) == 6 and balance == zero_bubble[1]["config"]["balance"], "the stages disagree on the split"
 
 
 @pytest.mark.needs_solution
 @pytest.mark.timeout(400)
 def test_all_modes_compute_the_same_training(runs):
     reference = runs["model_parallel"][0]
-    for mode in ("pipeline_parallel", "1f1b"):
+    for mode in ("pipeline_parallel", "1f1b", "interleaved", "zb-h1"):
         got = runs[mode][-1]
         assert got["train_losses"] == pytest.approx(reference["train_losses"], abs=1e-4), mode
         assert got["validation_loss"] == pytest.approx(reference["validation_loss"], abs=1e-3), mode
