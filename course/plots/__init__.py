@@ -9,13 +9,13 @@
 from course.plots.communication import (plot_allreduce_bandwidth, plot_comm_per_layer, plot_compression,
                                         plot_overlap_timeline, plot_ring_steps)
 from course.plots.memory import plot_loss_by_precision, plot_memory_bars
-from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference, plot_modes,
+from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference,
                                plot_repeated_timings, plot_throughput)
 from course.plots.timelines import (events_from_records, plot_activation_memory, plot_bubble, plot_gantt,
                                     plot_gantts)
 
 __all__ = ["plot_comm_per_layer", "plot_ring_steps", "plot_allreduce_bandwidth", "plot_overlap_timeline",
-           "plot_compression", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference", "plot_modes",
+           "plot_compression", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference",
            "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts",
            "plot_memory_bars", "plot_loss_by_precision"]

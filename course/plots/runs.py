@@ -67,21 +67,6 @@ def plot_loss_curves(df, label: str = "config.world_size", title: str = "Trainin
     return fig
 
 
-def plot_modes(df, modes: list[str]):
-    """Bars of seconds per epoch and tokens/s for each mode (rank 0's results rows)."""
-    plt = _plt()
-    rows = df[df["rank"] == 0].set_index("config.mode").loc[modes]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
-    ax1.bar(modes, rows["training_time"], color="tab:blue")
-    ax1.set(ylabel="seconds (same batches)", title="training time")
-    ax2.bar(modes, rows["tokens_per_sec"], color="tab:green")
-    ax2.set(ylabel="tokens / s", title="throughput")
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    return fig
-
-
 def plot_loss_difference(runs, reference: str = "tp", title: str = "Training loss minus the tp run's, per step"):
     """Per-step ``loss(block) - loss(reference)`` of rank 0 (``runs`` has a ``block`` column, see notebook 03)."""
     plt = _plt()
