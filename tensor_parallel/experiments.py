@@ -205,9 +205,39 @@ def comm_table(report: dict):
     return pd.DataFrame(rows).set_index("run")
 
 
-def activation_memory_worker(rank: int, world_size: int, sequence_parallel: bool, batch_size: int = 4,
-                             seq: int = 128, n_embd: int = 128, n_head: int = 4, n_layer: int = 2) -> dict:
-    """Bytes of activations one transformer block keeps for the backward pass, on this rank.
+def activation_memory_worker(rank: int, world_size: int, configs: list[tuple[int, bool]], batch_size: int = 4,
+                             seq: int = 128, n_embd: int = 128, n_head: int = 4, n_layer: int = 2) -> list[dict]:
+    """:func:`activation_memory` for every ``(t, sequence_parallel)`` of ``configs`` in one launch:
+    for each, ranks ``0 .. t - 1`` measure over a group of ``t`` ranks while the others wait at a
+    barrier (``world_size`` must be at least the largest ``t``). Returns rank 0's results in the
+    order of ``configs`` (``[]`` on the other ranks).
+
+    Raises:
+        ValueError: a ``t`` larger than ``world_size``.
+    """
+    import torch.distributed as dist
+
+    from course.mesh import Mesh
+
+    if max(t for t, _ in configs) > world_size:
+        raise ValueError(f"configs need {max(t for t, _ in configs)} ranks, the launch has {world_size}")
+    world = Mesh.build(dp=world_size).dp_group
+    groups = {t: dist.new_group(list(range(t))) for t in sorted({t for t, _ in configs})}  # collective: every rank
+    found = []
+    for t, sequence_parallel in configs:
+        dist.barrier(group=world)
+        if rank < t:
+            result = activation_memory(groups[t], sequence_parallel, batch_size, seq, n_embd, n_head, n_layer)
+            if rank == 0:
+                found.append(result)
+    dist.barrier(group=world)
+    return found
+
+
+def activation_memory(group, sequence_parallel: bool, batch_size: int = 4, seq: int = 128, n_embd: int = 128,
+                      n_head: int = 4, n_layer: int = 2) -> dict:
+    """Bytes of activations one transformer block keeps for the backward pass, on this rank of ``group``
+    (the tensor-parallel group, of size t; collective over it).
 
     Runs the forward pass of a tensor-parallel GPT-2 (dropout 0.1, so its masks are kept too)
     under ``torch.autograd.graph.saved_tensors_hooks`` and adds up, per block, the storages of
@@ -215,18 +245,17 @@ def activation_memory_worker(rank: int, world_size: int, sequence_parallel: bool
     counts once), parameters excluded. Returns ``{"bytes_per_block": float (mean over blocks),
     "by_dtype": {dtype: bytes per block}, "block0_tensors": [{"shape", "dtype", "bytes"}] (each
     storage of the first block, with the shape of the tensor it was saved as), "s": seq, "b": batch_size, "h": n_embd, "a": n_head,
-    "t": world_size, "sequence_parallel": bool}``.
+    "t": t, "sequence_parallel": bool}``.
 
     Compare with Korthikanti et al. 2022 (Reducing Activation Recomputation in Large
     Transformer Models), Sec. 4.2, Table 2: per layer ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes
     with tensor parallelism and ``s·b·h/t·(34 + 5·a·s/h)`` with sequence parallelism too, for
     16-bit activations and 1-byte dropout masks.
     """
-    from course.mesh import Mesh
+    from course.collectives import group_size
     from course.model import build_gpt2
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
-    group = Mesh.build(tp=world_size).tp_group
     hf = build_gpt2("tiny", 256, n_positions=seq, dropout=0.1, seed=0, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
     model = TensorParallelGPT2(hf, sequence_parallel=sequence_parallel, group=group)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -255,4 +284,4 @@ def activation_memory_worker(rank: int, world_size: int, sequence_parallel: bool
     first = [{"shape": shape, "dtype": dtype, "bytes": nbytes} for nbytes, dtype, shape in seen[0].values()]
     return {"bytes_per_block": sum(by_dtype.values()), "by_dtype": by_dtype, "block0_tensors": first,
             "s": seq, "b": batch_size,
-            "h": n_embd, "a": n_head, "t": world_size, "sequence_parallel": sequence_parallel}
+            "h": n_embd, "a": n_head, "t": group_size(group), "sequence_parallel": sequence_parallel}
