@@ -117,7 +117,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
 
 def summarise(report: list[dict], cfg: dict) -> list[dict]:
     """One row per factorisation: median and min-max tokens/s, ratio to the fastest, bubble, bytes per group."""
-    from pipeline.metrics import bubble_fraction
+    from pipeline import bubble_fraction
 
     tokens = cfg["batch"] * cfg["seq"]
     rows = []
