@@ -3,7 +3,10 @@ resharding across dp and pp), and one written at another tp is refused before an
 
 The uninterrupted run trains 4 steps at (dp, pp, tp) = (1, 4, 2) and checkpoints after steps 2
 and 4; the resumed run loads the step-2 checkpoint at (2, 2, 2) — every stage now holds the
-layers of two old stages, every dp rank half of each batch — and trains steps 3 and 4. With
+layers of two old stages, every dp rank half of each batch — and trains steps 3 and 4. Both
+runs are ``three_d.training.ThreeDTraining`` under ``run_epochs`` as in ``project/run_3d.py``,
+one after the other in the same 8 launched processes (tests/three_d_checkpoint_support.py:
+the data are prepared once); ``--resume``'s checks before launch are tested below. With
 dropout 0 nothing random is drawn, so the resumed steps compute the same global-batch loss with
 the same weights and AdamW state; what differs is only the order of floating-point sums (dp
 averages half-batch gradients, micro-batch losses are added in another grouping), which in
@@ -33,20 +36,27 @@ def _results(workdir, world_size=8):
 
 
 @pytest.mark.needs_solution
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(300)
 def test_checkpoint_saved_at_1_4_2_resumes_at_2_2_2(tmp_path):
-    from project.run_3d import main
+    import copy
 
-    assert main(_argv(tmp_path, "--dp", "1", "--pp", "4", "--tp", "2", "--checkpoint_every", str(EVERY))) == 0
-    uninterrupted = _results(tmp_path)
+    from course.launch import launch
+    from tests.three_d_checkpoint_support import train_then_resume
+
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    second_dir.mkdir()
+    first = parse_args(_argv(first_dir, "--dp", "1", "--pp", "4", "--tp", "2", "--checkpoint_every", str(EVERY)))
+    second = copy.copy(parse_args(_argv(second_dir, "--dp", "2", "--pp", "2", "--tp", "2")))
+    checkpoint = first_dir / "three_d_checkpoints" / f"step{EVERY:08d}"
+    second.resume = str(checkpoint)  # written by the first run (run_3d.py's --resume would check it exists)
+    launch(train_then_resume, 8, first, second, device="cpu", backend="gloo", timeout=240)
+
+    uninterrupted = _results(first_dir)
     losses = uninterrupted[0]["train_losses"]
     assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), losses
     assert all(r["tied_weight_max_abs_difference"] == 0.0 for r in uninterrupted), "tied copies drifted apart"
-    checkpoint = tmp_path / "three_d_checkpoints" / f"step{EVERY:08d}"
     assert (checkpoint / ".metadata").is_file()
-
-    assert main(_argv(tmp_path, "--dp", "2", "--pp", "2", "--tp", "2", "--resume", str(checkpoint))) == 0
-    resumed = _results(tmp_path)
+    resumed = _results(second_dir)
     for rank, r in enumerate(resumed):
         assert r["config"]["dp"] == 2 and r["config"]["pp"] == 2, "the second run did not use the new layout"
         assert r["steps"] == STEPS, f"rank {rank}: progress not resumed ({r['steps']} steps)"
