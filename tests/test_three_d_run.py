@@ -36,7 +36,20 @@ def test_run_3d_trains_and_writes_results_and_trace(tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names[3] == "rank 3 (pp 1, dp 0, tp 1)" and len(names) == 4
-    assert sum(e["ph"] == "X" for e in events) == 4 * 4
+    assert sum(e["ph"] == "X" and e["tid"] == 0 for e in events) == 4 * 4  # F and B of 2 micro-batches
+    for rank, r in enumerate(results):  # the communication of the same step, on the same clock, inside it
+        begin, end = r["step_span"]
+        comm = r["comm_timeline"]
+        assert all(begin <= e["start"] <= e["end"] <= end for e in comm + r["timeline"]), (rank, begin, end, comm)
+        kinds = [(e["kind"], e["group"]) for e in comm]
+        assert kinds.count(("send", "pp")) == 2 and kinds.count(("recv", "pp")) == 2, kinds  # 2 micro-batches
+        assert ("all_reduce", "tp") in kinds and kinds.count(("all_reduce", "embedding")) == 1, kinds
+        last_backward = max(e["end"] for e in r["timeline"] if e["kind"] == "B")
+        tied, = [e for e in comm if e["group"] == "embedding"]
+        assert tied["start"] >= last_backward and tied["bytes"] > 0, "the tied all-reduce follows the schedule"
+        spans = [e for e in events if e["pid"] == rank and e["ph"] == "X" and e["tid"] == 1]
+        assert len(spans) == len(comm) and {e["name"] for e in spans} >= {"send pp", "recv pp", "all_reduce tp"}
+        assert all(e["args"]["bytes"] > 0 for e in spans)
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -3,7 +3,11 @@
 Built from the results files of a 3D run (:mod:`three_d.training`): each rank's timeline of
 the epoch's last batch (forward ``F`` and backward ``B`` of every micro-batch) becomes one
 trace process named by the rank's mesh coordinates, its events "complete" events (``"ph": "X"``,
-microseconds) on a clock shared by all ranks (each pp group's origin is put back).
+microseconds) on a clock shared by all ranks (each pp group's origin is put back): F/B on the
+thread "compute" (tid 0), the rank's communication of the same batch (``comm_timeline``: tp
+all-reduces and all-gathers, pp sends and receives, the dp gradient all-reduce, the tied
+all-reduce, named ``"<kind> <group>"`` with the bytes in ``args``) on the thread
+"communication" (tid 1).
 
 Source: Trace Event Format (Google, "Trace Event Format" document: ``X`` and ``M`` events).
 """
@@ -23,11 +27,17 @@ def chrome_trace(results: dict[int, dict]) -> dict:
         name = f"rank {rank} (pp {c.get('pp')}, dp {c.get('dp')}, tp {c.get('tp')})"
         events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": name}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
+        for tid, thread in enumerate(("compute", "communication")):
+            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": thread}})
         shift = r.get("time_origin", 0.0) - base
         for e in r.get("timeline", []):
             events.append({"name": f"{e['kind']}{e['micro_batch']}", "cat": "forward" if e["kind"] == "F" else "backward",
                            "ph": "X", "pid": rank, "tid": 0, "ts": (e["start"] + shift) * 1e6,
                            "dur": (e["end"] - e["start"]) * 1e6, "args": {"micro_batch": e["micro_batch"]}})
+        for e in r.get("comm_timeline", []):
+            events.append({"name": f"{e['kind']} {e['group']}", "cat": "communication", "ph": "X", "pid": rank,
+                           "tid": 1, "ts": (e["start"] + shift) * 1e6, "dur": (e["end"] - e["start"]) * 1e6,
+                           "args": {"kind": e["kind"], "group": e["group"], "bytes": e["bytes"]}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

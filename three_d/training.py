@@ -12,7 +12,9 @@ from), which the ranks of a tp group evaluate together; the validation sentences
 out over the dp group.
 
 Results (``<workdir>/three_d_rank{r}_results_epoch{e}.json``) carry, besides the common
-entries: the timeline of the epoch's last full batch on this rank (F/B per micro-batch),
+entries: the timeline of the epoch's last full batch on this rank (F/B per micro-batch) and
+its communication (``comm_timeline``: every all-reduce, all-gather, send and receive with its
+group and bytes, measured with ``time.time()`` on the same clock),
 communication per group and kind (count, bytes, per step), peak activation bytes, the
 rank's coordinates and groups.
 
@@ -30,6 +32,7 @@ losses before the resume are taken from whichever rank recorded them (:meth:`bat
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -88,7 +91,7 @@ class ThreeDTraining(TrainingMode):
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
         self.runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
         self.counter = CommCounter()
-        self.timeline, self.peak_bytes, self.peak_in_flight = [], 0, 0
+        self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
 
     @property
     def checkpoint_key(self) -> str:
@@ -155,21 +158,27 @@ class ThreeDTraining(TrainingMode):
 
     def training(self, epoch: int):
         self.counter = CommCounter()
-        self.timeline, self.peak_bytes, self.peak_in_flight = [], 0, 0
+        self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:
         share = self.args.batch_size // self.mesh.dims.dp
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
+        first, began = len(self.counter.records), time.time()
         out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.n_chunk, self.args.schedule,
                            self.args.max_grad_norm)
         self.optimizer.step()
+        self.step_span = (began - self.runner.origin, time.time() - self.runner.origin)
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b)
                          for k, i, a, b in result.events]
+        origin = self.runner.origin
+        self.comm_timeline = [dict(stage=self.mesh.stage, kind=r.kind, group=r.group, bytes=r.bytes,
+                                   start=r.start - origin, end=r.end - origin)
+                              for r in self.counter.records[first:] if r.start is not None]
         self.last_grad_norm = out["grad_norm"]
         return StepOutcome(out["loss"], int(batch["attention_mask"][rows].sum()))
 
@@ -209,6 +218,10 @@ class ThreeDTraining(TrainingMode):
                     for g, kinds in by_group.items()}
         return {"timeline": self.timeline, "timeline_note": "forward and backward of every micro-batch of the "
                 "epoch's last batch on this rank (seconds since the pp group's common origin)",
+                "comm_timeline": self.comm_timeline, "comm_timeline_note": "every communication call of the same "
+                "batch on this rank: kind, group (tp, pp, dp, embedding), bytes, start and end on the timeline's clock "
+                "(a send: its posting only; a recv: from the start of its wait)",
+                "step_span": list(getattr(self, "step_span", ())),
                 "comm_per_step": per_step, "peak_activation_bytes": self.peak_bytes,
                 "peak_in_flight": self.peak_in_flight, "coordinates": dict(zip(("pp", "dp", "tp"),
                                                                                  self.mesh.coordinates)),
