@@ -63,3 +63,15 @@ def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, mess
     with pytest.raises(SystemExit):
         parse_args(_argv(tmp_path, "--preset", "tiny", *extra))
     assert message in capsys.readouterr().err
+
+
+def test_time_breakdown_gives_every_instant_of_the_step_to_one_category():
+    from three_d.trace import time_breakdown
+
+    events = [("F", 0, 0.0, 1.0), ("B", 0, 2.0, 4.0)]
+    comm = [("all_reduce", "tp", 0.5, 0.7), ("recv", "pp", 1.0, 1.5), ("all_reduce", "embedding", 4.0, 4.25),
+            ("all_reduce", "dp", 4.25, 4.5), ("send", "pp", 3.0, 3.5)]
+    got = time_breakdown(events, comm, -0.5, 5.0)
+    want = {"forward": 0.8, "backward": 1.5, "tp collectives": 0.2, "pp send/recv": 1.0, "dp all-reduce": 0.25,
+            "tied all-reduce": 0.25, "other communication": 0.0, "idle": 1.5}
+    assert got == pytest.approx(want, abs=1e-12)
