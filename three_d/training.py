@@ -118,7 +118,9 @@ class ThreeDTraining(TrainingMode):
         tied weight: the last stage's ``lm_head.weight`` is saved as ``wte.weight``, equal to the
         first stage's, and loaded from it) all write the same key, which DCP stores once. A rank
         of another layout loads whichever keys its stage holds: a change of dp and pp is a change
-        of who loads what (resharding over pp = regrouping whole layers). A change of tp is not
+        of who loads what (resharding over pp = regrouping whole layers). The tensors replicated
+        over tp (layer norms, position embedding, row-parallel biases) are stored once per tp rank,
+        a small duplicate that keeps the rule "one key = one tp rank's tensor". A change of tp is not
         supported (the fused QKV shard and the padded vocabulary depend on tp):
         :func:`checkpoint_layout` lets the script refuse it before any process starts.
 
@@ -137,7 +139,9 @@ class ThreeDTraining(TrainingMode):
                 LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64)}
 
     def load_checkpoint_state(self, state: dict) -> None:
-        """DCP loaded :meth:`checkpoint_state` in place (weights and AdamW state); check the tp size.
+        """DCP loaded :meth:`checkpoint_state` in place (weights and AdamW state): nothing left to copy.
+        Checks the tp size again (``project/run_3d.py`` refuses another tp before launching; a
+        checkpoint of another tp usually already fails in DCP with a shape or key mismatch).
 
         Raises:
             ValueError: the checkpoint was written with another tp (see :func:`checkpoint_layout`).
