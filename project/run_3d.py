@@ -8,7 +8,8 @@ Starts ``dp * pp * tp`` processes (gloo on the CPU, NCCL with one GPU each) or j
 group torchrun made. Writes ``<workdir>/three_d_rank{r}_results_epoch{e}.json`` (timeline of
 the last batch, communication per group, peak activation memory, coordinates) and
 ``<workdir>/three_d_translations_epoch{e}.json``; ``--trace FILE`` writes a Chrome/Perfetto
-trace of every rank's forwards and backwards of the last batch.
+trace of every rank's forwards and backwards of the last batch and, on a second row, its
+communication (tp all-reduces, pp sends/receives, dp and tied all-reduces, with bytes).
 
 Checkpoints (``--checkpoint_every N``) load at another layout with the same tp and number of
 ranks: ``python project/run_3d.py --dp 1 --pp 4 --tp 2 --checkpoint_every 100`` then
