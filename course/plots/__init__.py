@@ -10,7 +10,6 @@
 from course.plots.communication import (plot_allreduce_bandwidth, plot_comm_per_layer, plot_compression,
                                         plot_overlap_timeline, plot_ring_steps)
 from course.plots.memory import plot_loss_by_precision, plot_memory_bars
-from course.plots.mesh import plot_rank_grid, plot_time_breakdown
 from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference, plot_modes,
                                plot_repeated_timings, plot_throughput)
 from course.plots.timelines import (events_from_records, plot_activation_memory, plot_bubble, plot_gantt,
@@ -20,4 +19,8 @@ __all__ = ["plot_comm_per_layer", "plot_ring_steps", "plot_allreduce_bandwidth",
            "plot_compression", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference", "plot_modes",
            "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts",
-           "plot_memory_bars", "plot_loss_by_precision", "plot_rank_grid", "plot_time_breakdown"]
+           "plot_memory_bars", "plot_loss_by_precision"]
+
+from course.plots.mesh import plot_rank_grid, plot_time_breakdown  # noqa: E402
+
+__all__ += ["plot_rank_grid", "plot_time_breakdown"]
