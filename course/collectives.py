@@ -28,11 +28,18 @@ in: forward scopes are set with :func:`region`, backward scopes by :func:`mark_b
 markers placed in the forward pass (autograd runs them when the backward pass reaches
 that point).
 
+Each record also carries the ``start`` and ``end`` of the call (``time.time()``, seconds, the
+clock of ``pipeline.StageRunner``'s timelines), so a run can draw its communication next to its
+computation. A receive's span starts at an uncounted receive from the same peer and tag just
+before it (``pipeline.p2p``'s shape header), so it covers the wait for the message; a send's
+span is the posting of a non-blocking send only.
+
 Without a process group (one process) the collectives are identities and nothing is recorded.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -40,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 _ACTIVE: list["CommCounter"] = []
+_UNCOUNTED_RECV: dict[tuple[int, int], float] = {}  # (src, tag) -> start of an uncounted receive (recv)
 _SCOPE: list[tuple[str | None, str | None]] = [(None, None)]  # (scope, phase) now
 
 # ---- groups ---------------------------------------------------------------------------------
@@ -103,6 +111,8 @@ class CommRecord:
     shape: tuple
     group: str = "world"  # name of the group it ran in (see group_name)
     peer: int | None = None  # send/recv: the other rank (global rank)
+    start: float | None = None  # time.time() (seconds) when the call began (see _record) ...
+    end: float | None = None    # ... and returned (an isend returns once posted: it finishes later)
 
 
 class CommCounter:
@@ -149,15 +159,17 @@ class CommCounter:
         return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
 
 
-def _record(kind: str, full: torch.Tensor, group, peer: int | None = None) -> None:
+def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None) -> None:
     if not _ACTIVE:
         return
+    end = time.time()
     nbytes = full.numel() * full.element_size()
     p = group_size(group)
     share = (p - 1) / p
     traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
     scope, phase = _SCOPE[-1]
-    rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer)
+    rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer,
+                     end if start is None else start, end)
     for counter in _ACTIVE:
         counter.records.append(rec)
 
@@ -207,8 +219,9 @@ def all_reduce(x: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.Tenso
     if group_size(group) == 1:
         return x
     out = x.contiguous().clone()
-    _record("all_reduce", out, group)
+    start = time.time()
     dist.all_reduce(out, op=op, group=group)
+    _record("all_reduce", out, group, start=start)
     return out
 
 
@@ -224,9 +237,10 @@ def all_gather(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(p)]
+    start = time.time()
     dist.all_gather(parts, x, group=group)
     out = torch.cat(parts, dim=dim)
-    _record("all_gather", out, group)
+    _record("all_gather", out, group, start=start)
     return out
 
 
@@ -241,25 +255,31 @@ def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
         return x
     if x.size(dim) % p:
         raise ValueError(f"reduce_scatter: size {x.size(dim)} of dim {dim} is not divisible by the group size {p}")
-    _record("reduce_scatter", x, group)
+    start = time.time()
     chunks = [c.contiguous() for c in x.chunk(p, dim=dim)]
     out = torch.empty_like(chunks[0])
     dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=group)
+    _record("reduce_scatter", x, group, start=start)
     return out
 
 
 def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True, tag: int = 0):
     """Start sending ``tensor`` to global rank ``dst`` (a member of ``group``); returns the ``Work`` handle.
     ``tag`` matches it with the receive of the same tag (messages of one tag arrive in order)."""
+    start = time.time()
+    work = dist.isend(tensor, dst, group=group, tag=tag)
     if counted:
-        _record("send", tensor, group, dst)
-    return dist.isend(tensor, dst, group=group, tag=tag)
+        _record("send", tensor, group, dst, start=start)
+    return work
 
 
 def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True, tag: int = 0) -> torch.Tensor:
     """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``.
     Only a message sent with the same ``tag`` matches."""
+    start = time.time()
     dist.recv(tensor, src, group=group, tag=tag)
-    if counted:
-        _record("recv", tensor, group, src)
+    if counted:  # an uncounted receive just before (a header) was part of this one's wait
+        _record("recv", tensor, group, src, start=_UNCOUNTED_RECV.pop((src, tag), start))
+    else:
+        _UNCOUNTED_RECV[(src, tag)] = start
     return tensor

@@ -8,7 +8,14 @@ Starts ``dp * pp * tp`` processes (gloo on the CPU, NCCL with one GPU each) or j
 group torchrun made. Writes ``<workdir>/three_d_rank{r}_results_epoch{e}.json`` (timeline of
 the last batch, communication per group, peak activation memory, coordinates) and
 ``<workdir>/three_d_translations_epoch{e}.json``; ``--trace FILE`` writes a Chrome/Perfetto
-trace of every rank's forwards and backwards of the last batch.
+trace of every rank's forwards and backwards of the last batch and, on a second row, its
+communication (tp all-reduces, pp sends/receives, dp and tied all-reduces, with bytes).
+
+Checkpoints (``--checkpoint_every N``) load at another layout with the same tp and number of
+ranks: ``python project/run_3d.py --dp 1 --pp 4 --tp 2 --checkpoint_every 100`` then
+``python project/run_3d.py --dp 2 --pp 2 --tp 2 --resume <workdir>/three_d_checkpoints/step00000100``
+(``torch.distributed.checkpoint`` reads each stage's layers from wherever they were written;
+see :mod:`three_d.training`). A different ``--tp`` is refused before any process starts.
 """
 from __future__ import annotations
 
@@ -63,6 +70,8 @@ def parse_args(argv=None):
                    n_inner=shape.get("n_inner") or 4 * shape["n_embd"])
     except ValueError as exc:
         parser.error(f"{exc} (preset {args.preset!r})")
+    if args.resume is not None:
+        check_resume_layout(parser, args, dims)
     if in_torchrun():
         import os
 
@@ -70,6 +79,25 @@ def parse_args(argv=None):
             parser.error(f"dp x pp x tp = {dims.world_size} must equal torchrun's WORLD_SIZE "
                          f"{os.environ.get('WORLD_SIZE')}")
     return args
+
+
+def check_resume_layout(parser, args, dims: ParallelDims) -> None:
+    """A checkpoint reshards across --dp and --pp, not across --tp or the number of ranks: stop here if it would."""
+    from course.checkpoint import checkpoint_root, resolve_resume
+    from three_d.training import checkpoint_layout, tp_mismatch_message
+
+    path = resolve_resume(args.resume, checkpoint_root(args.workdir, RESULTS_PREFIX))
+    try:
+        saved = checkpoint_layout(path)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if saved["tp"] != dims.tp:
+        parser.error(tp_mismatch_message(saved, dims.tp))
+    ranks = saved["dp"] * saved["pp"] * saved["tp"]
+    if ranks != dims.world_size:
+        parser.error(f"--resume: the checkpoint was written by dp={saved['dp']} x pp={saved['pp']} x tp={saved['tp']} "
+                     f"= {ranks} ranks, this run has {dims.world_size}; the progress and random generators are kept "
+                     f"per rank: choose --dp and --pp with dp x pp = {ranks // saved['tp']}")
 
 
 def main(argv=None) -> int:

@@ -36,7 +36,20 @@ def test_run_3d_trains_and_writes_results_and_trace(tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert names[3] == "rank 3 (pp 1, dp 0, tp 1)" and len(names) == 4
-    assert sum(e["ph"] == "X" for e in events) == 4 * 4
+    assert sum(e["ph"] == "X" and e["tid"] == 0 for e in events) == 4 * 4  # F and B of 2 micro-batches
+    for rank, r in enumerate(results):  # the communication of the same step, on the same clock, inside it
+        begin, end = r["step_span"]
+        comm = r["comm_timeline"]
+        assert all(begin <= e["start"] <= e["end"] <= end for e in comm + r["timeline"]), (rank, begin, end, comm)
+        kinds = [(e["kind"], e["group"]) for e in comm]
+        assert kinds.count(("send", "pp")) == 2 and kinds.count(("recv", "pp")) == 2, kinds  # 2 micro-batches
+        assert ("all_reduce", "tp") in kinds and kinds.count(("all_reduce", "embedding")) == 1, kinds
+        last_backward = max(e["end"] for e in r["timeline"] if e["kind"] == "B")
+        tied, = [e for e in comm if e["group"] == "embedding"]
+        assert tied["start"] >= last_backward and tied["bytes"] > 0, "the tied all-reduce follows the schedule"
+        spans = [e for e in events if e["pid"] == rank and e["ph"] == "X" and e["tid"] == 1]
+        assert len(spans) == len(comm) and {e["name"] for e in spans} >= {"send pp", "recv pp", "all_reduce tp"}
+        assert all(e["args"]["bytes"] > 0 for e in spans)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -50,3 +63,15 @@ def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, mess
     with pytest.raises(SystemExit):
         parse_args(_argv(tmp_path, "--preset", "tiny", *extra))
     assert message in capsys.readouterr().err
+
+
+def test_time_breakdown_gives_every_instant_of_the_step_to_one_category():
+    from three_d.trace import time_breakdown
+
+    events = [("F", 0, 0.0, 1.0), ("B", 0, 2.0, 4.0)]
+    comm = [("all_reduce", "tp", 0.5, 0.7), ("recv", "pp", 1.0, 1.5), ("all_reduce", "embedding", 4.0, 4.25),
+            ("all_reduce", "dp", 4.25, 4.5), ("send", "pp", 3.0, 3.5)]
+    got = time_breakdown(events, comm, -0.5, 5.0)
+    want = {"forward": 0.8, "backward": 1.5, "tp collectives": 0.2, "pp send/recv": 1.0, "dp all-reduce": 0.25,
+            "tied all-reduce": 0.25, "other communication": 0.0, "idle": 1.5}
+    assert got == pytest.approx(want, abs=1e-12)

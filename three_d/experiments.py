@@ -12,6 +12,8 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
 
     Returns:
         ``{"coordinates": (pp, dp, tp), "events": [(kind, i, start_s, end_s)] (shared clock),
+        "comm": [(kind, group, start_s, end_s)] every communication call of the last step (same clock),
+        "step_span": (start_s, end_s) of the last step,
         "by_group": {group: {kind: {count, bytes, traffic_bytes}}} of the last step,
         "busy_s": forward+backward seconds, "step_s": the step's wall time}``.
     """
@@ -44,5 +46,22 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     shift = runner.origin  # back to absolute seconds, comparable across pp groups
     return {"coordinates": tuple(mesh.coordinates), "blocks": list(stage.blocks),
             "events": [(k, i, a + shift, b + shift) for k, i, a, b in events],
+            "comm": [(r.kind, r.group, r.start, r.end) for r in counter.records if r.start is not None],
+            "step_span": (start, start + step_s),
             "by_group": counter.by_group(), "busy_s": sum(b - a for _, _, a, b in events), "step_s": step_s,
             "parameters": sum(p.numel() for p in stage.parameters())}
+
+
+def rank_cells(dp: int, pp: int, tp: int, n_layer: int = N_LAYER) -> list[dict]:
+    """What every rank of a ``dp x pp x tp`` mesh holds, for :func:`course.plots.mesh.plot_rank_grid`:
+    ``{"rank", "pp", "dp", "tp", "tp_size", "blocks", "extra"}`` (extra: embedding / LM head)."""
+    from three_d.mesh_arithmetic import coordinates
+    from three_d.stage import stage_blocks
+
+    cells = []
+    for rank in range(dp * pp * tp):
+        s, d, t = coordinates(rank, dp, pp, tp)
+        extra = " + ".join(name for name, held in (("embedding", s == 0), ("LM head", s == pp - 1)) if held)
+        cells.append({"rank": rank, "pp": s, "dp": d, "tp": t, "tp_size": tp,
+                      "blocks": list(stage_blocks(n_layer, s, pp)), "extra": extra})
+    return cells

@@ -12,11 +12,28 @@ from), which the ranks of a tp group evaluate together; the validation sentences
 out over the dp group.
 
 Results (``<workdir>/three_d_rank{r}_results_epoch{e}.json``) carry, besides the common
-entries: the timeline of the epoch's last full batch on this rank (F/B per micro-batch),
+entries: the timeline of the epoch's last full batch on this rank (F/B per micro-batch) and
+its communication (``comm_timeline``: every all-reduce, all-gather, send and receive with its
+group and bytes, measured with ``time.time()`` on the same clock),
 communication per group and kind (count, bytes, per step), peak activation bytes, the
 rank's coordinates and groups.
+
+Checkpoints (``--checkpoint_every N``, ``--resume DIR``; :mod:`course.checkpoint`) are
+layout-independent across dp and pp: :meth:`ThreeDTraining.checkpoint_state` keys every weight
+and its AdamW state by its name in the whole model and its tp rank only, so a checkpoint written
+at (dp, pp, tp) = (1, 4, 2) resumes at (2, 2, 2) — every rank loads the layers of its new stage,
+DCP reading them from whichever files hold them. Not across tp (refused before any process
+starts, naming the tp to use) nor across world sizes (the progress and random generators are
+kept per rank number). The per-rank random generators and progress entries are restored by rank
+number: after a change of layout rank r gets the generators of the old rank r, which had another
+role, so dropout masks differ from an uninterrupted run's (with ``--dropout 0`` nothing random
+is drawn in training and the resumed losses equal the uninterrupted run's, tested); the step
+losses before the resume are taken from whichever rank recorded them (:meth:`batch_losses`).
 """
 from __future__ import annotations
+
+import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -24,13 +41,40 @@ from torch.utils.data import DataLoader, Subset
 
 import pipeline
 from course.cli import run_config
-from course.collectives import CommCounter, global_rank
+from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
 from three_d.stage import StageLoss, TensorParallelStage
 from three_d.step import three_d_step
 
 RESULTS_PREFIX = "three_d_"
+LAYOUT_KEY = "three_d_layout"  # (dp, pp, tp) of the run that wrote a checkpoint
+
+
+def checkpoint_layout(path) -> dict:
+    """``{"dp", "pp", "tp"}`` of the run that wrote checkpoint ``path`` (read in this process alone,
+    no process group needed: the script checks it before starting any).
+
+    Raises:
+        ValueError: ``path`` is not a checkpoint of a 3D run.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64)}
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(layout, checkpoint_id=str(path), no_dist=True)
+    except Exception as exc:  # DCP reports a missing key as a CheckpointException
+        raise ValueError(f"--resume {path} is not a checkpoint of project/run_3d.py (no {LAYOUT_KEY} in it: "
+                         f"{type(exc).__name__})") from exc
+    return dict(zip(("dp", "pp", "tp"), (int(x) for x in layout[LAYOUT_KEY])))
+
+
+def tp_mismatch_message(saved: dict, tp: int) -> str:
+    return (f"--resume: the checkpoint was written at dp={saved['dp']} pp={saved['pp']} tp={saved['tp']}, this run "
+            f"has --tp {tp}; a checkpoint reshards across --dp and --pp but not --tp (the fused QKV shards and the "
+            f"padded vocabulary depend on tp): resume with --tp {saved['tp']}")
 
 
 class ThreeDTraining(TrainingMode):
@@ -47,14 +91,64 @@ class ThreeDTraining(TrainingMode):
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
         self.runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
         self.counter = CommCounter()
-        self.timeline, self.peak_bytes, self.peak_in_flight = [], 0, 0
+        self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
 
     @property
     def checkpoint_key(self) -> str:
-        return f"pp{self.mesh.stage}_tp{self.mesh.tp_rank}"
+        """What differs between ranks in a checkpoint: only the tp shard (see :meth:`checkpoint_state`)."""
+        return f"tp{self.mesh.tp_rank}"
 
     def checkpoint_module(self):
         return self.stage
+
+    def _checkpoint_parameters(self):
+        """``(layout-independent name, parameter)`` of this stage: the stage's own names (global block
+        index ``h.<i>.``), the last stage's tied copy ``lm_head.weight`` under ``wte.weight``."""
+        for name, p in self.stage.named_parameters():
+            yield ("wte.weight" if name == "lm_head.weight" else name), p
+
+    def checkpoint_state(self) -> dict:
+        """The model and AdamW state of this rank, keyed so that a checkpoint loads at another dp and pp.
+
+        ``{"tp<r>": {"model": {name: weight}, "optim": {name: {"exp_avg", "exp_avg_sq", "step"}}},
+        "three_d_layout": tensor([dp, pp, tp])}``, with ``r`` this rank's tp rank and ``name`` the
+        layout-independent parameter name (``wte.weight``, ``wpe.weight``, ``h.<global block>.*``,
+        ``ln_f.*``). Plain tensors, not DTensors: a tp shard is a whole tensor under its tp rank's
+        key, so DCP treats it as replicated — the dp replicas and the first and last stage (the
+        tied weight: the last stage's ``lm_head.weight`` is saved as ``wte.weight``, equal to the
+        first stage's, and loaded from it) all write the same key, which DCP stores once. A rank
+        of another layout loads whichever keys its stage holds: a change of dp and pp is a change
+        of who loads what (resharding over pp = regrouping whole layers). The tensors replicated
+        over tp (layer norms, position embedding, row-parallel biases) are stored once per tp rank,
+        a small duplicate that keeps the rule "one key = one tp rank's tensor". A change of tp is not
+        supported (the fused QKV shard and the padded vocabulary depend on tp):
+        :func:`checkpoint_layout` lets the script refuse it before any process starts.
+
+        The AdamW state is created (zeros, step 0) where it does not exist yet, so a fresh
+        optimizer can be loaded into in place.
+        """
+        model, optim = {}, {}
+        for name, p in self._checkpoint_parameters():
+            state = self.optimizer.state[p]
+            if not state:  # AdamW creates its state at the first step: make it now to load into
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            model[name] = p.detach()
+            optim[name] = {k: state[k] for k in ("step", "exp_avg", "exp_avg_sq")}
+        d = self.mesh.dims
+        return {self.checkpoint_key: {"model": model, "optim": optim},
+                LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64)}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """DCP loaded :meth:`checkpoint_state` in place (weights and AdamW state): nothing left to copy.
+        Checks the tp size again (``project/run_3d.py`` refuses another tp before launching; a
+        checkpoint of another tp usually already fails in DCP with a shape or key mismatch).
+
+        Raises:
+            ValueError: the checkpoint was written with another tp (see :func:`checkpoint_layout`).
+        """
+        saved = [int(x) for x in state[LAYOUT_KEY]]
+        if saved[2] != self.mesh.dims.tp:
+            raise ValueError(tp_mismatch_message(dict(zip(("dp", "pp", "tp"), saved)), self.mesh.dims.tp))
 
     def train_mode(self):
         self.stage.train()
@@ -68,40 +162,55 @@ class ThreeDTraining(TrainingMode):
 
     def training(self, epoch: int):
         self.counter = CommCounter()
-        self.timeline, self.peak_bytes, self.peak_in_flight = [], 0, 0
+        self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:
         share = self.args.batch_size // self.mesh.dims.dp
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
+        first, began = len(self.counter.records), time.time()
         out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.n_chunk, self.args.schedule,
                            self.args.max_grad_norm)
         self.optimizer.step()
+        self.step_span = (began - self.runner.origin, time.time() - self.runner.origin)
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b)
                          for k, i, a, b in result.events]
+        origin = self.runner.origin
+        self.comm_timeline = [dict(stage=self.mesh.stage, kind=r.kind, group=r.group, bytes=r.bytes,
+                                   start=r.start - origin, end=r.end - origin)
+                              for r in self.counter.records[first:] if r.start is not None]
         self.last_grad_norm = out["grad_norm"]
         return StepOutcome(out["loss"], int(batch["attention_mask"][rows].sum()))
 
     def batch_losses(self, losses):
-        box = [losses]
-        dist.broadcast_object_list(box, src=global_rank(self.mesh.pp_group, self.mesh.dims.pp - 1),
-                                   group=self.mesh.pp_group)
-        return box[0]
+        """Every step's loss, from whichever rank computed it: the last stage's ranks, or — for the
+        steps before a resume at another layout — the ranks that were the last stage then (each
+        rank resumes with the progress of the same rank number). NaN where no rank has it."""
+        everyone: list = [None] * self.mesh.world_size
+        dist.all_gather_object(everyone, losses, group=self.mesh.group("world"))
+        found = []
+        for step in range(len(losses)):
+            seen = [theirs[step] for theirs in everyone if step < len(theirs) and theirs[step] is not None]
+            found.append(seen[0] if seen else float("nan"))
+        return found
 
     def evaluation(self) -> Evaluation:
         full = self.stage.full_model
         pieces: list = [None] * self.mesh.dims.pp
-        mine = {name: p.detach().cpu() for name, p in self.stage.named_parameters() if name != "lm_head.weight"}
+        mine = {name: p.detach().cpu() for name, p in self.stage.named_parameters()}
         dist.all_gather_object(pieces, mine, group=self.mesh.pp_group)
         params = dict(full.named_parameters())
         with torch.no_grad():
             for piece in pieces:
                 for name, value in piece.items():
-                    params[name].copy_(value)
+                    if name != "lm_head.weight":  # the tied copy: wte.weight (first stage) is the original
+                        params[name].copy_(value)
+        head = pieces[-1].get("lm_head.weight")  # how far the tied copies drifted apart (0: kept equal)
+        self.tied_difference = 0.0 if head is None else float((head - pieces[0]["wte.weight"]).abs().max())
         full.to(self.device)
         return Evaluation(full, self.device, group=self.mesh.dp_group,
                           logits_fn=lambda m, b: m.gather_logits(m(b["input_ids"], b.get("attention_mask")).logits))
@@ -113,10 +222,15 @@ class ThreeDTraining(TrainingMode):
                     for g, kinds in by_group.items()}
         return {"timeline": self.timeline, "timeline_note": "forward and backward of every micro-batch of the "
                 "epoch's last batch on this rank (seconds since the pp group's common origin)",
+                "comm_timeline": self.comm_timeline, "comm_timeline_note": "every communication call of the same "
+                "batch on this rank: kind, group (tp, pp, dp, embedding), bytes, start and end on the timeline's clock "
+                "(a send: its posting only; a recv: from the start of its wait)",
+                "step_span": list(getattr(self, "step_span", ())),
                 "comm_per_step": per_step, "peak_activation_bytes": self.peak_bytes,
                 "peak_in_flight": self.peak_in_flight, "coordinates": dict(zip(("pp", "dp", "tp"),
                                                                                  self.mesh.coordinates)),
-                "last_grad_norm": getattr(self, "last_grad_norm", None), "time_origin": self.runner.origin}
+                "last_grad_norm": getattr(self, "last_grad_norm", None), "time_origin": self.runner.origin,
+                "tied_weight_max_abs_difference": getattr(self, "tied_difference", None)}
 
     def config(self) -> dict:
         return {**run_config(self.args), "mode": self.mode, "world_size": self.mesh.world_size,

@@ -5,6 +5,7 @@
 * :mod:`course.plots.communication` — collectives and traffic per layer; the ring step by step, all-reduce
   bandwidth with alpha-beta fits, bucket overlap timelines, compression trade-off
 * :mod:`course.plots.memory`        — bytes per parameter per ZeRO stage and dp size, loss by precision
+* :mod:`course.plots.mesh`          — the rank grid of a dp x pp x tp mesh, where each rank's step time goes
 """
 from course.plots.communication import (plot_allreduce_bandwidth, plot_comm_per_layer, plot_compression,
                                         plot_overlap_timeline, plot_ring_steps)
@@ -19,3 +20,7 @@ __all__ = ["plot_comm_per_layer", "plot_ring_steps", "plot_allreduce_bandwidth",
            "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts",
            "plot_memory_bars", "plot_loss_by_precision"]
+
+from course.plots.mesh import plot_rank_grid, plot_time_breakdown  # noqa: E402
+
+__all__ += ["plot_rank_grid", "plot_time_breakdown"]
