@@ -20,7 +20,7 @@ fastest factorisation here is the one with the least communication and the small
 On a cluster the tp group sits inside a node (NVLink, hundreds of GB/s) and pp and dp cross
 nodes (InfiniBand, tens of GB/s): tp's frequent, large all-reduces are cheap there and costly
 across nodes, which is why Megatron-LM keeps tp within a node and scales with pp and dp
-across them (Narayanan et al. 2021, Sec. 3.3 and 5.4).
+across them (Narayanan et al. 2021, Sec. 3, first takeaway).
 """
 from __future__ import annotations
 

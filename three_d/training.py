@@ -77,6 +77,22 @@ def tp_mismatch_message(saved: dict, tp: int) -> str:
             f"padded vocabulary depend on tp): resume with --tp {saved['tp']}")
 
 
+def evaluation_group(mesh):
+    """The ranks that share out evaluation (validation loss, BLEU): every rank with this rank's tp
+    rank — all dp replicas *and* all stages, since after training every rank puts the whole model
+    together (:meth:`ThreeDTraining.evaluation`). Its tp peers get the same share (their group
+    rank is the same), as the tensor-parallel forward needs. Collective: every rank creates
+    every such group, in the same order."""
+    d = mesh.dims
+    mine = None
+    for tp in range(d.tp):
+        ranks = [d.rank_of(s, dp, tp) for s in range(d.pp) for dp in range(d.dp)]
+        group = dist.new_group(ranks, group_desc="evaluation")
+        if mesh.rank in ranks:
+            mine = group
+    return mine
+
+
 class ThreeDTraining(TrainingMode):
     """One rank of a 3D run: its stage's tp shard, its dp rank's rows of every batch."""
 
@@ -92,6 +108,7 @@ class ThreeDTraining(TrainingMode):
         self.runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
         self.counter = CommCounter()
         self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
+        self.eval_group = evaluation_group(mesh)
 
     @property
     def checkpoint_key(self) -> str:
@@ -212,7 +229,7 @@ class ThreeDTraining(TrainingMode):
         head = pieces[-1].get("lm_head.weight")  # how far the tied copies drifted apart (0: kept equal)
         self.tied_difference = 0.0 if head is None else float((head - pieces[0]["wte.weight"]).abs().max())
         full.to(self.device)
-        return Evaluation(full, self.device, group=self.mesh.dp_group,
+        return Evaluation(full, self.device, group=self.eval_group,
                           logits_fn=lambda m, b: m.gather_logits(m(b["input_ids"], b.get("attention_mask")).logits))
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
