@@ -9,7 +9,8 @@ blocks, tp dividing the heads and the MLP width) and trains the same global batc
 ``--batch`` rows of ``--seq`` random tokens, cut into micro-batches of ``--micro_batch``
 rows, so a dp rank pipelines ``batch / (dp x micro_batch)`` of them. A step is the 3D step
 (:func:`three_d.step.three_d_step`, 1F1B, clipping) plus AdamW. Each repeat runs every
-factorisation in turn (``--warmup`` untimed steps, then ``--steps`` timed ones), so a change in
+factorisation in turn (``--steps`` timed steps, after ``--warmup`` untimed ones in the first
+repeat: memory allocation and first-call costs are paid once), so a change in
 the machine's load touches all of them alike; the report gives each factorisation's median
 tokens/s over ``--repeats`` repeats with the min-max, its ratio to the fastest, the 1F1B
 bubble of its pipeline by the formula, and what it communicated per step, by group (kinds,
@@ -87,14 +88,15 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
                 name_group(mesh.group(name), name)  # each mesh names anew: name it for this run's counts
             name_group(mesh.embedding_group, "embedding")
             times = []
-            for step in range(cfg["warmup"] + cfg["steps"]):
+            warmup = cfg["warmup"] if repeat == 0 else 0  # a factorisation warms up once, in the first round
+            for step in range(warmup + cfg["steps"]):
                 dist.barrier(group=world)
                 start = time.perf_counter()
                 with CommCounter() as counter:
                     three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
                 optimizer.step()
                 dist.barrier(group=world)
-                if step >= cfg["warmup"]:
+                if step >= warmup:
                     times.append(time.perf_counter() - start)
             report.append({"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "n_chunk": n_chunk,
                            "step_s": statistics.median(times), "comm": counter.by_group()})
