@@ -137,9 +137,15 @@ def assert_all_gone(pids: set[int], within: float = 10.0) -> None:
     while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = sorted(p for p in pids if running(p))
-    for pid in left:  # do not leave them to the next test
+    what = {}
+    for pid in left:  # say what they are, then do not leave them to the next test
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]  # D: in I/O
+            what[pid] = f"state {state}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            what[pid] = "?"
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes of the run still running {within} s after the kill: {left}"
+    assert not left, f"processes of the run still running {within} s after the kill: {what}"
 
 
 @pytest.fixture(scope="module")

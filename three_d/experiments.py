@@ -12,6 +12,7 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
 
     Returns:
         ``{"coordinates": (pp, dp, tp), "events": [(kind, i, start_s, end_s)] (shared clock),
+        "event_cpu_s": this process's CPU seconds in each event (:class:`pipeline.StepResult`),
         "comm": [(kind, group, start_s, end_s)] every communication call of the last step (same clock),
         "step_span": (start_s, end_s) of the last step,
         "by_group": {group: {kind: {count, bytes, traffic_bytes}}} of the last step,
@@ -46,6 +47,7 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     shift = runner.origin  # back to absolute seconds, comparable across pp groups
     return {"coordinates": tuple(mesh.coordinates), "blocks": list(stage.blocks),
             "events": [(k, i, a + shift, b + shift) for k, i, a, b in events],
+            "event_cpu_s": list(out["result"].event_cpu_s),
             "comm": [(r.kind, r.group, r.start, r.end) for r in counter.records if r.start is not None],
             "step_span": (start, start + step_s),
             "by_group": counter.by_group(), "busy_s": sum(b - a for _, _, a, b in events), "step_s": step_s,

@@ -194,8 +194,8 @@ class ThreeDTraining(TrainingMode):
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
-        self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b)
-                         for k, i, a, b in result.events]
+        self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
+                         for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
         origin = self.runner.origin
         self.comm_timeline = [dict(stage=self.mesh.stage, kind=r.kind, group=r.group, bytes=r.bytes,
                                    start=r.start - origin, end=r.end - origin)
