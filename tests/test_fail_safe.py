@@ -90,8 +90,12 @@ def start(mode: str, workdir: Path, tokenizer: Path, *extra: str, max_batches: i
     command = [sys.executable, str(REPO / "project" / script), *options, *SMALL, "--max_batches", str(max_batches),
                "--workdir", str(workdir), *extra]
     log = open(workdir.parent / f"{workdir.name}.log", "w")
+    # SIGINT back to its default in the run, as in a terminal or a notebook: when pytest itself runs in the
+    # background (``pytest &``, a CI runner), the shell has it ignored, the run would inherit that, and
+    # Python installs no KeyboardInterrupt handler for an ignored SIGINT.
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def finish(proc: subprocess.Popen, workdir: Path, timeout: float = 240) -> str:
@@ -141,7 +145,10 @@ def assert_all_gone(pids: set[int], within: float = 10.0) -> None:
     for pid in left:  # say what they are, then do not leave them to the next test
         try:
             state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]  # D: in I/O
-            what[pid] = f"state {state}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            masks = [line for line in (Path("/proc") / str(pid) / "status").read_text().splitlines()
+                     if line.startswith(("SigIgn", "SigCgt"))]  # signals ignored / caught (bit 1 = SIGINT)
+            what[pid] = (f"state {state}, {' '.join(masks)}: "
+                         + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
         except OSError:
             what[pid] = "?"
         os.kill(pid, signal.SIGKILL)
