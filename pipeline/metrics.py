@@ -60,29 +60,7 @@ def simulate(actions: list[list[tuple[str, int]]], t_forward: float = 1.0, t_bac
     Raises:
         ValueError: the lists deadlock (an action waits for one that never runs).
     """
-    p = len(actions)
-    done: dict[tuple[str, int, int], float] = {}
-    events: list[list] = [[] for _ in range(p)]
-    pos, clock = [0] * p, [0.0] * p
-    while any(pos[r] < len(actions[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(actions[r]):
-                kind, i = actions[r][pos[r]]
-                dep = ("F", i, r - 1) if kind == "F" and r > 0 else \
-                      ("B", i, r + 1) if kind == "B" and r < p - 1 else \
-                      ("F", i, r) if kind == "B" else None
-                if dep is not None and dep not in done:
-                    break
-                start = max(clock[r], done[dep] if dep else 0.0)
-                end = start + (t_forward if kind == "F" else t_backward)
-                done[(kind, i, r)] = end
-                events[r].append((kind, i, start, end))
-                clock[r], pos[r], progressed = end, pos[r] + 1, True
-        if not progressed:
-            stuck = {r: actions[r][pos[r]] for r in range(p) if pos[r] < len(actions[r])}
-            raise ValueError(f"the action lists deadlock; ranks wait at {stuck}")
-    return events
+    return replay(actions, [[t_forward if a[0] == "F" else t_backward for a in acts] for acts in actions])
 
 
 def measured_bubble_fraction(events: list[list[tuple[str, int, float, float]]]) -> float:
@@ -96,6 +74,25 @@ def measured_bubble_fraction(events: list[list[tuple[str, int, float, float]]]) 
     span = max(ends) - min(starts)
     busy = sum(e[3] - e[2] for rank_events in events for e in rank_events)
     return 1.0 - busy / (len(events) * span)
+
+
+def _chain(actions: list[list[tuple]]):
+    """``(p, dependency)`` of action lists: ``dependency(action, r)`` is ``(virtual stage s of the
+    action, the (kind, micro-batch, virtual stage) it waits for, or None)`` — ``F`` on ``s`` after
+    ``F`` on ``s - 1``; ``B`` on ``s`` after ``B`` on ``s + 1`` (on the last virtual stage, after its
+    own ``F``); ``W`` after its own ``B``. Chunk ``c`` of rank ``r`` is virtual stage ``c * p + r``."""
+    p = len(actions)
+    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+
+    def dependency(action: tuple, r: int):
+        kind, i = action[0], action[1]
+        s = (action[2] if len(action) > 2 else 0) * p + r
+        if kind == "F":
+            return s, (("F", i, s - 1) if s > 0 else None)
+        if kind == "B":
+            return s, (("B", i, s + 1) if s < n_virtual - 1 else ("F", i, s))
+        return s, ("B", i, s)
+    return p, dependency
 
 
 def replay(actions: list[list[tuple]], durations: list[list[float]], latency: float = 0.0
@@ -126,10 +123,9 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
     Raises:
         ValueError: a rank's durations do not match its actions; the lists deadlock.
     """
-    p = len(actions)
+    p, dependency = _chain(actions)
     if len(durations) != p or any(len(d) != len(a) for d, a in zip(durations, actions)):
         raise ValueError("durations[r] must give one duration per action of rank r")
-    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
     done: dict[tuple[str, int, int], float] = {}
     events: list[list] = [[] for _ in range(p)]
     pos, clock = [0] * p, [0.0] * p
@@ -139,13 +135,7 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
             while pos[r] < len(actions[r]):
                 action = actions[r][pos[r]]
                 kind, i = action[0], action[1]
-                s = (action[2] if len(action) > 2 else 0) * p + r
-                if kind == "F":
-                    dep = ("F", i, s - 1) if s > 0 else None
-                elif kind == "B":
-                    dep = ("B", i, s + 1) if s < n_virtual - 1 else ("F", i, s)
-                else:
-                    dep = ("B", i, s)
+                s, dep = dependency(action, r)
                 if dep is not None and dep not in done:
                     break
                 ready = 0.0 if dep is None else done[dep] + (latency if dep[2] % p != r else 0.0)
@@ -170,21 +160,16 @@ def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]]) ->
         actions, events: the ranks' action lists and the measured ``(kind, i, start, end)``
             events of one step, in the same order.
     """
-    p = len(actions)
-    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+    p, dependency = _chain(actions)
     end_of = {}
     for r in range(p):
         for action, event in zip(actions[r], events[r]):
-            s = (action[2] if len(action) > 2 else 0) * p + r
-            end_of[(action[0], action[1], s)] = event[3]
+            end_of[(action[0], action[1], dependency(action, r)[0])] = event[3]
     gaps = []
     for r in range(p):
         previous_end = None
         for action, event in zip(actions[r], events[r]):
-            kind, i = action[0], action[1]
-            s = (action[2] if len(action) > 2 else 0) * p + r
-            dep = ("F", i, s - 1) if kind == "F" and s > 0 else ("B", i, s + 1) if kind == "B" and s < n_virtual - 1 \
-                else None
+            dep = dependency(action, r)[1]
             if dep is not None and dep[2] % p != r and (previous_end is None or event[2] > previous_end):
                 gaps.append(event[2] - end_of[dep])
             previous_end = event[3]

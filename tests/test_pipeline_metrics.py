@@ -52,8 +52,6 @@ def test_replay_of_equal_actions_has_each_schedules_theoretical_bubble(schedule,
     durations = [[unit for _ in acts] for acts in actions]
     events = replay(actions, durations)
     assert measured_bubble_fraction(events) == pytest.approx(_theory(schedule, p, m, v), abs=1e-12)
-    if schedule in ("gpipe", "1f1b"):
-        assert events == simulate(actions, 1.0, 1.0)
 
 
 @pytest.mark.needs_solution

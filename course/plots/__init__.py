@@ -1,6 +1,6 @@
 """Every plot of the course, in one place (notebooks call these; nothing here computes results).
 
-* :mod:`course.plots.runs`          — throughput, loss curves, modes side by side (from results files)
+* :mod:`course.plots.runs`          — throughput, loss curves, repeated timings (from results files)
 * :mod:`course.plots.timelines`     — Gantt charts of pipeline schedules, bubble fraction, activation memory
 * :mod:`course.plots.communication` — collectives and traffic per layer; the ring step by step, all-reduce
   bandwidth with alpha-beta fits, bucket overlap timelines, compression trade-off
@@ -10,6 +10,7 @@
 from course.plots.communication import (plot_allreduce_bandwidth, plot_comm_per_layer, plot_compression,
                                         plot_overlap_timeline, plot_ring_steps)
 from course.plots.memory import plot_loss_by_precision, plot_memory_bars
+from course.plots.mesh import plot_rank_grid, plot_time_breakdown
 from course.plots.runs import (plot_grouped_bars, plot_loss_curves, plot_loss_difference,
                                plot_repeated_timings, plot_throughput)
 from course.plots.timelines import (events_from_records, plot_activation_memory, plot_bubble, plot_gantt,
@@ -19,8 +20,4 @@ __all__ = ["plot_comm_per_layer", "plot_ring_steps", "plot_allreduce_bandwidth",
            "plot_compression", "plot_grouped_bars", "plot_loss_curves", "plot_loss_difference",
            "plot_repeated_timings", "plot_throughput",
            "events_from_records", "plot_activation_memory", "plot_bubble", "plot_gantt", "plot_gantts",
-           "plot_memory_bars", "plot_loss_by_precision"]
-
-from course.plots.mesh import plot_rank_grid, plot_time_breakdown  # noqa: E402
-
-__all__ += ["plot_rank_grid", "plot_time_breakdown"]
+           "plot_memory_bars", "plot_loss_by_precision", "plot_rank_grid", "plot_time_breakdown"]
