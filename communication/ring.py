@@ -25,6 +25,13 @@ the ``p - q`` ranks above the largest power of two q first send their tensor to 
 ``r - q``, which adds it; the q ranks do recursive doubling; rank ``r - q`` then sends the
 result back.
 
+**Under NCCL's rules** (docs/architecture.md, "Point-to-point under NCCL's rules"): a rank that
+sends to a peer and receives from the same peer must post both together — one
+``batch_isend_irecv``, here :func:`course.collectives.send_recv` — or two ranks that each send first
+wait for each other's receive forever on GPUs (a ring of two: left and right are one rank; every
+pairwise exchange of recursive doubling). Where one side only sends and the other only receives
+(the folding of the extra ranks) plain ``isend``/``recv`` in the same order on both sides is safe.
+
 **Order of additions.** Integers are summed exactly, so both functions equal
 ``dist.all_reduce`` bit for bit. Floating-point addition is not associative: the ring adds
 chunk c in the order ``c+1, c+2, ..., c`` around the ring (a different order for each
@@ -37,7 +44,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.collectives import global_rank, group_rank, group_size, isend, recv
+from course.collectives import global_rank, group_rank, group_size, isend, recv, send_recv
 
 OPS = ("sum", "avg")
 
@@ -103,9 +110,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, trace: li
             if trace is not None:
                 trace.append({"phase": phase, "step": step, "rank": r, "send_chunk": send_c, "recv_chunk": recv_c,
                               "dst": (r + 1) % p, "src": (r - 1) % p})
-            work = isend(chunks[send_c].contiguous(), right, group=group)
-            incoming = recv(torch.empty_like(chunks[recv_c]), left, group=group)
-            work.wait()
+            # one batch: with p = 2 left and right are the same rank, which sends to us as we send to it
+            incoming = send_recv(chunks[send_c].contiguous(), right, torch.empty_like(chunks[recv_c]), left, group)
             if phase == "reduce_scatter":
                 chunks[recv_c].add_(incoming)
             else:
@@ -139,11 +145,9 @@ def tree_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
         flat.add_(buf)
     k = 1
     while k < q:
-        peer = r ^ k
-        work = isend(flat, global_rank(group, peer), group=group)
-        recv(buf, global_rank(group, peer), group=group)
-        work.wait()                                # flat is sent: now it may change
-        if peer < r:                               # the same order of addition on both sides
+        peer = global_rank(group, r ^ k)
+        send_recv(flat, peer, buf, peer, group)    # both ranks send and receive: one batch
+        if r ^ k < r:                               # the same order of addition on both sides
             flat.copy_(buf.add_(flat))
         else:
             flat.add_(buf)

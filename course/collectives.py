@@ -30,9 +30,12 @@ that point).
 
 Each record also carries the ``start`` and ``end`` of the call (``time.time()``, seconds, the
 clock of ``pipeline.StageRunner``'s timelines), so a run can draw its communication next to its
-computation. A receive's span starts at an uncounted receive from the same peer and tag just
-before it (``pipeline.p2p``'s shape header), so it covers the wait for the message; a send's
-span is the posting of a non-blocking send only.
+computation. The operations of an :func:`exchange` span the whole batch, waiting included; a
+plain :func:`isend`'s span is its posting only.
+
+Point-to-point follows NCCL's rules (docs/architecture.md, "Point-to-point under NCCL's rules"):
+messages between two ranks are matched by order (no tags), and an exchange in which both ranks
+send goes through :func:`exchange` / :func:`send_recv` (one ``batch_isend_irecv``).
 
 Without a process group (one process) the collectives are identities and nothing is recorded.
 """
@@ -47,7 +50,6 @@ import torch
 import torch.distributed as dist
 
 _ACTIVE: list["CommCounter"] = []
-_UNCOUNTED_RECV: dict[tuple[int, int], float] = {}  # (src, tag) -> start of an uncounted receive (recv)
 _SCOPE: list[tuple[str | None, str | None]] = [(None, None)]  # (scope, phase) now
 
 # ---- groups ---------------------------------------------------------------------------------
@@ -263,23 +265,69 @@ def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
     return out
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True, tag: int = 0):
+def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True):
     """Start sending ``tensor`` to global rank ``dst`` (a member of ``group``); returns the ``Work`` handle.
-    ``tag`` matches it with the receive of the same tag (messages of one tag arrive in order)."""
+
+    Safe under NCCL only when the peer's matching receive cannot be stuck behind a send of its own
+    to this rank: an exchange between two ranks goes through :func:`send_recv` or :func:`exchange`.
+    Messages between two ranks are matched by order (NCCL has no tags)."""
     start = time.time()
-    work = dist.isend(tensor, dst, group=group, tag=tag)
+    work = dist.isend(tensor, dst, group=group)
     if counted:
         _record("send", tensor, group, dst, start=start)
     return work
 
 
-def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True, tag: int = 0) -> torch.Tensor:
+def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True) -> torch.Tensor:
     """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``.
-    Only a message sent with the same ``tag`` matches."""
+    It meets the next message ``src`` sends to this rank in ``group`` (matched by order)."""
     start = time.time()
-    dist.recv(tensor, src, group=group, tag=tag)
-    if counted:  # an uncounted receive just before (a header) was part of this one's wait
-        _record("recv", tensor, group, src, start=_UNCOUNTED_RECV.pop((src, tag), start))
-    else:
-        _UNCOUNTED_RECV[(src, tag)] = start
+    dist.recv(tensor, src, group=group)
+    if counted:
+        _record("recv", tensor, group, src, start=start)
     return tensor
+
+
+@dataclass(frozen=True)
+class P2P:
+    """One operation of a batch (:func:`exchange`): ``kind`` ``"send"`` or ``"recv"``, the tensor sent
+    or received into, and the peer's **global** rank."""
+
+    kind: str
+    tensor: torch.Tensor
+    peer: int
+
+
+def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
+    """Post ``ops`` together as one ``torch.distributed.batch_isend_irecv`` (an NCCL group call: the
+    operations start together, so two ranks that send to each other and receive from each other
+    cannot wait for one another) and wait for all of them.
+
+    Two ranks' batches meet message by message in the order of their operations: the k-th send
+    from a to b meets b's k-th receive from a (so both sides list them in the same order).
+    Each operation is recorded (kind ``send``/``recv``) with the span of the whole exchange.
+
+    Raises:
+        ValueError: an unknown kind, or no operation.
+    """
+    if not ops:
+        raise ValueError("exchange needs at least one operation")
+    p2p = []
+    for op in ops:
+        if op.kind not in ("send", "recv"):
+            raise ValueError(f"a P2P kind is 'send' or 'recv', not {op.kind!r}")
+        p2p.append(dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer, group))
+    start = time.time()
+    for work in dist.batch_isend_irecv(p2p):
+        work.wait()
+    if counted:
+        for op in ops:
+            _record(op.kind, op.tensor, group, op.peer, start=start)
+
+
+def send_recv(send: torch.Tensor, dst: int, recv_into: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """Send ``send`` to global rank ``dst`` and receive from global rank ``src`` into ``recv_into``, in one
+    batch (:func:`exchange`), so it is safe when ``dst`` does the same towards this rank (``src == dst``
+    in a ring of two, or the pairwise exchanges of recursive doubling). Returns ``recv_into``."""
+    exchange([P2P("send", send, dst), P2P("recv", recv_into, src)], group)
+    return recv_into

@@ -133,12 +133,19 @@ def _setup_worker(rank: int, world_size: int, local_rank: int, device_type: str,
     dist.init_process_group(backend=backend, init_method=None if store is not None else init_method, store=store,
                             rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout))
     _CONTEXT = DistContext(rank, world_size, local_rank, backend, device)
+    from course import nccl_rules
+
+    if nccl_rules.enabled():  # tests named *rendezvous*: gloo held to NCCL's point-to-point rules
+        nccl_rules.install()
     return _CONTEXT
 
 
 def _teardown_worker() -> None:
     global _CONTEXT
     _CONTEXT = None
+    from course import nccl_rules
+
+    nccl_rules.uninstall()
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -174,3 +174,47 @@ def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]]) ->
                 gaps.append(event[2] - end_of[dep])
             previous_end = event[3]
     return gaps
+
+
+def communication_plan(actions: list[list[tuple]]) -> list[dict]:
+    """When each rank sends and receives, so that every exchange is safe under NCCL's rules.
+
+    The action lists are laid out on a common clock of unit steps (:func:`simulate`: every
+    action takes one step and starts once its input exists). An action at step ``t`` hands its
+    output over at the end of step ``t``: the producer's send and the consumer's receive then sit
+    in the **same** batch ``t`` of both ranks (one ``batch_isend_irecv``), and every rank runs its
+    batches in step order. Every message is thus matched within one batch that both ranks post, so
+    no send can wait for a receive stuck behind another send — the lock-step torch's
+    ``PipelineScheduleMulti`` uses for the same reason. A message is named by what consumes it:
+    ``("F", i, s)`` is the input of the forward of micro-batch ``i`` on virtual stage ``s``,
+    ``("B", i, s)`` the gradient of that stage's output.
+
+    Args:
+        actions: ``actions[r]``, rank r's list (same form as :func:`replay`).
+
+    Returns:
+        ``plan[r] = {"steps": [step of each action of rank r], "batches": {step: [(kind, peer rank,
+        message)]}}`` with kind ``"send"`` or ``"recv"``; the operations of a batch are sorted by
+        message, so two ranks list the messages between them in the same order.
+
+    Raises:
+        ValueError: the lists deadlock.
+    """
+    p, dependency = _chain(actions)
+    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+    events = simulate(actions)
+    plan = [{"steps": [int(round(e[2])) for e in events[r]], "batches": {}} for r in range(p)]
+    for r in range(p):
+        for action, step in zip(actions[r], plan[r]["steps"]):
+            kind, i = action[0], action[1]
+            s = dependency(action, r)[0]
+            target = s + 1 if kind == "F" else s - 1 if kind == "B" else None
+            if target is None or not 0 <= target < n_virtual or target % p == r:
+                continue  # W, the ends of the chain, or a hand-over inside this rank
+            message = (kind, i, target)
+            plan[r]["batches"].setdefault(step, []).append(("send", target % p, message))
+            plan[target % p]["batches"].setdefault(step, []).append(("recv", r, message))
+    for rank_plan in plan:
+        for ops in rank_plan["batches"].values():
+            ops.sort(key=lambda op: op[2])
+    return plan

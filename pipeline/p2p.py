@@ -1,62 +1,75 @@
-"""Point-to-point transfer of activations and gradients between neighbouring stages.
+"""Point-to-point transfer of activations and gradients between pipeline stages, safe under NCCL.
 
-The receiver does not know the shape of what comes (sequence lengths change from batch
-to batch), so every tensor travels as two messages: a fixed-size header (dtype code,
-number of dimensions, shape) and then the data. Sends are non-blocking (``isend``), so
-a rank never waits for its neighbour to post the matching receive — that keeps the
-1F1B schedule free of deadlocks; receives block. Messages between two ranks arrive in
-the order they were sent.
+The receiver does not know the shape of what comes (sequence lengths change from batch to
+batch, and micro-batches may differ in size), so every tensor travels as a fixed-size header
+(dtype code, number of dimensions, shape) and then its data. The stage runner hands over all
+the messages of one step of its communication plan (:func:`pipeline.metrics.communication_plan`)
+in one call of :func:`exchange_tensors`, which runs two batches on every rank involved: first the
+headers of every message, then the data. Each batch is one ``batch_isend_irecv`` (an NCCL
+group call), posted by both ends of every message at the same step of the plan, so a send never
+waits for a receive stuck behind another send — the rules NCCL holds a program to and gloo does
+not (docs/architecture.md, "Point-to-point under NCCL's rules"; Megatron-LM exchanges shapes
+the same way, in a batch of their own before the data).
 
-The same code runs with gloo (CPU tensors) and NCCL (CUDA tensors): the header is
-created on the tensor's device.
+Headers and data live on the stage's device (NCCL: CUDA). Peers are addressed by their
+**global** rank, and every transfer names the pipeline's process group (the ``pp`` group of the
+run's mesh). The data messages are counted by :class:`course.collectives.CommCounter` (kind
+``send``/``recv``, group ``pp``); the headers are not.
 
-Peers are addressed by their **global** rank, and every transfer names the pipeline's
-process group (the ``pp`` group of the run's mesh): a stage's neighbour is
-``dist.get_global_rank(pp_group, stage ± 1)`` (:class:`pipeline.stage_runner.StageRunner`).
-The data messages are counted by :class:`course.collectives.CommCounter` (kind ``send``
-/ ``recv``, group ``pp``); the small headers are not.
-
-Source: PyTorch ``torch.distributed`` point-to-point API (send/recv/isend);
-Narayanan et al. 2021, Sec. 4.1 (p2p communication between pipeline stages).
+Sources: PyTorch ``torch.distributed.batch_isend_irecv``; Narayanan et al. 2021, Sec. 4.1
+(point-to-point communication between pipeline stages); Megatron-LM
+``p2p_communication._communicate_shapes``.
 """
 from __future__ import annotations
 
 import torch
 
-from course.collectives import isend, recv
+from course.collectives import P2P, exchange
 
 MAX_DIMS = 6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 
 
-def send_tensor(tensor: torch.Tensor, dst: int, group=None, tag: int = 0) -> list:
-    """Start sending ``tensor`` (any shape, up to ``MAX_DIMS`` dims) to global rank ``dst`` of ``group``.
-
-    ``tag`` keeps apart streams of messages between the same two ranks (the interleaved
-    schedule sends activations and gradients of several chunks between one pair of ranks);
-    within a tag, messages arrive in the order they were sent.
-
-    Returns:
-        The pending ``dist.Work`` handles; keep them (and so the tensors) until ``wait()``.
-
-    Raises:
-        ValueError: too many dimensions or an unsupported dtype.
-    """
+def _header(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dim() > MAX_DIMS or tensor.dtype not in DTYPES:
         raise ValueError(f"cannot send a {tensor.dim()}-dim {tensor.dtype} tensor (max {MAX_DIMS} dims, {DTYPES})")
-    tensor = tensor.detach().contiguous()
     header = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=tensor.device)
     header[0] = DTYPES.index(tensor.dtype)
     header[1] = tensor.dim()
-    header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    return [isend(header, dst, group, counted=False, tag=tag), isend(tensor, dst, group, tag=tag)]
+    header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64, device=tensor.device)
+    return header
 
 
-def recv_tensor(src: int, device: torch.device, group=None, tag: int = 0) -> torch.Tensor:
-    """Receive the next tensor that global rank ``src`` of ``group`` sent with :func:`send_tensor` and ``tag`` (blocking)."""
-    header = torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=device)
-    recv(header, src, group, counted=False, tag=tag)
-    dtype, ndim = DTYPES[int(header[0])], int(header[1])
-    shape = [int(s) for s in header[2:2 + ndim]]
-    tensor = torch.empty(shape, dtype=dtype, device=device)
-    return recv(tensor, src, group, tag=tag)
+def exchange_tensors(sends: list[tuple[torch.Tensor, int]], sources: list[int], device: torch.device,
+                     group=None) -> list[torch.Tensor]:
+    """Send every ``(tensor, dst)`` of ``sends`` and receive one tensor from every rank of ``sources``.
+
+    Both ends of a message must call this at the same step, listing the messages between them in
+    the same order (each peer's sends on one side in the order of its receives on the other).
+
+    Args:
+        sends: ``(tensor of any shape up to MAX_DIMS dims, destination's global rank)``.
+        sources: the global rank each received tensor comes from (one entry per message).
+        device: where the received tensors are put (this stage's device).
+        group: the pipeline's process group.
+
+    Returns:
+        The received tensors, in the order of ``sources``.
+
+    Raises:
+        ValueError: a tensor with too many dimensions or an unsupported dtype.
+    """
+    sends = [(t.detach().contiguous(), dst) for t, dst in sends]
+    headers_in = [torch.zeros(2 + MAX_DIMS, dtype=torch.int64, device=device) for _ in sources]
+    ops = [P2P("send", _header(t), dst) for t, dst in sends] + [P2P("recv", h, src)
+                                                                 for h, src in zip(headers_in, sources)]
+    if ops:
+        exchange(ops, group, counted=False)
+    received = []
+    for header in headers_in:
+        code, ndim, *shape = header.tolist()
+        received.append(torch.empty(shape[:ndim], dtype=DTYPES[code], device=device))
+    ops = [P2P("send", t, dst) for t, dst in sends] + [P2P("recv", t, src) for t, src in zip(received, sources)]
+    if ops:
+        exchange(ops, group)
+    return received

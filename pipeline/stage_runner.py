@@ -50,7 +50,8 @@ import torch.distributed as dist
 from torch import nn
 
 from course.collectives import global_rank, group_rank, group_size
-from pipeline.p2p import recv_tensor, send_tensor
+from pipeline.metrics import communication_plan
+from pipeline.p2p import exchange_tensors
 
 
 @dataclass
@@ -131,7 +132,8 @@ class StageRunner:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
         self._param_storages = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
-        self._kind = "F"
+        self._kind, self._micro = "F", None
+        self._plans: dict = {}
         self.origin = common_clock_origin(self.device, group)
 
     # ---- the current chunk ----------------------------------------------------------------
@@ -162,34 +164,77 @@ class StageRunner:
         """The current chunk's ``{micro-batch: (input, output)}`` forwarded and not yet backwarded."""
         return self._in_flight[self.chunk or 0]
 
-    def _tag(self, kind: str, virtual_stage: int) -> int:
-        # activations for virtual stage t travel with tag 2t, gradients for it with 2t + 1
-        return 2 * virtual_stage + (kind == "B")
-
     # ---- helpers the steps call -------------------------------------------------------
-    def send(self, tensor: torch.Tensor, stage: int) -> None:
-        """Start sending ``tensor`` to the rank of stage ``stage`` (non-blocking; finished by the end of :meth:`run`).
+    def _neighbour(self, stage: int, direction: str) -> int:
+        """The virtual stage that ``stage`` names for the current action; checks it is the right neighbour."""
+        step = 1 if (self._kind == "F") == (direction == "send") else -1
+        expected = self.stage_index + step
+        if stage % self.n_stages != expected % self.n_stages:
+            verb = "sends to" if direction == "send" else "receives from"
+            raise ValueError(f"in a {'forward' if self._kind == 'F' else 'backward'}, stage {self.stage_index} "
+                             f"{verb} stage {expected}, not {stage}")
+        return self.virtual_stage + step
 
-        ``stage`` is ``stage_index + 1`` in a forward (to the next virtual stage) or
-        ``stage_index - 1`` in a backward (to the previous one), taken modulo ``p``."""
+    def send(self, tensor: torch.Tensor, stage: int) -> None:
+        """Hand ``tensor`` over to the rank of stage ``stage``: ``stage_index + 1`` in a forward (to the
+        next virtual stage), ``stage_index - 1`` in a backward (to the previous one), taken modulo ``p``.
+
+        It leaves at this action's step of the communication plan
+        (:func:`pipeline.metrics.communication_plan`), in one batch with the other messages of that step.
+
+        Raises:
+            ValueError: ``tensor`` is None; ``stage`` is not the neighbour the action sends to; nothing
+                follows (the last virtual stage sends nothing forward, the first nothing back).
+        """
         if tensor is None:  # the usual cause: the received activation was not made to require grad
             raise ValueError(f"stage {self.stage_index} was asked to send None to stage {stage}: in a backward this is "
                              "the input's .grad, which stays None when the activation received in the forward was "
                              "not made to require grad — call .requires_grad_() on what recv() returns (see recv)")
-        target = self.virtual_stage + (stage - self.stage_index)
-        work = send_tensor(tensor, global_rank(self.group, stage % self.n_stages), self.group,
-                           tag=self._tag(self._kind, target))
-        self._pending.append((work, tensor))
+        target = self._neighbour(stage, "send")
+        if not 0 <= target < self.n_chunks * self.n_stages:
+            raise ValueError(f"virtual stage {self.virtual_stage} is the {'last' if self._kind == 'F' else 'first'} "
+                             f"one: its {'forward' if self._kind == 'F' else 'backward'} sends nothing")
+        message = (self._kind, self._micro, target)
+        if target % self.n_stages == self.stage_index:  # the next chunk is on this rank: no communication
+            self._mailbox[message] = tensor.detach()
+        else:
+            self._outbox[message] = tensor
 
     def recv(self, stage: int) -> torch.Tensor:
-        """Receive the next tensor from the rank of stage ``stage`` (modulo ``p``) onto this rank's device
-        (blocking): in a forward the current chunk's input, in a backward its output's gradient.
+        """The tensor the rank of stage ``stage`` (modulo ``p``) handed over for the current action, on this
+        rank's device: in a forward the current chunk's input (from ``stage_index - 1``), in a backward its
+        output's gradient (from ``stage_index + 1``). It arrived in an earlier step's batch of the plan.
 
         It arrives as a leaf without ``requires_grad``: a stage that back-propagates into it
         must call ``.requires_grad_()`` on it before its forward, or its ``.grad`` stays None.
+
+        Raises:
+            ValueError: ``stage`` is not the neighbour the action receives from, or nothing comes (the
+                first virtual stage receives no input, the last no gradient).
         """
-        return recv_tensor(global_rank(self.group, stage % self.n_stages), self.device, self.group,
-                           tag=self._tag(self._kind, self.virtual_stage))
+        self._neighbour(stage, "recv")
+        message = (self._kind, self._micro, self.virtual_stage)
+        if message not in self._mailbox:
+            raise ValueError(f"nothing comes to virtual stage {self.virtual_stage} for {self._kind}{self._micro}: the "
+                             f"{'first' if self._kind == 'F' else 'last'} virtual stage "
+                             f"{'takes its input from the data' if self._kind == 'F' else 'starts from its loss'}")
+        return self._mailbox.pop(message)
+
+    def _communicate(self, ops: list[tuple]) -> None:
+        """Carry out one batch of the plan: send what this rank's actions handed over, receive what comes."""
+        sends, sources, names = [], [], []
+        for kind, peer, message in ops:
+            if kind == "send":
+                if message not in self._outbox:
+                    what = "output" if message[0] == "F" else "input's gradient"
+                    raise ValueError(f"{'F' if message[0] == 'F' else 'B'}{message[1]} of this rank should have sent "
+                                     f"its {what} to virtual stage {message[2]} (call send() in the step)")
+                sends.append((self._outbox.pop(message), global_rank(self.group, peer)))
+            else:
+                sources.append(global_rank(self.group, peer))
+                names.append(message)
+        for message, tensor in zip(names, exchange_tensors(sends, sources, self.device, self.group)):
+            self._mailbox[message] = tensor
 
     def compute_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The stage's forward of micro-batch ``i`` (timed); on the last stage, its loss instead."""
@@ -299,6 +344,18 @@ class StageRunner:
             self.send(x.grad, self.stage_index - 1)
         # END ASSIGN5_2_4
 
+    def _plan(self, actions: list[tuple]) -> dict:
+        """This rank's part of the communication plan of every rank's ``actions`` (gathered in the group)."""
+        if group_size(self.group) == 1:
+            everyone = [list(actions)]
+        else:
+            everyone = [None] * self.n_stages
+            dist.all_gather_object(everyone, list(actions), group=self.group)
+        key = tuple(tuple(map(tuple, a)) for a in everyone)
+        if key not in self._plans:
+            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone])}
+        return self._plans[key][self.stage_index]
+
     def run(self, actions: list[tuple], inputs: list | None = None,
             targets: list | None = None) -> StepResult:
         """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
@@ -325,15 +382,21 @@ class StageRunner:
         self._deferred: dict = {}
         self._split = any(a[0] == "W" for a in actions)
         self._activation_bytes: dict = {}
-        self._pending: list = []
+        self._outbox: dict = {}
+        self._mailbox: dict = {}
+        self._micro = None
         self.result = StepResult()
+        plan = self._plan(actions)
+        batches = sorted(plan["batches"].items())
         try:
-            for action in actions:
+            for action, step in zip(actions, plan["steps"]):
                 kind, i = action[0], action[1]
                 chunk = action[2] if len(action) > 2 else 0
                 if not 0 <= chunk < self.n_chunks:
                     raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.n_chunks}")
-                self.chunk, self._kind = chunk, kind
+                while batches and batches[0][0] < step:  # what earlier steps hand over, before this action
+                    self._communicate(batches.pop(0)[1])
+                self.chunk, self._kind, self._micro = chunk, kind, i
                 if kind == "F":
                     self.forward_step(i)
                 elif kind == "B":
@@ -346,13 +409,14 @@ class StageRunner:
                 self.result.peak_in_flight = max(self.result.peak_in_flight, live)
                 self.result.peak_activation_bytes = max(self.result.peak_activation_bytes,
                                                         sum(self._activation_bytes.values()))
+            self.chunk = None
+            for _, ops in batches:
+                self._communicate(ops)
         finally:
             self.chunk = None
         if self._deferred:
             raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "
                              "every W must run within the step, before the optimizer step")
-        for works, _ in self._pending:
-            for work in works:
-                work.wait()
-        self._pending = []
+        if self._outbox:
+            raise ValueError(f"messages {sorted(self._outbox)} were sent but no step of the plan carries them")
         return self.result

@@ -1,0 +1,370 @@
+"""NCCL's point-to-point rules, enforced on gloo: a test mode that makes CPU runs fail where GPU runs would hang.
+
+Gloo forgives orders of sends and receives that NCCL does not. A program that passes on
+CPU can therefore hang on GPUs. Under ``LLMSYS_NCCL_RULES=1`` (set by the tests whose names
+hold ``rendezvous``; :func:`course.launch.launch` installs this module in every rank), each
+rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
+
+1. **One ordered stream per process group.** The operations a rank issues in one group run in
+   the order they were issued, one after the other (``"group"``, the default: what PyTorch does
+   when the process group is initialised eagerly, as :mod:`course.launch` does on GPUs — every
+   point-to-point operation of the group then runs on the group's communicator and stream).
+   ``LLMSYS_NCCL_STREAMS=pair`` keeps one stream per peer instead (lazy initialisation: a
+   communicator per pair). A collective in a group runs after the group's pending
+   point-to-point operations, as it would on the same stream.
+2. **A send completes only once the peer's matching receive runs** (a rendezvous), whatever
+   its size: NCCL buffers small messages, but large ones wait, so code must not rely on it.
+3. **Messages are matched by order alone**: tags are ignored (NCCL has none). The k-th send
+   from a to b in a group meets b's k-th receive from a; if their sizes or dtypes differ,
+   the send raises.
+4. **The operations of one** ``batch_isend_irecv`` **start together** (an NCCL group call)
+   and complete together.
+
+A wait that does not finish within ``LLMSYS_NCCL_RULES_TIMEOUT`` seconds (default 60)
+raises with what this rank waits for and what each of its streams holds: the deadlock NCCL
+would have, found on a laptop. Two ranks that each send to the other before receiving are
+caught this way (tested).
+
+How it is emulated: each rank's operations are queued per stream; an operation (or a batch)
+starts when it is first in every stream it uses. A starting receive sends a small *ready*
+token (its size and dtype) to its source; a send waits for that token before it moves the
+data, and compares the sizes. Tokens and data travel over the same gloo group with tags of
+their own, so they are matched by order too.
+
+Installed by :func:`install` (it replaces ``torch.distributed``'s ``isend``, ``irecv``,
+``send``, ``recv`` and ``batch_isend_irecv``, and makes its collectives wait for the group's
+pending point-to-point operations first), so student code that calls ``torch.distributed``
+directly is held to the same rules.
+
+Sources: NCCL documentation, "Point-to-point communication" and "Group calls"; PyTorch
+``ProcessGroupNCCL`` (eager initialisation reuses the group's communicator for
+point-to-point, pytorch/pytorch#129140, #132900).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+ENV = "LLMSYS_NCCL_RULES"
+TIMEOUT_ENV = "LLMSYS_NCCL_RULES_TIMEOUT"
+STREAMS_ENV = "LLMSYS_NCCL_STREAMS"
+_READY_TAG, _DATA_TAG = 0x4C4C5901, 0x4C4C5902  # gloo tags of the emulator's own messages
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int8,
+           torch.uint8, torch.bool, torch.complex64]
+
+
+def enabled() -> bool:
+    """Whether this process runs under the emulated NCCL rules (``LLMSYS_NCCL_RULES=1``)."""
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def _timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, "60"))
+
+
+class NcclRuleError(RuntimeError):
+    """A point-to-point program that NCCL would not run: a deadlock, or messages matched wrongly."""
+
+
+class _Op:
+    def __init__(self, kind: str, tensor: torch.Tensor, peer: int, group, seq: int):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{kind}: NCCL needs a contiguous tensor (call .contiguous() first)")
+        self.kind, self.tensor, self.peer, self.group, self.seq = kind, tensor, peer, group, seq
+        self.group_peer = dist.get_group_rank(group, peer)
+        self.state = "queued"
+
+    def describe(self) -> str:
+        where = "to" if self.kind == "send" else "from"
+        return (f"{self.kind} #{self.seq} {where} rank {self.peer}: {self.tensor.numel()} x {self.tensor.dtype} "
+                f"({self.state})")
+
+    def run(self) -> None:
+        """Carry out the operation over gloo (blocking; called on the unit's thread)."""
+        token = torch.zeros(2, dtype=torch.int64)
+        if self.kind == "recv":
+            token[0], token[1] = self.tensor.numel(), _code(self.tensor.dtype)
+            self.state = "ready sent, waiting for the data"
+            data = self.group.recv([_wire(self.tensor)], self.group_peer, _DATA_TAG)
+            self.group.send([token], self.group_peer, _READY_TAG).wait()
+            data.wait()
+        else:
+            self.state = "waiting for the peer's matching receive to start"
+            self.group.recv([token], self.group_peer, _READY_TAG).wait()
+            numel, code = int(token[0]), int(token[1])
+            if numel != self.tensor.numel() or code != _code(self.tensor.dtype):
+                raise NcclRuleError(
+                    f"rank {dist.get_rank()} sends {self.tensor.numel()} x {self.tensor.dtype} to rank {self.peer}, but "
+                    f"the receive it meets there expects {numel} x {_DTYPES[code] if 0 <= code < len(_DTYPES) else code}: "
+                    "NCCL matches messages by order alone (no tags), so both ranks must post the messages between "
+                    "them in the same order")
+            self.state = "sending the data"
+            self.group.send([_wire(self.tensor)], self.group_peer, _DATA_TAG).wait()
+        self.state = "done"
+
+
+def _code(dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
+class _Unit:
+    """One operation, or the operations of one batch: they start together and complete together."""
+
+    def __init__(self, ops: list[_Op], streams: list):
+        self.ops, self.streams = ops, streams
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.started = False
+
+    def describe(self) -> str:
+        inner = "; ".join(op.describe() for op in self.ops)
+        return f"[batch: {inner}]" if len(self.ops) > 1 else inner
+
+
+class _Engine:
+    """This rank's streams and the threads that carry out what is first in them."""
+
+    def __init__(self):
+        self.lock = threading.Condition()
+        self.streams: dict = {}
+        self.seq = itertools.count()
+        self.per_pair = os.environ.get(STREAMS_ENV, "group") == "pair"
+
+    def _keys(self, ops: list[_Op]) -> list:
+        keys = []
+        for op in ops:
+            key = (id(op.group), op.peer) if self.per_pair else (id(op.group),)
+            if key not in keys:
+                keys.append(key)
+        return keys
+
+    def submit(self, ops: list[_Op]) -> _Unit:
+        unit = _Unit(ops, self._keys(ops))
+        with self.lock:
+            for key in unit.streams:
+                self.streams.setdefault(key, deque()).append(unit)
+        threading.Thread(target=self._run, args=(unit,), daemon=True, name="nccl-rules").start()
+        return unit
+
+    def _first_everywhere(self, unit: _Unit) -> bool:
+        return all(self.streams[key][0] is unit for key in unit.streams)
+
+    def _run(self, unit: _Unit) -> None:
+        with self.lock:
+            while not self._first_everywhere(unit):
+                self.lock.wait()
+            unit.started = True
+        errors: list[BaseException] = []
+
+        def one(op: _Op):
+            try:
+                op.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(op,), daemon=True) for op in unit.ops]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        unit.error = errors[0] if errors else None
+        with self.lock:
+            for key in unit.streams:
+                self.streams[key].popleft()
+            self.lock.notify_all()
+        unit.done.set()
+
+    def report(self) -> str:
+        with self.lock:
+            lines = []
+            for key, queue in self.streams.items():
+                if queue:
+                    name = _group_label(queue[0].ops[0].group)
+                    peer = f", peer {key[1]}" if len(key) > 1 else ""
+                    lines.append(f"  stream of group {name}{peer}: " + " -> ".join(u.describe() for u in queue))
+            return "\n".join(lines) or "  (every stream is empty)"
+
+    def drain(self, group) -> None:
+        """Wait until this rank's pending point-to-point operations in ``group`` are done."""
+        with self.lock:
+            pending = [u for key, q in self.streams.items() if key[0] == id(group) for u in q]
+        for unit in pending:
+            _wait(unit, "a collective in the same group (it runs after them on the group's stream)")
+
+
+def _group_label(group) -> str:
+    from course.collectives import group_name
+
+    try:
+        return group_name(group)
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+_ENGINE: _Engine | None = None
+
+
+def _engine() -> _Engine:
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = _Engine()
+    return _ENGINE
+
+
+def _wait(unit: _Unit, what: str, timeout: float | None = None) -> None:
+    limit = _timeout() if timeout is None else min(timeout, _timeout())
+    if not unit.done.wait(limit):
+        raise NcclRuleError(
+            f"rank {dist.get_rank()} waited {limit:.0f} s for {unit.describe()} ({what}) — a deadlock under NCCL's "
+            "point-to-point rules (operations of a group run in issue order; a send completes only when the peer's "
+            "matching receive runs; batch_isend_irecv starts its operations together). Pair each exchange in one "
+            "batch_isend_irecv, or post the operations in an order that is safe on both ranks. "
+            f"This rank's streams:\n{_engine().report()}")
+    if unit.error is not None:
+        raise unit.error
+
+
+class EmulatedWork:
+    """What an emulated ``isend``/``irecv``/``batch_isend_irecv`` returns (``wait``, ``is_completed``)."""
+
+    def __init__(self, unit: _Unit, op: _Op):
+        self.unit, self.op = unit, op
+
+    def wait(self, timeout=None) -> bool:
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        _wait(self.unit, f"its {self.op.kind}", seconds)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.unit.done.is_set()
+
+    def is_success(self) -> bool:
+        return self.unit.done.is_set() and self.unit.error is None
+
+    def _source_rank(self) -> int:
+        return dist.get_group_rank(self.op.group, self.op.peer)
+
+
+def _group(group):
+    return c10d._group_or_default_group(group)
+
+
+def _peer(group, peer, group_peer) -> int:
+    if peer is None and group_peer is None:
+        raise NcclRuleError("a receive from any source: NCCL has none; name the source rank")
+    return c10d._canonicalize_group_rank(group, peer, group_peer, return_global=True)
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    group = _group(group)
+    op = _Op("send", tensor, _peer(group, dst, group_dst), group, next(_engine().seq))
+    return EmulatedWork(_engine().submit([op]), op)
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    group = _group(group)
+    op = _Op("recv", tensor, _peer(group, src, group_src), group, next(_engine().seq))
+    return EmulatedWork(_engine().submit([op]), op)
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    isend(tensor, dst, group, tag, group_dst).wait()
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    work = irecv(tensor, src, group, tag, group_src)
+    work.wait()
+    return work.op.peer
+
+
+def batch_isend_irecv(p2p_op_list):
+    if not p2p_op_list:
+        raise ValueError("batch_isend_irecv needs at least one P2POp")
+    group = _group(p2p_op_list[0].group)
+    if any(_group(op.group) is not group for op in p2p_op_list):
+        raise ValueError("every operation of one batch_isend_irecv must use the same group (as torch requires)")
+    engine = _engine()
+    ops = []
+    for p2p in p2p_op_list:
+        name = getattr(p2p.op, "__name__", "")
+        kind = "send" if name == "isend" else "recv" if name == "irecv" else None
+        if kind is None:
+            raise ValueError(f"a P2POp's op must be isend or irecv, not {p2p.op!r}")
+        ops.append(_Op(kind, p2p.tensor, p2p.peer, group, next(engine.seq)))
+    unit = engine.submit(ops)
+    return [EmulatedWork(unit, op) for op in ops]
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                "broadcast", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter",
+                "all_gather_object", "broadcast_object_list")
+_ORIGINAL: dict = {}
+
+
+def _after_pending_p2p(name, original):
+    def wrapper(*args, **kwargs):
+        group = kwargs.get("group")
+        if group is None:  # the group is a keyword in the course's code; positional use is rare
+            group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+        _engine().drain(_group(group))
+        return original(*args, **kwargs)
+
+    wrapper.__name__ = name
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def install() -> None:
+    """Route this process's point-to-point operations through the emulator (idempotent).
+
+    Called by :mod:`course.launch` in every rank when ``LLMSYS_NCCL_RULES=1``."""
+    if _ORIGINAL:
+        return
+    replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv, "batch_isend_irecv": batch_isend_irecv}
+    for name in _COLLECTIVES:
+        replacements[name] = _after_pending_p2p(name, getattr(c10d, name))
+    for name, function in replacements.items():
+        _ORIGINAL[name] = getattr(c10d, name)
+        setattr(c10d, name, function)
+        setattr(dist, name, function)
+    # P2POp checks its op against the module's isend/irecv: accept the originals too.
+    original_isend, original_irecv = _ORIGINAL["isend"], _ORIGINAL["irecv"]
+
+    def check_op(op):
+        if op not in (isend, irecv, original_isend, original_irecv):
+            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or "
+                             "``torch.distributed.irecv``.")
+    _ORIGINAL["_check_op"] = c10d._check_op
+    c10d._check_op = check_op
+
+
+def uninstall() -> None:
+    """Put ``torch.distributed`` back as it was (tests)."""
+    global _ENGINE
+    for name, function in _ORIGINAL.items():
+        setattr(c10d, name, function)
+        if hasattr(dist, name) and not name.startswith("_"):
+            setattr(dist, name, function)
+    _ORIGINAL.clear()
+    _ENGINE = None
+
+
+def wait_all(timeout: float | None = None) -> None:
+    """Wait until every point-to-point operation this rank issued is done (end of a worker)."""
+    engine = _engine()
+    deadline = time.monotonic() + (timeout if timeout is not None else _timeout())
+    with engine.lock:
+        units = {id(u): u for q in engine.streams.values() for u in q}
+    for unit in units.values():
+        _wait(unit, "the end of the worker", max(0.0, deadline - time.monotonic()))
