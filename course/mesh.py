@@ -1,30 +1,41 @@
-"""The device mesh of a run: ``dp × pp × tp = world_size`` ranks, and each rank's groups.
+"""The device mesh of a run: ``pp × dp × cp × tp = world_size`` ranks, and each rank's groups.
 
-A run that combines data (dp), pipeline (pp) and tensor (tp) parallelism arranges its
-``world_size`` ranks in a 3-D grid with the dimensions ordered ``("pp", "dp", "tp")`` as
+A run that combines pipeline (pp), data (dp), context (cp) and tensor (tp) parallelism arranges
+its ``world_size`` ranks in a grid with the dimensions ordered ``("pp", "dp", "cp", "tp")`` as
 torchtitan's ``ParallelDims`` and Megatron-LM order them: **tp varies fastest**, so the
 ranks of one tensor-parallel group are neighbours (on GPUs: the same node, where the
-frequent, large all-reduces of tensor parallelism have NVLink bandwidth), and **pp varies
-slowest**, so the stages of a pipeline can sit on different nodes (they exchange only one
-activation per micro-batch):
+frequent, large all-reduces of tensor parallelism have NVLink bandwidth), then cp (its ring
+or all-to-all traffic is the next heaviest), then dp, and **pp varies slowest**, so the stages
+of a pipeline can sit on different nodes (they exchange only one activation per micro-batch):
 
-    rank = (stage * dp + dp_rank) * tp + tp_rank
+    rank = ((stage * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 
-Example, dp = 2, pp = 2, tp = 2 (8 ranks)::
+Example, dp = 2, pp = 2, tp = 2, cp = 1 (8 ranks)::
 
     stage 0: dp 0 -> ranks 0 1 (a tp group)    stage 1: dp 0 -> ranks 4 5
              dp 1 -> ranks 2 3                          dp 1 -> ranks 6 7
     tp groups: [0,1] [2,3] [4,5] [6,7]; dp groups: [0,2] [1,3] [4,6] [5,7]; pp groups: [0,4] [1,5] [2,6] [3,7]
+
+The cp ranks of a (stage, dp rank, tp rank) hold the same weights and different parts of each
+sequence, so the weights' gradients are averaged over dp × cp together (``dp_cp_group``, as
+torchtitan flattens ``dp_cp``). **Expert parallelism** (ep) is carved out of those dp × cp ranks
+of one stage and tp rank: numbering them ``f = dp_rank * cp + cp_rank``, ranks with the same
+``f // ep`` form an ep group (they hold different experts and exchange tokens with an
+all-to-all), and ranks with the same ``f % ep`` hold replicas of the same experts and average
+those experts' gradients (the expert-data-parallel group, ``edp_group``; Megatron-LM's
+"expert data parallel"). ``ep`` must divide ``dp * cp``.
 
 :class:`ParallelDims` is plain arithmetic and checks the sizes before any process starts;
 :class:`Mesh` is built once inside every rank (after the launcher formed the process
 group) on top of ``torch.distributed.device_mesh.init_device_mesh`` and hands each part
 its group. The single-parallelism runs are special cases: data parallel is
 ``ParallelDims(dp=world_size)``, tensor parallel ``ParallelDims(tp=world_size)``, the
-multi-process pipeline ``ParallelDims(pp=world_size)``.
+multi-process pipeline ``ParallelDims(pp=world_size)``. A dimension of size 1 other than cp
+is kept in the device mesh; cp enters it only when cp > 1, so runs without context
+parallelism keep the three-dimensional ``("pp", "dp", "tp")`` mesh.
 
 Sources: Narayanan et al. 2021 (Megatron-LM, Sec. 3, "PTD-P"); torchtitan
-``ParallelDims``; PyTorch ``DeviceMesh``.
+``ParallelDims``; PyTorch ``DeviceMesh``; Megatron-Core ``parallel_state`` (expert groups).
 """
 from __future__ import annotations
 
@@ -35,43 +46,56 @@ import torch.distributed as dist
 
 from course.collectives import name_group
 
-DIM_NAMES = ("pp", "dp", "tp")
+DIM_NAMES = ("pp", "dp", "cp", "tp")
 
 
 class Coordinates(NamedTuple):
-    """Where a rank sits in the mesh: its stage (pp rank), dp rank and tp rank."""
+    """Where a rank sits in the mesh: its stage (pp rank), dp rank, cp rank and tp rank."""
 
     pp: int
     dp: int
+    cp: int
     tp: int
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """The sizes of a run's mesh: ``dp * pp * tp`` ranks.
+    """The sizes of a run's mesh: ``pp * dp * cp * tp`` ranks, and ``ep`` expert-parallel ranks
+    carved out of each stage's ``dp * cp`` ranks.
 
     Raises (at construction):
-        ValueError: a size that is not a whole number >= 1.
+        ValueError: a size that is not a whole number >= 1; ``ep`` not dividing ``dp * cp``.
     """
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
-        for name in DIM_NAMES:
+        for name in (*DIM_NAMES, "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"--{name} must be a whole number >= 1, not {value!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"--ep {self.ep} does not divide dp x cp = {self.dp} x {self.cp} = {self.dp * self.cp} "
+                             "(expert-parallel groups are made of the dp x cp ranks of a stage); choose an ep that "
+                             "divides it")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """The mesh shape in ``DIM_NAMES`` order: ``(pp, dp, tp)``."""
-        return (self.pp, self.dp, self.tp)
+    def dim_names(self) -> tuple[str, ...]:
+        """The device mesh's dimensions: ``("pp", "dp", "cp", "tp")``, without cp when cp = 1."""
+        return DIM_NAMES if self.cp > 1 else ("pp", "dp", "tp")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The device mesh's shape in :attr:`dim_names` order, e.g. ``(pp, dp, tp)``."""
+        return tuple(getattr(self, name) for name in self.dim_names)
 
     def check(self, world_size: int | None = None, *, n_layer: int | None = None, n_head: int | None = None,
               n_inner: int | None = None) -> "ParallelDims":
@@ -90,8 +114,10 @@ class ParallelDims:
             ValueError: naming the option to change.
         """
         if world_size is not None and self.world_size != world_size:
-            raise ValueError(f"dp x pp x tp = {self.dp} x {self.pp} x {self.tp} = {self.world_size} ranks, but the "
-                             f"world has {world_size} processes; choose sizes whose product is {world_size}")
+            sizes = f"dp x pp x tp = {self.dp} x {self.pp} x {self.tp}" if self.cp == 1 else \
+                f"dp x pp x cp x tp = {self.dp} x {self.pp} x {self.cp} x {self.tp}"
+            raise ValueError(f"{sizes} = {self.world_size} ranks, but the world has {world_size} processes; choose "
+                             f"sizes whose product is {world_size}")
         if n_head is not None and n_head % self.tp:
             raise ValueError(f"--tp {self.tp} does not divide the {n_head} attention heads (attention is split by "
                              f"heads); choose a tp that divides {n_head}")
@@ -103,7 +129,7 @@ class ParallelDims:
         return self
 
     def coordinates(self, rank: int) -> Coordinates:
-        """The ``(pp, dp, tp)`` coordinates of global rank ``rank``.
+        """The ``(pp, dp, cp, tp)`` coordinates of global rank ``rank``.
 
         Raises:
             ValueError: ``rank`` outside ``0 .. world_size - 1``.
@@ -111,29 +137,56 @@ class ParallelDims:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
         tp = rank % self.tp
-        dp = rank // self.tp % self.dp
-        pp = rank // (self.tp * self.dp)
-        return Coordinates(pp, dp, tp)
+        cp = rank // self.tp % self.cp
+        dp = rank // (self.tp * self.cp) % self.dp
+        pp = rank // (self.tp * self.cp * self.dp)
+        return Coordinates(pp, dp, cp, tp)
 
-    def rank_of(self, pp: int, dp: int, tp: int) -> int:
-        """The global rank at coordinates ``(pp, dp, tp)``."""
-        return (pp * self.dp + dp) * self.tp + tp
+    def rank_of(self, pp: int, dp: int, tp: int, cp: int = 0) -> int:
+        """The global rank at coordinates ``(pp, dp, cp, tp)``."""
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
+    def expert_coordinates(self, rank: int) -> tuple[int, int]:
+        """``(ep rank, edp rank)`` of global rank ``rank``: with ``f = dp_rank * cp + cp_rank``,
+        ``f % ep`` and ``f // ep`` (see the module docstring)."""
+        c = self.coordinates(rank)
+        f = c.dp * self.cp + c.cp
+        return f % self.ep, f // self.ep
+
+    def expert_group_ranks(self, rank: int) -> dict[str, list[int]]:
+        """The global ranks of ``rank``'s ``"ep"`` and ``"edp"`` groups, each in group-rank order."""
+        c = self.coordinates(rank)
+        ep_rank, edp_rank = self.expert_coordinates(rank)
+
+        def at(f: int) -> int:
+            return self.rank_of(c.pp, f // self.cp, c.tp, f % self.cp)
+
+        return {"ep": [at(edp_rank * self.ep + e) for e in range(self.ep)],
+                "edp": [at(d * self.ep + ep_rank) for d in range(self.dp * self.cp // self.ep)]}
 
 
 class Mesh:
-    """A run's device mesh inside one rank: its coordinates and its dp, pp, tp groups.
+    """A run's device mesh inside one rank: its coordinates and its groups.
 
     Collective at construction: every rank of the world must build its ``Mesh`` with the
     same sizes (it creates the process groups of every dimension, and, with several
-    stages, the embedding groups that join each pipeline's first and last stage).
+    stages, the embedding groups that join each pipeline's first and last stage; with
+    ``ep > 1``, the expert-parallel groups).
 
     Attributes:
         dims: the :class:`ParallelDims`.
         device_mesh: the ``torch.distributed.device_mesh.DeviceMesh`` (dimension names
-            ``("pp", "dp", "tp")``), e.g. for DTensor or checkpoint resharding.
+            ``dims.dim_names``: ``("pp", "dp", "tp")``, or ``("pp", "dp", "cp", "tp")`` with
+            cp > 1), e.g. for DTensor or checkpoint resharding.
         rank, world_size: global rank and number of ranks.
-        stage, dp_rank, tp_rank: this rank's coordinates (``stage`` is its pp rank).
+        stage, dp_rank, cp_rank, tp_rank: this rank's coordinates (``stage`` is its pp rank).
         dp_group, pp_group, tp_group: this rank's process group along each dimension.
+        cp_group: the context-parallel group (cp > 1; with cp = 1 a group of this rank alone).
+        dp_cp_group: the ranks holding the same weights (dp x cp): where dense gradients are
+            averaged; the dp group when cp = 1.
+        ep_group, edp_group, ep_rank: the expert-parallel group, the expert-data-parallel group
+            (the replicas of this rank's experts) and this rank's place in the ep group
+            (module docstring); with ep = 1, a group of this rank alone and ``dp_cp_group``.
         embedding_group: the group of this pipeline's first and last stage (pp > 1, on
             those two stages; None elsewhere), where the tied embedding / LM-head gradient
             is summed (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 4.1).
@@ -153,37 +206,79 @@ class Mesh:
             from course.launch import context
 
             device_type = context().device.type
-        self.device_mesh = init_device_mesh(device_type, dims.shape, mesh_dim_names=DIM_NAMES)
+        self.device_mesh = init_device_mesh(device_type, dims.shape, mesh_dim_names=dims.dim_names)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stage, self.dp_rank, self.tp_rank = dims.coordinates(self.rank)
+        self.stage, self.dp_rank, self.cp_rank, self.tp_rank = dims.coordinates(self.rank)
         self.pp_group = self.device_mesh.get_group("pp")
         self.dp_group = self.device_mesh.get_group("dp")
         self.tp_group = self.device_mesh.get_group("tp")
+        self._alone = None
+        if dims.cp > 1:
+            self.cp_group = self.device_mesh.get_group("cp")
+            self.dp_cp_group = self._new_groups("dp_cp", lambda r: self._members(r, ("dp", "cp")))
+        else:
+            self.cp_group, self.dp_cp_group = self._singleton(), self.dp_group
+        self.ep_rank = dims.expert_coordinates(self.rank)[0]
+        if dims.ep > 1:
+            self.ep_group = self._new_groups("ep", lambda r: dims.expert_group_ranks(r)["ep"])
+            self.edp_group = self._new_groups("edp", lambda r: dims.expert_group_ranks(r)["edp"])
+        else:
+            self.ep_group, self.edp_group = self._singleton(), self.dp_cp_group
         self.embedding_group = self._embedding_groups()
-        for name in DIM_NAMES:  # what the communication counter calls them
+        # What the communication counter calls them; a group that is also another (edp = dp_cp when ep = 1,
+        # dp_cp = dp when cp = 1) keeps the more basic name, named last.
+        for name in ("edp", "ep", "dp_cp", *DIM_NAMES):
             name_group(self.group(name), name)
         name_group(self.embedding_group, "embedding")
 
     @classmethod
-    def build(cls, dp: int = 1, pp: int = 1, tp: int = 1, device_type: str | None = None) -> "Mesh":
-        """``Mesh(ParallelDims(dp, pp, tp))``."""
-        return cls(ParallelDims(dp=dp, pp=pp, tp=tp), device_type)
+    def build(cls, dp: int = 1, pp: int = 1, tp: int = 1, device_type: str | None = None, *, cp: int = 1,
+              ep: int = 1) -> "Mesh":
+        """``Mesh(ParallelDims(dp, pp, tp, cp, ep))``."""
+        return cls(ParallelDims(dp=dp, pp=pp, tp=tp, cp=cp, ep=ep), device_type)
+
+    def _members(self, rank: int, names: tuple[str, ...]) -> list[int]:
+        """The ranks that share every coordinate of ``rank`` except those in ``names``."""
+        here = self.dims.coordinates(rank)
+        return [r for r in range(self.world_size)
+                if all(getattr(self.dims.coordinates(r), d) == getattr(here, d) for d in DIM_NAMES if d not in names)]
+
+    def _new_groups(self, name: str, members_of) -> object:
+        """Create the groups ``members_of(r)`` for every rank r (every rank creates every group, in the
+        same order, as ``new_group`` requires) and return this rank's."""
+        mine, made = None, set()
+        for r in range(self.world_size):
+            ranks = tuple(members_of(r))
+            if ranks in made:
+                continue
+            made.add(ranks)
+            group = dist.new_group(list(ranks), group_desc=name)
+            if self.rank in ranks:
+                mine = group
+        return mine
+
+    def _singleton(self):
+        """A group of this rank alone (for a dimension of size 1: its collectives are no-ops)."""
+        if self._alone is None:
+            self._alone = dist.new_group([self.rank], use_local_synchronization=True, group_desc="alone")
+        return self._alone
 
     def _embedding_groups(self):
         if self.dims.pp == 1:
             return None
         mine = None
         for dp in range(self.dims.dp):  # every rank creates every group, in the same order
-            for tp in range(self.dims.tp):
-                ranks = [self.dims.rank_of(0, dp, tp), self.dims.rank_of(self.dims.pp - 1, dp, tp)]
-                group = dist.new_group(ranks, group_desc="embedding")
-                if self.rank in ranks:
-                    mine = group
+            for cp in range(self.dims.cp):
+                for tp in range(self.dims.tp):
+                    ranks = [self.dims.rank_of(0, dp, tp, cp), self.dims.rank_of(self.dims.pp - 1, dp, tp, cp)]
+                    group = dist.new_group(ranks, group_desc="embedding")
+                    if self.rank in ranks:
+                        mine = group
         return mine
 
     @property
     def coordinates(self) -> Coordinates:
-        return Coordinates(self.stage, self.dp_rank, self.tp_rank)
+        return Coordinates(self.stage, self.dp_rank, self.cp_rank, self.tp_rank)
 
     @property
     def is_first_stage(self) -> bool:
@@ -193,17 +288,20 @@ class Mesh:
     def is_last_stage(self) -> bool:
         return self.stage == self.dims.pp - 1
 
+    GROUPS = (*DIM_NAMES, "dp_cp", "ep", "edp")
+
     def group(self, name: str):
-        """The group of dimension ``name`` (``"dp"``, ``"pp"`` or ``"tp"``), or ``"world"``."""
+        """The group named ``name`` (``"pp"``, ``"dp"``, ``"cp"``, ``"tp"``, ``"dp_cp"``, ``"ep"``,
+        ``"edp"``), or ``"world"``."""
         if name == "world":
             return dist.group.WORLD
-        if name not in DIM_NAMES:
-            raise ValueError(f"unknown mesh dimension {name!r}; choose one of {DIM_NAMES} or 'world'")
+        if name not in self.GROUPS:
+            raise ValueError(f"unknown mesh group {name!r}; choose one of {self.GROUPS} or 'world'")
         return getattr(self, f"{name}_group")
 
     def describe(self) -> dict:
         """Sizes, coordinates and group members of this rank (for results files and traces)."""
-        return {"dp": self.dims.dp, "pp": self.dims.pp, "tp": self.dims.tp, "rank": self.rank,
-                "coordinates": {"pp": self.stage, "dp": self.dp_rank, "tp": self.tp_rank},
-                "groups": {name: dist.get_process_group_ranks(self.group(name)) for name in DIM_NAMES}}
-
+        names = [n for n in self.GROUPS if getattr(self.dims, n, 2) > 1 or n in ("pp", "dp", "tp")]
+        return {"dp": self.dims.dp, "pp": self.dims.pp, "tp": self.dims.tp, "cp": self.dims.cp, "ep": self.dims.ep,
+                "rank": self.rank, "coordinates": self.coordinates._asdict(),
+                "groups": {name: dist.get_process_group_ranks(self.group(name)) for name in names}}

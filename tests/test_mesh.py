@@ -26,12 +26,33 @@ def test_coordinates_put_tp_fastest_and_pp_slowest(dp, pp, tp):
     seen = set()
     for rank in range(dims.world_size):
         c = dims.coordinates(rank)
-        assert rank == (c.pp * dp + c.dp) * tp + c.tp
-        assert dims.rank_of(*c) == rank
+        assert rank == (c.pp * dp + c.dp) * tp + c.tp and c.cp == 0
+        assert dims.rank_of(c.pp, c.dp, c.tp, c.cp) == rank
         seen.add(c)
     assert len(seen) == dims.world_size
-    assert dims.coordinates(1) == (Coordinates(0, 0, 1) if tp > 1 else Coordinates(0, 1, 0) if dp > 1
-                                   else Coordinates(1, 0, 0))
+    assert dims.coordinates(1) == (Coordinates(0, 0, 0, 1) if tp > 1 else Coordinates(0, 1, 0, 0) if dp > 1
+                                   else Coordinates(1, 0, 0, 0))
+
+
+@pytest.mark.parametrize("dp,pp,cp,tp,ep", [(2, 1, 2, 2, 2), (2, 2, 2, 1, 4), (4, 1, 1, 2, 2), (1, 1, 4, 2, 2),
+                                            (3, 2, 2, 1, 3)])
+def test_cp_sits_between_dp_and_tp_and_ep_is_carved_from_dp_x_cp(dp, pp, cp, tp, ep):
+    """rank = ((pp * dp + dp_rank) * cp + cp_rank) * tp + tp_rank (torchtitan's order); the ep groups are
+    consecutive runs of ep among a stage's dp x cp ranks (same tp rank), the edp groups their strided
+    complements; together they tile the dp x cp ranks."""
+    dims = ParallelDims(dp=dp, pp=pp, cp=cp, tp=tp, ep=ep)
+    for rank in range(dims.world_size):
+        c = dims.coordinates(rank)
+        assert rank == ((c.pp * dp + c.dp) * cp + c.cp) * tp + c.tp
+        groups = dims.expert_group_ranks(rank)
+        assert rank in groups["ep"] and rank in groups["edp"]
+        assert len(groups["ep"]) == ep and len(groups["edp"]) == dp * cp // ep
+        same = {(x.pp, x.tp) for x in map(dims.coordinates, groups["ep"] + groups["edp"])}
+        assert same == {(c.pp, c.tp)}, "ep and edp groups stay inside a stage and a tp rank"
+        assert groups["ep"].index(rank) == dims.expert_coordinates(rank)[0]
+        assert set(groups["ep"]) & set(groups["edp"]) == {rank}
+    with pytest.raises(ValueError, match="--ep 3 does not divide dp x cp"):
+        ParallelDims(dp=2, cp=2, ep=3)
 
 
 def test_bad_sizes_are_refused_with_the_option_to_change():
@@ -53,6 +74,8 @@ def test_bad_sizes_are_refused_with_the_option_to_change():
 # ---- the mesh on real processes ---------------------------------------------------------------
 
 SHAPES = [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1), (1, 1, 4)]  # (dp, pp, tp) on 4 ranks
+CP_SHAPES = [dict(dp=2, cp=2, ep=2), dict(cp=2, tp=2, ep=2), dict(dp=2, tp=2, ep=2), dict(cp=4, ep=4),
+             dict(pp=2, cp=2)]  # with context and expert parallelism, on 4 ranks
 
 
 def mesh_worker(rank, world_size):
@@ -71,6 +94,12 @@ def mesh_worker(rank, world_size):
             "embedding": (None if mesh.embedding_group is None
                           else (group_name(mesh.embedding_group), dist.get_process_group_ranks(mesh.embedding_group))),
         }
+    for sizes in CP_SHAPES:
+        mesh = Mesh.build(**sizes)
+        out[tuple(sorted(sizes.items()))] = {
+            "coordinates": tuple(mesh.coordinates), "device_mesh": tuple(mesh.device_mesh.get_coordinate()),
+            "groups": {d: dist.get_process_group_ranks(mesh.group(d)) for d in mesh.GROUPS},
+            "names": {d: group_name(mesh.group(d)) for d in mesh.GROUPS}}
     return out
 
 
@@ -88,7 +117,8 @@ def test_mesh_groups_follow_the_rank_arithmetic(meshes, shape):
     for rank in range(4):
         got = meshes[rank][shape]
         c = dims.coordinates(rank)
-        assert got["coordinates"] == tuple(c) == got["device_mesh"], "init_device_mesh disagrees with the arithmetic"
+        assert got["coordinates"] == tuple(c), "the mesh's coordinates disagree with the arithmetic"
+        assert got["device_mesh"] == (c.pp, c.dp, c.tp), "init_device_mesh disagrees with the arithmetic"
         assert got["groups"]["tp"] == [dims.rank_of(c.pp, c.dp, t) for t in range(dims.tp)]
         assert got["groups"]["dp"] == [dims.rank_of(c.pp, d, c.tp) for d in range(dims.dp)]
         assert got["groups"]["pp"] == [dims.rank_of(s, c.dp, c.tp) for s in range(dims.pp)]
@@ -99,6 +129,27 @@ def test_mesh_groups_follow_the_rank_arithmetic(meshes, shape):
             assert got["embedding"] == ("embedding", ends)
         else:
             assert got["embedding"] is None
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sizes", CP_SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_cp_and_expert_groups_follow_the_rank_arithmetic(meshes, sizes):
+    """With cp > 1 the device mesh is (pp, dp, cp, tp); dp_cp joins the ranks holding the same weights;
+    ep / edp are the expert groups of ParallelDims.expert_group_ranks; every group is named for the counter."""
+    dims = ParallelDims(**sizes)
+    for rank in range(4):
+        got = meshes[rank][tuple(sorted(sizes.items()))]
+        c = dims.coordinates(rank)
+        assert got["coordinates"] == tuple(c)
+        assert got["device_mesh"] == tuple(getattr(c, d) for d in dims.dim_names)
+        groups = got["groups"]
+        assert groups["cp"] == [dims.rank_of(c.pp, c.dp, c.tp, k) for k in range(dims.cp)]
+        assert groups["dp_cp"] == sorted(dims.rank_of(c.pp, d, c.tp, k) for d in range(dims.dp) for k in range(dims.cp))
+        assert groups["ep"] == dims.expert_group_ranks(rank)["ep"]
+        assert groups["edp"] == (dims.expert_group_ranks(rank)["edp"] if dims.ep > 1 else groups["dp_cp"])
+        for name in ("cp", "ep"):
+            if getattr(dims, name) > 1 and getattr(dims, name) < 4:
+                assert got["names"][name] == name
 
 
 # ---- dp 2 x tp 2: tensor-parallel GPT-2 replicas averaged over the dp group only ---------------
@@ -245,7 +296,7 @@ def test_pp2_tp2_pipeline_of_tensor_parallel_stages():
         losses[i] = loss.item()
     act_bytes = sum(MICRO) * WIDTH * 4  # every micro-batch's (n, WIDTH) float32 activation, once
     for rank, r in results.items():
-        stage, _, tp = r["coordinates"]
+        stage, _, _, tp = r["coordinates"]
         d = dense[stage]
         want = [d[0].weight.grad.chunk(2)[tp], d[0].bias.grad.chunk(2)[tp], d[2].weight.grad.chunk(2, dim=1)[tp],
                 d[2].bias.grad]

@@ -60,7 +60,7 @@ def run_case(case: dict) -> dict:
     ids, labels = global_batch()
     share = BATCH // case["dp"]
     ids, labels = ids[mesh.dp_rank * share:(mesh.dp_rank + 1) * share], labels[mesh.dp_rank * share:(mesh.dp_rank + 1) * share]
-    out = {"coordinates": tuple(mesh.coordinates)}
+    out = {"coordinates": (mesh.stage, mesh.dp_rank, mesh.tp_rank)}
     with CommCounter() as counter:
         if case.get("step", True):
             r = three_d_step(stage, runner, mesh, ids, labels, case["n_chunk"], case.get("schedule", "1f1b"),

@@ -45,7 +45,7 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
             step_s = time.time() - start
     events = out["result"].events
     shift = runner.origin  # back to absolute seconds, comparable across pp groups
-    return {"coordinates": tuple(mesh.coordinates), "blocks": list(stage.blocks),
+    return {"coordinates": (mesh.stage, mesh.dp_rank, mesh.tp_rank), "blocks": list(stage.blocks),
             "events": [(k, i, a + shift, b + shift) for k, i, a, b in events],
             "event_cpu_s": list(out["result"].event_cpu_s),
             "comm": [(r.kind, r.group, r.start, r.end) for r in counter.records if r.start is not None],

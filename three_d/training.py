@@ -244,8 +244,8 @@ class ThreeDTraining(TrainingMode):
                 "(a send: its posting only; a recv: from the start of its wait)",
                 "step_span": list(getattr(self, "step_span", ())),
                 "comm_per_step": per_step, "peak_activation_bytes": self.peak_bytes,
-                "peak_in_flight": self.peak_in_flight, "coordinates": dict(zip(("pp", "dp", "tp"),
-                                                                                 self.mesh.coordinates)),
+                "peak_in_flight": self.peak_in_flight, "coordinates": {"pp": self.mesh.stage, "dp": self.mesh.dp_rank,
+                                                                  "tp": self.mesh.tp_rank},
                 "last_grad_norm": getattr(self, "last_grad_norm", None), "time_origin": self.runner.origin,
                 "tied_weight_max_abs_difference": getattr(self, "tied_difference", None)}
 
