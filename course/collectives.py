@@ -1,6 +1,6 @@
 """Counted communication: collectives and point-to-point transfers that name their group.
 
-The parts call :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`,
+The parts call :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`, :func:`all_to_all`,
 :func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
 two reasons:
 
@@ -15,7 +15,7 @@ two reasons:
   algorithm in a group of p ranks:
 
   * all-reduce of N bytes: ``2 (p-1)/p N`` (a reduce-scatter followed by an all-gather),
-  * all-gather to N bytes, reduce-scatter from N bytes: ``(p-1)/p N`` each,
+  * all-gather to N bytes, reduce-scatter from N bytes, all-to-all of N bytes: ``(p-1)/p N`` each,
   * send of N bytes: N (a receive sends nothing).
 
   This is why sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) costs the same
@@ -35,7 +35,8 @@ plain :func:`isend`'s span is its posting only.
 
 Point-to-point follows NCCL's rules (docs/architecture.md, "Point-to-point under NCCL's rules"):
 messages between two ranks are matched by order (no tags), and an exchange in which both ranks
-send goes through :func:`exchange` / :func:`send_recv` (one ``batch_isend_irecv``).
+send goes through :func:`exchange` / :func:`send_recv` (one ``batch_isend_irecv``), or
+:func:`start_exchange` when the batch should run while the rank computes (wait on it later).
 
 Without a process group (one process) the collectives are identities and nothing is recorded.
 """
@@ -105,7 +106,7 @@ def global_rank(group, group_rank_: int) -> int:
 class CommRecord:
     """One communication call as seen by one rank (bytes in bytes, not elements)."""
 
-    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "send" or "recv"
+    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send" or "recv"
     bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter input / sent)
     traffic_bytes: float  # bytes this rank sends (ring algorithm for collectives)
     scope: str | None
@@ -310,6 +311,36 @@ def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
     Raises:
         ValueError: an unknown kind, or no operation.
     """
+    start_exchange(ops, group, counted).wait()
+
+
+class PendingExchange:
+    """A batch posted by :func:`start_exchange`; :meth:`wait` waits for all of its operations (and
+    records them, with the span from posting to the end of the wait)."""
+
+    def __init__(self, ops: list[P2P], works: list, group, counted: bool, start: float):
+        self.ops, self.works, self.group, self.counted, self.start = ops, works, group, counted, start
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        for work in self.works:
+            work.wait()
+        self.done = True
+        if self.counted:
+            for op in self.ops:
+                _record(op.kind, op.tensor, self.group, op.peer, start=self.start)
+
+
+def start_exchange(ops: list[P2P], group=None, counted: bool = True) -> PendingExchange:
+    """Post ``ops`` as one ``batch_isend_irecv`` (like :func:`exchange`) and return at once: compute while
+    the transfer runs, then call ``.wait()`` before touching the tensors (ring attention posts step s+1's
+    transfer before computing step s; Liu et al. 2023, Sec. 3).
+
+    Raises:
+        ValueError: an unknown kind, or no operation.
+    """
     if not ops:
         raise ValueError("exchange needs at least one operation")
     p2p = []
@@ -318,11 +349,7 @@ def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
             raise ValueError(f"a P2P kind is 'send' or 'recv', not {op.kind!r}")
         p2p.append(dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer, group))
     start = time.time()
-    for work in dist.batch_isend_irecv(p2p):
-        work.wait()
-    if counted:
-        for op in ops:
-            _record(op.kind, op.tensor, group, op.peer, start=start)
+    return PendingExchange(list(ops), dist.batch_isend_irecv(p2p), group, counted, start)
 
 
 def send_recv(send: torch.Tensor, dst: int, recv_into: torch.Tensor, src: int, group=None) -> torch.Tensor:
@@ -331,3 +358,27 @@ def send_recv(send: torch.Tensor, dst: int, recv_into: torch.Tensor, src: int, g
     in a ring of two, or the pairwise exchanges of recursive doubling). Returns ``recv_into``."""
     exchange([P2P("send", send, dst), P2P("recv", recv_into, src)], group)
     return recv_into
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None) -> torch.Tensor:
+    """All-to-all: cut ``x`` into p equal chunks along ``scatter_dim`` and send chunk j to group rank j;
+    concatenate the chunks received, in group-rank order, along ``gather_dim``. ``scatter_dim`` shrinks p
+    times, ``gather_dim`` grows p times. Counted as kind ``all_to_all``: ``bytes`` of ``x``, ``traffic_bytes``
+    ``(p-1)/p`` of them (the chunk kept is not sent). DeepSpeed-Ulysses (Jacobs et al. 2023, Sec. 3.1) turns
+    sequence-sharded into head-sharded tensors with it, and back.
+
+    Raises:
+        ValueError: the size of ``scatter_dim`` is not divisible by the group size.
+    """
+    p = group_size(group)
+    if p == 1:
+        return x
+    if x.size(scatter_dim) % p:
+        raise ValueError(f"all_to_all: size {x.size(scatter_dim)} of dim {scatter_dim} is not divisible by the "
+                         f"group size {p}")
+    inputs = [c.contiguous() for c in x.chunk(p, dim=scatter_dim)]
+    outputs = [torch.empty_like(c) for c in inputs]
+    start = time.time()
+    dist.all_to_all(outputs, inputs, group=group)
+    _record("all_to_all", x, group, start=start)
+    return torch.cat(outputs, dim=gather_dim)

@@ -1,0 +1,88 @@
+"""Assignment 5.7.3 — DeepSpeed-Ulysses: all-to-all between sequence and head sharding (graded).
+
+One launch of 4 ranks runs Ulysses attention at cp = 2 (two groups of two at once) and cp = 4:
+contiguous shards causal and not, and zig-zag shards (the causal mask then follows the gathered
+positions). Each rank compares its shard of the output and of the gradients of q, k and v with
+``scaled_dot_product_attention`` over the whole sequence (float32, 1e-5). The communication is
+counted: four all-to-alls forward (q, k, v in, the output back) and four backward, each of one
+(batch, heads, seq/p, head_dim) tensor, in the cp group. Heads that cp does not divide are
+refused with a ValueError before any communication, and by the run script before any process
+starts.
+"""
+import functools
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.a5_7_3
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+CASES = [f"cp{cp}-{layout}" for cp in (2, 4) for layout in ("contiguous-causal", "contiguous-full", "zigzag-causal")]
+
+
+@functools.lru_cache(maxsize=None)
+def results():
+    from course.launch import launch
+    from tests.context_parallel.workers import ulysses_worker
+
+    return launch(ulysses_worker, 4, device="cpu", timeout=150)
+
+
+def case(name: str, rank: int) -> dict:
+    r = results()[rank]["cases"][name]
+    if "error" in r:
+        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
+    return r
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_equals_sdpa_forward_and_backward(name):
+    for rank in range(4):
+        r = case(name, rank)
+        torch.testing.assert_close(r["out"], r["ref"], **TOL, msg=lambda m: f"{name}, rank {rank}, output: {m}")
+        for label, got, want in zip("qkv", r["grads"], r["ref_grads"]):
+            torch.testing.assert_close(got, want, **TOL,
+                                       msg=lambda m, n=label: f"{name}, rank {rank}, gradient of {n}: {m}")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_four_all_to_alls_each_way_counted_in_the_cp_group(name):
+    p = int(name[2])
+    for rank in range(4):
+        r = case(name, rank)
+        for phase in ("forward", "backward"):
+            records = r[f"{phase}_comm"]
+            kinds = [x["kind"] for x in records]
+            assert kinds == ["all_to_all"] * 4, (
+                f"{name}, rank {rank}, {phase}: {kinds}; expected 4 all-to-alls through course.collectives")
+            assert all(x["bytes"] == r["local_bytes"] for x in records), f"{name}: each all-to-all moves one shard"
+            assert all(x["traffic"] == r["local_bytes"] * (p - 1) / p for x in records)
+            assert all(x["group"] == "cp" for x in records), f"{name}: the all-to-alls must name the cp group"
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_heads_not_divisible_by_cp_are_refused(cp):
+    for rank in range(4):
+        r = case(f"cp{cp}-uneven-heads", rank)
+        assert r["raised"] is not None and "3 heads" in r["raised"], (
+            f"3 heads over cp = {cp}: expected a ValueError naming the heads, got {r['raised']!r}")
+
+
+def test_check_heads_message_names_the_choices():
+    from context_parallel import check_heads
+
+    check_heads(12, 4)
+    with pytest.raises(ValueError, match=r"12 heads are not divisible by 5; choose cp in \[1, 2, 3, 4, 6, 12\]"):
+        check_heads(12, 5)
+
+
+def test_run_script_refuses_uneven_heads_before_starting(capsys, tmp_path):
+    """The tiny preset has 4 heads: Ulysses over cp = 3 stops in the argument check, naming --cp."""
+    from project.run_context_parallel import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--cp", "3", "--attention", "ulysses", "--seq_len", "384", "--workdir", str(tmp_path),
+                    "--device", "cpu", "--preset", "tiny"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cp 3" in err and "4 heads are not divisible by 3" in err, err
