@@ -48,18 +48,22 @@ def _now(device: torch.device) -> float:
 
 
 class _Recorder:
-    """Per-step record of one pass: which block (its home rank), tiles computed, compute and wait spans."""
+    """Per-step record of one pass: which block (its home rank), tiles computed, compute and wait spans
+    (wall clock), and the CPU seconds of the computation (``time.thread_time``: on a CPU shared by more
+    ranks than cores it is the work done, where the wall clock also counts the waits for a core)."""
 
     def __init__(self, stats: dict | None, name: str, device: torch.device):
         self.stats, self.name, self.device = stats, name, device
         self.steps: list[dict] = []
         self.mark = _now(device) if stats is not None else 0.0
+        self.cpu_mark = time.thread_time()
 
     def computed(self, step: int, src: int, tiles: int) -> None:
         if self.stats is None:
             return
-        end = _now(self.device)
-        self.steps.append({"step": step, "src": src, "tiles": tiles, "compute": (self.mark, end), "wait": (end, end)})
+        end, cpu = _now(self.device), time.thread_time()
+        self.steps.append({"step": step, "src": src, "tiles": tiles, "compute": (self.mark, end), "wait": (end, end),
+                           "cpu_seconds": cpu - self.cpu_mark})
         self.mark = end
 
     def waited(self) -> None:
@@ -67,7 +71,7 @@ class _Recorder:
             return
         end = _now(self.device)
         self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], end)
-        self.mark = end
+        self.mark, self.cpu_mark = end, time.thread_time()
 
     def close(self) -> None:
         if self.stats is None:
@@ -76,6 +80,7 @@ class _Recorder:
         self.stats[f"{self.name}_tiles"] = sum(s["tiles"] for s in self.steps)
         self.stats[f"{self.name}_compute_seconds"] = sum(s["compute"][1] - s["compute"][0] for s in self.steps)
         self.stats[f"{self.name}_wait_seconds"] = sum(s["wait"][1] - s["wait"][0] for s in self.steps)
+        self.stats[f"{self.name}_cpu_seconds"] = sum(s["cpu_seconds"] for s in self.steps)
 
 
 class RingAttention(torch.autograd.Function):
@@ -172,7 +177,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Se
         scale: factor of the scores (default ``head_dim ** -0.5``).
         stats: optional dict that receives, per pass (``forward``, ``backward``), the list of steps
             (block's home rank ``src``, ``tiles`` computed, ``compute`` and ``wait`` spans in
-            seconds) and their totals (``forward_tiles``, ``forward_compute_seconds``, ...).
+            seconds of ``time.time()``, ``cpu_seconds`` of the computation) and their totals
+            (``forward_tiles``, ``forward_compute_seconds``, ``forward_cpu_seconds``, ...).
 
     Returns:
         (batch, heads, local_len, head_dim): this rank's rows of the attention output; the same as

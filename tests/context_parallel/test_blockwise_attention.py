@@ -201,12 +201,3 @@ def test_forward_keeps_order_seq_memory_for_the_backward():
     assert saved < b * h * s * s * 4 / 4, "the forward keeps O(seq^2) memory for the backward"
     out.sum().backward()
 
-
-def test_bad_shapes_and_block_size_are_refused():
-    from context_parallel.blockwise_attention import blockwise_attention
-
-    q = torch.randn(1, 2, 8, 4)
-    with pytest.raises(ValueError, match="block_size"):
-        blockwise_attention(q, q, q, True, 0)
-    with pytest.raises(ValueError, match="batch, heads, seq, head_dim"):
-        blockwise_attention(q[0], q[0], q[0])

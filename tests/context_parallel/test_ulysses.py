@@ -5,9 +5,8 @@ contiguous shards causal and not, and zig-zag shards (the causal mask then follo
 positions). Each rank compares its shard of the output and of the gradients of q, k and v with
 ``scaled_dot_product_attention`` over the whole sequence (float32, 1e-5). The communication is
 counted: four all-to-alls forward (q, k, v in, the output back) and four backward, each of one
-(batch, heads, seq/p, head_dim) tensor, in the cp group. Heads that cp does not divide are
-refused with a ValueError before any communication, and by the run script before any process
-starts.
+(batch, heads, seq/p, head_dim) tensor, in the cp group. (Heads that cp does not divide are
+refused before any process starts: tests/context_parallel/test_input_checks.py.)
 """
 import functools
 
@@ -59,30 +58,3 @@ def test_four_all_to_alls_each_way_counted_in_the_cp_group(name):
             assert all(x["traffic"] == r["local_bytes"] * (p - 1) / p for x in records)
             assert all(x["group"] == "cp" for x in records), f"{name}: the all-to-alls must name the cp group"
 
-
-@pytest.mark.parametrize("cp", [2, 4])
-def test_heads_not_divisible_by_cp_are_refused(cp):
-    for rank in range(4):
-        r = case(f"cp{cp}-uneven-heads", rank)
-        assert r["raised"] is not None and "3 heads" in r["raised"], (
-            f"3 heads over cp = {cp}: expected a ValueError naming the heads, got {r['raised']!r}")
-
-
-def test_check_heads_message_names_the_choices():
-    from context_parallel import check_heads
-
-    check_heads(12, 4)
-    with pytest.raises(ValueError, match=r"12 heads are not divisible by 5; choose cp in \[1, 2, 3, 4, 6, 12\]"):
-        check_heads(12, 5)
-
-
-def test_run_script_refuses_uneven_heads_before_starting(capsys, tmp_path):
-    """The tiny preset has 4 heads: Ulysses over cp = 3 stops in the argument check, naming --cp."""
-    from project.run_context_parallel import parse_args
-
-    with pytest.raises(SystemExit) as exit_info:
-        parse_args(["--cp", "3", "--attention", "ulysses", "--seq_len", "384", "--workdir", str(tmp_path),
-                    "--device", "cpu", "--preset", "tiny"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "--cp 3" in err and "4 heads are not divisible by 3" in err, err
