@@ -205,7 +205,7 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
         computes, stats = [], {}
         for i in range(repeats + 1):
             stats = {}
-            dist.barrier()
+            dist.barrier(group=dist.group.WORLD)
             run("ring", cp, layout, stats)
             if i:
                 computes.append(stats["forward_cpu_seconds"] + stats["backward_cpu_seconds"])
@@ -218,10 +218,9 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
 
         mine = {"rank": rank, "forward": rel(stats["forward"], origin), "backward": rel(stats["backward"], back)}
         everyone: list = [None] * world_size
-        dist.all_gather_object(everyone, {**mine, "forward_tiles": stats["forward_tiles"],
-                                          "backward_tiles": stats["backward_tiles"],
-                                          "compute_s": statistics.median(computes),
-                                          "compute_range_s": (min(computes), max(computes))})
+        mine.update(forward_tiles=stats["forward_tiles"], backward_tiles=stats["backward_tiles"],
+                    compute_s=statistics.median(computes), compute_range_s=(min(computes), max(computes)))
+        dist.all_gather_object(everyone, mine, group=dist.group.WORLD)
         out["schedule"][layout] = [{k: e[k] for k in ("rank", "forward", "backward")} for e in everyone]
         out["work"][layout] = {e["rank"]: {k: e[k] for k in ("forward_tiles", "backward_tiles", "compute_s",
                                                              "compute_range_s")} for e in everyone}
@@ -294,6 +293,14 @@ def _gpt2(seq: int, n_layer: int, vocab: int, n_embd: int = 128, n_head: int = 4
                                                      n_layer=n_layer, n_embd=n_embd, n_head=n_head))
 
 
+def _attention(method: str, cp: int, seq: int, group, block_size: int):
+    """The ring with the zig-zag layout, or Ulysses with the contiguous one, over ``group``."""
+    from context_parallel.gpt2 import ContextParallelAttention
+
+    layout = SequenceLayout("zigzag" if method == "ring" else "contiguous", cp, seq)
+    return ContextParallelAttention(method, layout, group, block_size)
+
+
 def _batch(seq: int, vocab: int, batch: int = 1) -> dict:
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq))
     return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
@@ -312,7 +319,7 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     """
     import torch.distributed as dist
 
-    from context_parallel.gpt2 import ContextParallelAttention, shard_batch, shard_loss_sum
+    from context_parallel.gpt2 import shard_batch, shard_loss_sum
     from course.collectives import name_group
     from course.task import worker_env_quiet
 
@@ -325,14 +332,13 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     for method in ("ring", "ulysses"):
         for cp in cps:
             for seq in seq_lens:
-                dist.barrier()
+                dist.barrier(group=dist.group.WORLD)
                 if rank >= cp:
                     continue
                 group = groups[cp]
-                layout = SequenceLayout("zigzag" if method == "ring" else "contiguous", cp, seq)
+                attention = _attention(method, cp, seq, group, block_size)
                 model = _gpt2(seq, n_layer, vocab)
-                shard = shard_batch(_batch(seq, vocab), layout, rank)
-                attention = ContextParallelAttention(method, layout, group, block_size)
+                shard = shard_batch(_batch(seq, vocab), attention.layout, rank)
 
                 def step():
                     loss, _ = shard_loss_sum(model, shard, attention)
@@ -346,7 +352,7 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                 memory.append({"method": method, "cp": cp, "seq": seq, "peak MB": worst["peak"] / MB,
                                "activations MB": worst.get("ACT", 0) / MB, "temporaries MB": worst.get("TEMP", 0) / MB,
                                "gradients MB": worst.get("GRAD", 0) / MB})
-    dist.barrier()
+    dist.barrier(group=dist.group.WORLD)
     seq = seq_lens[0]
     batch = _batch(seq, vocab, batch=2)
     reference = _gpt2(seq, n_layer, vocab)
@@ -355,14 +361,13 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     loss = loss.detach()
     for method in ("ring", "ulysses"):
         for cp in [c for c in cps if c > 1]:
-            dist.barrier()
+            dist.barrier(group=dist.group.WORLD)
             if rank >= cp:
                 continue
             group = groups[cp]
-            layout = SequenceLayout("zigzag" if method == "ring" else "contiguous", cp, seq)
+            attention = _attention(method, cp, seq, group, block_size)
             model = _gpt2(seq, n_layer, vocab)
-            mine, _ = shard_loss_sum(model, shard_batch(batch, layout, rank), ContextParallelAttention(method, layout,
-                                                                                                       group, block_size))
+            mine, _ = shard_loss_sum(model, shard_batch(batch, attention.layout, rank), attention)
             (mine / count).backward()
             total = mine.detach().clone()
             dist.all_reduce(total, group=group)
@@ -373,5 +378,5 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                              "|loss - one process|": abs(float(total / count) - float(loss / count)),
                              "max |grad - one process|": float((grads - want).abs().max()),
                              "largest gradient": float(want.abs().max())})
-    dist.barrier()
+    dist.barrier(group=dist.group.WORLD)
     return {"memory": memory, "equality": equality} if rank == 0 else {}

@@ -14,7 +14,7 @@ import functools
 
 import pytest
 
-from tests.context_parallel.workers import GPT2_CASES
+from tests.context_parallel.workers import GPT2_CASES, read_case
 
 pytestmark = pytest.mark.needs_solution
 
@@ -31,10 +31,7 @@ def results():
 
 
 def case(name: str, rank: int) -> dict:
-    r = results()[rank]["cases"][name]
-    if "error" in r:
-        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
-    return r
+    return read_case(results(), name, rank)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 
-from tests.context_parallel.workers import BLOCK, SHAPE
+from tests.context_parallel.workers import BLOCK, SHAPE, read_case
 
 pytestmark = pytest.mark.a5_7_2
 
@@ -38,10 +38,7 @@ def results():
 
 
 def case(name: str, rank: int) -> dict:
-    r = results()[rank]["cases"][name]
-    if "error" in r:
-        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
-    return r
+    return read_case(results(), name, rank)
 
 
 def test_ring_attention_finishes_under_nccl_rules_rendezvous():

@@ -13,6 +13,8 @@ import functools
 import pytest
 import torch
 
+from tests.context_parallel.workers import read_case
+
 pytestmark = pytest.mark.a5_7_3
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -28,10 +30,7 @@ def results():
 
 
 def case(name: str, rank: int) -> dict:
-    r = results()[rank]["cases"][name]
-    if "error" in r:
-        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
-    return r
+    return read_case(results(), name, rank)
 
 
 @pytest.mark.parametrize("name", CASES)

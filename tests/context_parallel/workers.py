@@ -89,6 +89,16 @@ def _torch_ring_case(group) -> dict:
     return {"ours": ours, "theirs": theirs}
 
 
+def read_case(results: dict, name: str, rank: int) -> dict:
+    """Case ``name`` of rank ``rank`` from a worker's results; fails the test with the rank's traceback if it raised."""
+    import pytest
+
+    r = results[rank]["cases"][name]
+    if "error" in r:
+        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
+    return r
+
+
 def attempt(fn, *args) -> dict:
     """``fn(*args)``, or ``{"error": traceback}`` if it raises — except a deadlock under NCCL's rules, which
     ends the run at once (the ranks' queues are stuck; the launch reports the waiting rank's message)."""
