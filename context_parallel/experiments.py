@@ -163,7 +163,7 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
 
     * ``schedule``: ``{layout: [every rank's forward and backward steps]}`` at cp = world_size, causal: per
       step the home rank of the block computed (``src``), tiles, compute and wait spans (seconds since the
-      start of the pass);
+      first rank began the pass; the last repeat);
     * ``work``: ``{layout: {rank: {"forward_tiles", "backward_tiles", "compute_s", "compute_range_s"}}}`` with
       compute_s the median over ``repeats`` of the CPU seconds the rank computed in forward + backward (the
       work; the wall clock of a rank on shared cores also counts its waits for a core);
@@ -209,19 +209,19 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
             run("ring", cp, layout, stats)
             if i:
                 computes.append(stats["forward_cpu_seconds"] + stats["backward_cpu_seconds"])
-        origin = min(s["compute"][0] for s in stats["forward"])
-        back = min(s["compute"][0] for s in stats["backward"])
+        everyone: list = [None] * world_size
+        mine = {"rank": rank, "forward": stats["forward"], "backward": stats["backward"],
+                "forward_tiles": stats["forward_tiles"], "backward_tiles": stats["backward_tiles"],
+                "compute_s": statistics.median(computes), "compute_range_s": (min(computes), max(computes))}
+        dist.all_gather_object(everyone, mine, group=dist.group.WORLD)
+        origin = {name: min(s["compute"][0] for e in everyone for s in e[name]) for name in ("forward", "backward")}
 
-        def rel(steps, t0):
+        def rel(steps, t0):  # seconds since the first rank began the pass (one clock: time.time())
             return [{"step": s["step"], "src": s["src"], "tiles": s["tiles"], "compute": [x - t0 for x in s["compute"]],
                      "wait": [x - t0 for x in s["wait"]]} for s in steps]
 
-        mine = {"rank": rank, "forward": rel(stats["forward"], origin), "backward": rel(stats["backward"], back)}
-        everyone: list = [None] * world_size
-        mine.update(forward_tiles=stats["forward_tiles"], backward_tiles=stats["backward_tiles"],
-                    compute_s=statistics.median(computes), compute_range_s=(min(computes), max(computes)))
-        dist.all_gather_object(everyone, mine, group=dist.group.WORLD)
-        out["schedule"][layout] = [{k: e[k] for k in ("rank", "forward", "backward")} for e in everyone]
+        out["schedule"][layout] = [{"rank": e["rank"], **{name: rel(e[name], origin[name]) for name in origin}}
+                                   for e in everyone]
         out["work"][layout] = {e["rank"]: {k: e[k] for k in ("forward_tiles", "backward_tiles", "compute_s",
                                                              "compute_range_s")} for e in everyone}
     hidden = heads * head_dim
@@ -314,7 +314,8 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
 
     Returns (rank 0; ``{}`` elsewhere) ``{"memory": [rows: method, cp, seq, peak MB (largest over the cp
     ranks), activations MB, temporaries MB, gradients MB], "equality": [rows: method, cp, loss difference,
-    largest gradient difference]}``. Peak counts what the step allocates (not the weights, which exist
+    largest gradient difference], "fixed": {sizes that do not depend on cp or seq: all weight gradients, one
+    tile of scores}}``. Peak counts what the step allocates (not the weights, which exist
     before it); with cp = 1 both methods run the blockwise kernel on the whole sequence.
     """
     import torch.distributed as dist
@@ -379,4 +380,6 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                              "max |grad - one process|": float((grads - want).abs().max()),
                              "largest gradient": float(want.abs().max())})
     dist.barrier(group=dist.group.WORLD)
-    return {"memory": memory, "equality": equality} if rank == 0 else {}
+    fixed = {"weight gradients MB (whole model)": sum(p.numel() for p in reference.parameters()) * 4 / MB,
+             "one tile of scores MB (block^2 x heads)": block_size ** 2 * reference.config.n_head * 4 / MB}
+    return {"memory": memory, "equality": equality, "fixed": fixed} if rank == 0 else {}
