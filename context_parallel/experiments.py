@@ -76,14 +76,15 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
 
 
-def _peak(fn) -> dict:
-    """Run ``fn()`` under MemTracker; the peak total and its parts (bytes), tensors made before not counted."""
+def _peak(fn, device: torch.device | str = "cpu") -> dict:
+    """Run ``fn()`` under MemTracker; the peak total on ``device`` and its parts (bytes), tensors made before
+    not counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
     with tracker:
         fn()
-    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
+    snapshot = tracker.get_tracker_snapshot("peak")[torch.device(device)]
     parts = {str(kind).split(".")[-1]: int(n) for kind, n in snapshot.items()}
     return {"peak": parts.pop("Total"), **{k: v for k, v in parts.items() if v}}
 
@@ -135,7 +136,7 @@ def blockwise_check(seq: int = 100, block_size: int = 32, batch: int = 2, heads:
 # ---- ring and Ulysses across ranks ------------------------------------------------------------------------------
 
 
-def _timed(fn, group, repeats: int, warmup: int = 1) -> dict:
+def _timed(fn, group, repeats: int, warmup: int = 1, device: torch.device | str = "cpu") -> dict:
     """Seconds of ``fn()`` on the slowest rank of ``group``: median and range over ``repeats`` after ``warmup``."""
     import torch.distributed as dist
 
@@ -144,11 +145,14 @@ def _timed(fn, group, repeats: int, warmup: int = 1) -> dict:
         dist.barrier(group=group)
         start = time.perf_counter()
         fn()
-        elapsed = torch.tensor([time.perf_counter() - start])
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - start], device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         if i >= warmup:
             times.append(float(elapsed))
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats}
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats,
+            "times_s": times}
 
 
 def _sent(counter) -> float:
@@ -176,14 +180,16 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
     import torch.distributed as dist
 
     from course.collectives import CommCounter, name_group
+    from course.launch import context
 
     torch.set_num_threads(1)
+    device = context().device
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     groups = {2: pairs[rank // 2], world_size: dist.group.WORLD}
     for group in groups.values():
         name_group(group, "cp")
     g = torch.Generator().manual_seed(0)
-    q, k, v, grad = (torch.randn(1, heads, seq, head_dim, generator=g) for _ in range(4))
+    q, k, v, grad = (torch.randn(1, heads, seq, head_dim, generator=g).to(device) for _ in range(4))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     out: dict = {"schedule": {}, "work": {}, "comm": [], "timing": [], "max_diff": {},
                  "shape": {"batch": 1, "heads": heads, "seq": seq, "head_dim": head_dim, "block_size": block_size}}
@@ -244,7 +250,7 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
             for phase, counted in (("forward", forward), ("backward", backward)):
                 out["comm"].append({"method": method, "cp": p, "pass": phase, "counted MB": counted / MB,
                                     "formula MB": formula[phase] / MB})
-            timing = _timed(lambda m=method, c=p, lay_=layout: run(m, c, lay_), groups[p], repeats)
+            timing = _timed(lambda m=method, c=p, lay_=layout: run(m, c, lay_), groups[p], repeats, device=device)
             out["timing"].append({"method": method, "cp": p, **timing})
     out["torch"] = torch_context_parallel(q, k, v, block_size)
     return out
@@ -256,8 +262,8 @@ def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     * ``public``: what ``torch.distributed.tensor.experimental.context_parallel`` does with causal
       ``scaled_dot_product_attention`` here: ``"ran"``, or the error it raises (on CPU it has no sharding rule
       for the CPU attention kernel: it handles the CUDA flash, efficient and cuDNN kernels only);
-    * ``max |ours - torch's ring kernel|``: its ring kernel ``_templated_ring_attention`` (head-tail load
-      balancing, i.e. the zig-zag layout) called with the CPU flash-attention op, against
+    * ``max |ours - torch's ring kernel|`` (CPU only): its ring kernel ``_templated_ring_attention`` (head-tail
+      load balancing, i.e. the zig-zag layout) called with the CPU flash-attention op, against
       :func:`context_parallel.ring_attention.ring_attention` on the same zig-zag shards (forward).
     """
     import torch.distributed as dist
@@ -274,6 +280,8 @@ def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
         public = "ran"
     except Exception as exc:  # noqa: BLE001 - reported, it is the finding
         public = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+    if q.device.type != "cpu":
+        return {"public": public}
     layout = SequenceLayout("zigzag", world, q.size(2))
     shards = [layout.shard(t, 2, rank).contiguous() for t in (q, k, v)]
     theirs, *_ = _templated_ring_attention(mesh.get_group(), 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
@@ -301,8 +309,8 @@ def _attention(method: str, cp: int, seq: int, group, block_size: int):
     return ContextParallelAttention(method, layout, group, block_size)
 
 
-def _batch(seq: int, vocab: int, batch: int = 1) -> dict:
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq))
+def _batch(seq: int, vocab: int, batch: int = 1, device: torch.device | str = "cpu") -> dict:
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seq)).to(device)
     return {"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}
 
 
@@ -324,8 +332,11 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     from course.collectives import name_group
     from course.task import worker_env_quiet
 
+    from course.launch import context
+
     worker_env_quiet()
     torch.set_num_threads(1)
+    device = context().device
     groups = {cp: dist.new_group(list(range(cp))) for cp in sorted(set(cps))}  # every rank makes every group
     for group in groups.values():
         name_group(group, "cp")
@@ -338,14 +349,14 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                     continue
                 group = groups[cp]
                 attention = _attention(method, cp, seq, group, block_size)
-                model = _gpt2(seq, n_layer, vocab)
-                shard = shard_batch(_batch(seq, vocab), attention.layout, rank)
+                model = _gpt2(seq, n_layer, vocab).to(device)
+                shard = shard_batch(_batch(seq, vocab, device=device), attention.layout, rank)
 
                 def step():
                     loss, _ = shard_loss_sum(model, shard, attention)
                     loss.backward()
 
-                measured = _peak(step)
+                measured = _peak(step, device)
                 model.zero_grad(set_to_none=True)
                 peaks: list = [None] * cp
                 dist.all_gather_object(peaks, measured, group=group)
@@ -355,8 +366,8 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                                "gradients MB": worst.get("GRAD", 0) / MB})
     dist.barrier(group=dist.group.WORLD)
     seq = seq_lens[0]
-    batch = _batch(seq, vocab, batch=2)
-    reference = _gpt2(seq, n_layer, vocab)
+    batch = _batch(seq, vocab, batch=2, device=device)
+    reference = _gpt2(seq, n_layer, vocab).to(device)
     loss, count = shard_loss_sum(reference, shard_batch(batch, SequenceLayout("contiguous", 1, seq), 0), None)
     (loss / count).backward()
     loss = loss.detach()
@@ -367,7 +378,7 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                 continue
             group = groups[cp]
             attention = _attention(method, cp, seq, group, block_size)
-            model = _gpt2(seq, n_layer, vocab)
+            model = _gpt2(seq, n_layer, vocab).to(device)
             mine, _ = shard_loss_sum(model, shard_batch(batch, attention.layout, rank), attention)
             (mine / count).backward()
             total = mine.detach().clone()

@@ -11,9 +11,11 @@ ranks: :func:`use_context_parallel_attention` registers an attention function wi
 :class:`ContextParallelAttention` (``model(..., context_parallel=attention)``), and plain causal
 attention on the rank's own tokens otherwise (evaluation and decoding, on whole sentences).
 
-Positions: a shard's tokens get their global positions (``position_ids``) for the position
-embedding, and the loss's targets are shifted by one over the *whole* sequence before sharding
-(the token after a shard's last token lives on another rank): :func:`shard_batch`.
+Positions: a shard's tokens get their positions in the whole sequence (``position_ids``, which
+packed sequences restart at every pair) for the position embedding, and the loss's targets are
+shifted by one over the *whole* sequence before sharding (the token after a shard's last token lives
+on another rank): :func:`shard_batch`. The causal mask follows the tokens' places in the sequence
+(the layout), not the position ids.
 
 Attention dropout is switched off: the blockwise kernels keep no probability matrix to drop
 from (FlashAttention regenerates its dropout mask from a seed; this course's kernels do not).
@@ -110,10 +112,14 @@ def shift_targets(labels: torch.Tensor) -> torch.Tensor:
 
 
 def shard_batch(batch: dict, layout: SequenceLayout, cp_rank: int) -> dict:
-    """This rank's shard of a (batch, seq_len) batch: ``input_ids``, ``position_ids`` (global positions)
-    and ``targets`` (:func:`shift_targets`), each (batch, seq_len / cp)."""
+    """This rank's shard of a (batch, seq_len) batch: ``input_ids``, ``position_ids`` (the batch's own, e.g.
+    restarting at every packed pair, else the global positions 0..seq_len-1) and ``targets``
+    (:func:`shift_targets`), each (batch, seq_len / cp). The causal mask does not use ``position_ids``: it
+    follows the tokens' places in the sequence (``layout``)."""
     ids = batch["input_ids"]
-    positions = torch.arange(ids.size(1), device=ids.device)[None, :].expand_as(ids)
+    positions = batch.get("position_ids")
+    if positions is None:
+        positions = torch.arange(ids.size(1), device=ids.device)[None, :].expand_as(ids)
     return {"input_ids": layout.shard(ids, 1, cp_rank), "position_ids": layout.shard(positions, 1, cp_rank),
             "targets": layout.shard(shift_targets(batch["labels"]), 1, cp_rank)}
 

@@ -10,7 +10,9 @@ torchrun made. Translation pairs are packed into sequences of ``--seq_len`` toke
 per sequence, attention causal across them: ``context_parallel/packing.py``); every sequence is
 cut over the cp group — ``--layout zigzag`` (default) or ``contiguous`` for the ring, contiguous
 for Ulysses — and attention runs across it with ``--attention ring`` (Liu et al. 2023) or
-``ulysses`` (Jacobs et al. 2023). Gradients are averaged over dp x cp. Validation loss and BLEU
+``ulysses`` (Jacobs et al. 2023). Gradients are averaged over dp x cp. ``--batch_size`` counts
+packed sequences: the default, 2 of 1024 tokens, is about the 64 pairs per step of the other
+scripts' default batch, so an epoch takes as many optimizer steps. Validation loss and BLEU
 are measured on single pairs, as in the other modes. Writes
 ``<workdir>/context_parallel_rank{r}_results_epoch{e}.json`` (with the communication per step and
 group) and ``context_parallel_translations_epoch{e}.json``.
@@ -48,7 +50,7 @@ def parse_args(argv=None):
                          "work) or contiguous (Ulysses always)")
     cp.add_argument("--seq_len", type=int, default=1024, help="tokens per packed training sequence")
     cp.add_argument("--block_size", type=int, default=128, help="ring: tile size of the blockwise attention")
-    add_common_args(parser, batch_size=8)
+    add_common_args(parser, batch_size=2)
     args = parser.parse_args(argv)
     if args.dp < 1:
         parser.error(f"--dp must be >= 1, not {args.dp}")
