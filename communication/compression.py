@@ -174,7 +174,7 @@ def build_grad_sync(args, model: torch.nn.Module, group):
     """
     from communication.buckets import BucketedReducer
 
-    compression = getattr(args, "compression", "none")
+    compression = args.compression
     if compression == "topk":
         return TopKReducer(model, group=group, ratio=args.topk_ratio)
     if compression == "powersgd":

@@ -181,7 +181,7 @@ class TrainingMode:
     """One kind of training run, as the epoch runner sees it. Subclasses live in the parts.
 
     Args:
-        args: the run script's options (:func:`course.cli.add_common_args` and its own).
+        args: the run's configuration (a :class:`course.config.RunConfig`).
         data: :class:`course.task.Data`.
         device: this rank's device.
         rank: this process's global rank (0 in a single process): it names the results file.
@@ -200,7 +200,7 @@ class TrainingMode:
                  show_progress: bool = True):
         self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
         self.world_group, self.throughput_group = world_group, throughput_group
-        self.show_progress = show_progress and not getattr(args, "quiet", False)
+        self.show_progress = show_progress and not args.quiet
 
     def epoch_batches(self, epoch: int) -> tuple[Iterable, int]:
         """The epoch's batches and how many steps to run."""
@@ -275,7 +275,7 @@ class _Checkpoints:
         from course.checkpoint import checkpoint_root
 
         self.mode = mode
-        self.every = getattr(mode.args, "checkpoint_every", None)
+        self.every = mode.args.checkpoint_every
         self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
         self.save_seconds: list[float] = []  # each checkpoint written by this run (not counted as training)
         self.load_seconds: float | None = None
@@ -312,7 +312,7 @@ class _Checkpoints:
         checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start."""
         from course.checkpoint import load_checkpoint, resolve_resume, set_rng_state
 
-        path = resolve_resume(getattr(self.mode.args, "resume", None), self.root)
+        path = resolve_resume(self.mode.args.resume, self.root)
         if path is None:
             return 0, 0, None, None
         rank = self.mode.rank
@@ -361,7 +361,7 @@ def run_epochs(mode: TrainingMode) -> list[str]:
         ev = mode.evaluation()
         loader = validation_loader(data.validation, ev.group, collate=data.collate)
         validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
-                                        max_batches=getattr(args, "max_val_batches", None))
+                                        max_batches=args.max_val_batches)
         bleu, translations = float("nan"), []
         if args.n_bleu:
             sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device, ev.group,

@@ -29,7 +29,7 @@ class Data:
 def prepare_data(args) -> Data:
     """Load the corpus, get the (cached) tokenizer and encode every split.
 
-    ``args`` holds the options of :func:`course.cli.add_common_args`.
+    ``args`` is the run's configuration (:class:`course.config.RunConfig`).
     """
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     corpus = load_translation_dataset(args.dataset, args.data_dir, args.src_lang, args.tgt_lang)

@@ -22,9 +22,11 @@ from pipeline.gpt2 import gpt2_balance
 from pipeline.metrics import bubble_fraction
 from pipeline.partition import WithDevice, _split_module
 from pipeline.pipe import Pipe
-from pipeline.schedules import gpipe_actions, interleaved_1f1b_actions, one_f_one_b_actions, zb_h1_actions
+from pipeline.schedules import (SCHEDULES, Schedule, all_actions, get_schedule, gpipe_actions, interleaved_1f1b_actions,
+                                one_f_one_b_actions, schedule_actions, zb_h1_actions)
 from pipeline.stage_runner import StageRunner, StepResult
 
 __all__ = ["Pipe", "WithDevice", "_clock_cycles", "_split_module", "gpipe_actions", "interleaved_1f1b_actions",
-           "one_f_one_b_actions", "zb_h1_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
+           "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
+           "all_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
            "StepResult"]

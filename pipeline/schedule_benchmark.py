@@ -46,16 +46,11 @@ from pathlib import Path
 
 import torch
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+from pipeline.schedules import SCHEDULES  # noqa: E402
 
 
-def theory(schedule: str, p: int, m: int, v: int = 2) -> float:
-    """The theoretical bubble fraction of ``schedule`` (see the module docstring)."""
-    if schedule == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    if schedule == "zb-h1":
-        return (p - 1) / (3 * m + p - 1)
-    return (p - 1) / (m + p - 1)
+def _chunks(schedule: str, v: int) -> int:
+    return v if SCHEDULES[schedule].chunks else 1
 
 
 def _model(cfg):
@@ -94,7 +89,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
     for schedule in cfg["schedules"]:
-        v = v_max if schedule == "interleaved" else 1
+        v = _chunks(schedule, v_max)
         model = _model(cfg)
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, v, balances[v])
         sync_tied = TiedGradients(mesh.embedding_group)
@@ -127,7 +122,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     return out
 
 
-def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: int = 2, repeats: int = 3,
+def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto"), v: int = 2, repeats: int = 3,
         warmup: int = 1, n_layer: int = 12, micro_batch_size: int = 4, seq: int = 32, vocab: int = 8192,
         timeout: float = 1800, keep_events: bool = False) -> dict:
     """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``.
@@ -150,7 +145,7 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
             for schedule in schedules:
                 for m in m_values:
                     bubbles, dedicated, walls, cores_used = [], [], [], []
-                    actions = [schedule_actions(schedule, r, p, m, v if schedule == "interleaved" else 1)
+                    actions = [schedule_actions(schedule, r, p, m, _chunks(schedule, v))
                                for r in range(p)]
                     for step in range(repeats):
                         events = [per_rank[r][schedule][m][step]["events"] for r in range(p)]
@@ -162,10 +157,10 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
                                               for r in range(p)) / walls[-1])
                     tokens = m * micro_batch_size * seq
                     tps = [tokens / w for w in walls]
-                    th = theory(schedule, p, m, v)
+                    th = SCHEDULES[schedule].bubble(p, m, _chunks(schedule, v))
                     rows.append(dict(
-                        p=p, balance=balance, schedule=schedule, m=m, v=v if schedule == "interleaved" else 1,
-                        layers_per_stage=per_rank[0]["balance"][str(v if schedule == "interleaved" else 1)],
+                        p=p, balance=balance, schedule=schedule, m=m, v=_chunks(schedule, v),
+                        layers_per_stage=per_rank[0]["balance"][str(_chunks(schedule, v))],
                         bubble_median=statistics.median(bubbles), bubble_min=min(bubbles), bubble_max=max(bubbles),
                         theory=th, ratio_to_theory=statistics.median(bubbles) / th if th else None,
                         dedicated_bubble_median=statistics.median(dedicated), dedicated_bubble_min=min(dedicated),
@@ -213,7 +208,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--p", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
     parser.add_argument("--m", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
-    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
     parser.add_argument("--v", type=int, default=2, help="chunks per rank of the interleaved schedule")
     parser.add_argument("--repeats", type=int, default=3)

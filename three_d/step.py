@@ -35,7 +35,8 @@ import torch
 import pipeline
 from course.collectives import all_reduce, group_size
 
-SCHEDULES = {"1f1b": pipeline.one_f_one_b_actions, "gpipe": pipeline.gpipe_actions}
+# The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES).
+SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks)
 
 
 def count_targets(labels: torch.Tensor) -> int:
@@ -110,7 +111,7 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
             labels -100 where not counted. The same on the tp ranks and the stages of a
             pipeline (only the first stage uses input_ids, only the last labels).
         n_chunk: micro-batches per step (divides batch / dp).
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: a name in :data:`SCHEDULES` (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
         max_norm: clip the global gradient norm to this; None: no clipping (the norm is still measured).
 
     Returns:
@@ -132,7 +133,7 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     micro = input_ids.size(0) // n_chunk
     inputs = list(input_ids.split(micro))
     targets = [(lab, denominator) for lab in labels.split(micro)]
-    actions = SCHEDULES[schedule](mesh.stage, mesh.dims.pp, n_chunk)
+    actions = pipeline.schedule_actions(schedule, mesh.stage, mesh.dims.pp, n_chunk)
     result = runner.run(actions, inputs if stage.is_first else None, targets if stage.is_last else None)
     sum_tied_gradients(stage, mesh.embedding_group)
     average_over_dp(stage, mesh.dp_group)

@@ -40,7 +40,6 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 import pipeline
-from course.cli import run_config
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
@@ -187,7 +186,7 @@ class ThreeDTraining(TrainingMode):
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
         first, began = len(self.counter.records), time.time()
-        out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.n_chunk, self.args.schedule,
+        out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches, self.args.schedule,
                            self.args.max_grad_norm)
         self.optimizer.step()
         self.step_span = (began - self.runner.origin, time.time() - self.runner.origin)
@@ -250,10 +249,8 @@ class ThreeDTraining(TrainingMode):
                 "tied_weight_max_abs_difference": getattr(self, "tied_difference", None)}
 
     def config(self) -> dict:
-        return {**run_config(self.args), "mode": self.mode, "world_size": self.mesh.world_size,
-                "dp": self.mesh.dims.dp, "pp": self.mesh.dims.pp, "tp": self.mesh.dims.tp,
-                "schedule": self.args.schedule, "n_chunk": self.args.n_chunk,
-                "scatter_gather": bool(self.args.scatter_gather), "blocks": list(self.stage.blocks),
+        return {**self.args.record(), "mode": self.mode, "world_size": self.mesh.world_size,
+                "blocks": list(self.stage.blocks),
                 "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
