@@ -83,9 +83,10 @@ _MARKS: dict[Path, tuple[dict[str, set[str]], set[str]]] = {}
 
 def test_keys(root: Path, case) -> set[str]:
     """The assignment keys a test case carries (module-level ``pytestmark`` or its decorators)."""
-    module = case.get("classname").split(".")
-    path = root.joinpath(*module[:2]).with_suffix(".py") if len(module) >= 2 else None
-    if path is None or not path.is_file():
+    module = case.get("classname").split(".")  # tests.<part>.test_file[.Class]
+    path = next((root.joinpath(*module[:n]).with_suffix(".py") for n in range(len(module), 1, -1)
+                 if root.joinpath(*module[:n]).with_suffix(".py").is_file()), None)
+    if path is None:
         return set()
     if path not in _MARKS:
         _MARKS[path] = _marks_in(path)
@@ -157,7 +158,7 @@ def files_with_marker(root: Path) -> dict[str, set[Path]]:
 
 def check(keys: list[str], timeout: float, run_solution: bool = True) -> list[str]:
     problems: list[str] = []
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
     wanted = " or ".join(keys)
 
     t0 = time.monotonic()
