@@ -237,8 +237,10 @@ class RunConfig:
             if not value > 0:  # also refuses nan
                 raise ConfigError(f"--{name} must be positive, not {value}")
         if self.max_batches is not None and self.max_batches < 1:
-            raise ConfigError(f"--max_batches must be >= 1 batches per epoch (left out: whole epochs), "
-                              f"not {self.max_batches}")
+            default = {f.name: f.default for f in dataclasses.fields(self)}["max_batches"]
+            hint = "or left out for whole epochs" if default is None else \
+                f"it is {default} by default here; give a larger number for longer epochs"
+            raise ConfigError(f"--max_batches must be >= 1 batches per epoch ({hint}), not {self.max_batches}")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"--dropout must be in [0, 1), not {self.dropout}")
         if self.n_bleu < 0:
@@ -277,7 +279,7 @@ class RunConfig:
                               f"{os.environ['WORLD_SIZE']} processes; make them agree")
         shape = self.model_shape
         try:
-            dims.check(self.world_size, n_layer=shape["n_layer"], n_head=shape["n_head"], n_inner=shape["n_inner"])
+            dims.check(n_layer=shape["n_layer"], n_head=shape["n_head"], n_inner=shape["n_inner"])
         except ValueError as exc:
             raise ConfigError(f"{exc} (preset {self.preset!r})") from None
 

@@ -252,7 +252,7 @@ class StageTraining(PipelineMode):
 
     def config(self) -> dict:
         return super().config(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
-                              stage_layers=sum(len(c) for c in self.runner.chunks), n_virtual=self.runner.n_chunks,
+                              stage_layers=sum(len(c) for c in self.runner.chunks),
                               balance=self.balance, mesh=self.mesh.describe())
 
     def progress_desc(self, epoch: int) -> str:

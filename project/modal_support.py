@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"data": "project/run_data_parallel.py", "pipeline": "project/run_pipeline.py",
            "tensor": "project/run_tensor_parallel.py"}
 # The option of each script that sets how many GPUs (processes, stages, shards) it uses.
-SIZE_OPTION = {"data": "--world_size", "pipeline": "--n_stages", "tensor": "--tp_size"}
+SIZE_OPTION = {"data": "--dp", "pipeline": "--pp", "tensor": "--tp"}
 # Options that only one mode understands.
 MODE_ONLY_OPTIONS = {"n_chunk": "pipeline", "model_parallel_mode": "pipeline", "tp_size": "tensor"}
 # Options passed through to the script unchanged (``--name value``) when given.

@@ -81,6 +81,7 @@ class PipelineConfig(RunConfig):
         super().resolve()
 
     def check(self) -> None:
+        super().check()
         if not self.multiprocess and in_torchrun():
             raise ConfigError(f"--model_parallel_mode {self.model_parallel_mode} runs in one process; under torchrun "
                               f"use one of {tuple(SCHEDULES)} (one process per stage)")
@@ -110,7 +111,6 @@ class PipelineConfig(RunConfig):
             raise ConfigError(f"--pp {self.pp} x --virtual_stages {self.virtual_stages} (virtual) stages are more "
                               f"than the {n_layer} transformer blocks of preset {self.preset!r}; use fewer or a "
                               "bigger --preset")
-        super().check()
 
 
 def parse_args(argv=None) -> PipelineConfig:

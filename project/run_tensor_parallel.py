@@ -51,14 +51,14 @@ class TensorParallelConfig(RunConfig):
         return self.tp
 
     def check(self) -> None:
-        super().check()
-        if self.sequence_parallel and self.model_max_length % self.tp:
+        if self.tp >= 1 and self.sequence_parallel and self.model_max_length % self.tp:
             # Sequences are padded up to a multiple of tp; the longest (model_max_length) would then
             # run past the position embeddings, and a rank would crash mid-run.
             fit = self.model_max_length // self.tp * self.tp
             raise ConfigError(f"--sequence_parallel splits each sequence into --tp {self.tp} equal parts, but "
                               f"--model_max_length {self.model_max_length} is not divisible by {self.tp}; "
                               f"try --model_max_length {fit}")
+        super().check()
         from tensor_parallel.gpt2 import validate_tp_config
 
         shape = self.model_shape
