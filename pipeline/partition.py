@@ -257,3 +257,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         with torch.no_grad():
             h = layer(x)
     return costs
+
+
+# The public name; ``_split_module`` is the name of assignment 5.2.1 (torchgpipe's).
+split_module = _split_module

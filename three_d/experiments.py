@@ -20,22 +20,20 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     """
     import time
 
-    import pipeline
     from course.collectives import CommCounter
     from course.launch import context
-    from course.mesh import Mesh
+    from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
-    from three_d.stage import StageLoss, TensorParallelStage
+    from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 
     worker_env_quiet()
     torch.set_num_threads(1)
-    mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
     hf = build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=0, n_layer=N_LAYER, n_embd=N_EMBD,
                     n_head=N_HEAD)
-    stage = TensorParallelStage(hf, mesh.stage, pp, group=mesh.tp_group)
-    runner = pipeline.StageRunner(stage, context().device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+    ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), hf, context().device)
+    mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     g = torch.Generator().manual_seed(1 + mesh.dp_rank)
     ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g)
     for _ in range(steps):

@@ -58,23 +58,21 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     and the communication of the last step (rank 0 returns them all; the others ``[]``)."""
     import torch.distributed as dist
 
-    import pipeline
     from course.collectives import CommCounter, name_group
     from course.launch import context
-    from course.mesh import Mesh, ParallelDims
+    from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
-    from three_d.stage import StageLoss, TensorParallelStage
+    from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 
     worker_env_quiet()
     device = context().device
     runs = {}
     for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
-        mesh = Mesh(ParallelDims(dp=dp, pp=pp, tp=tp))
         model = build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0)
-        stage = TensorParallelStage(model, mesh.stage, pp, group=mesh.tp_group).to(device)
-        runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+        ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
+        mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
         rows = cfg["batch"] // dp
         g = torch.Generator().manual_seed(1 + mesh.dp_rank)
         ids = torch.randint(0, cfg["vocab"], (rows, cfg["seq"]), generator=g).to(device)

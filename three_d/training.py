@@ -39,11 +39,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
-import pipeline
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
-from three_d.stage import StageLoss, TensorParallelStage
+from three_d.rank_setup import ThreeDRank, setup_rank
 from three_d.step import three_d_step
 
 RESULTS_PREFIX = "three_d_"
@@ -98,13 +97,14 @@ class ThreeDTraining(TrainingMode):
     mode = "three_d"
     results_prefix = RESULTS_PREFIX
 
-    def __init__(self, args, data, device, mesh, stage: TensorParallelStage):
+    def __init__(self, args, data, device, rank_setup: ThreeDRank):
+        mesh, stage = rank_setup.mesh, rank_setup.stage
         super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          throughput_group=mesh.dp_group,
                          show_progress=mesh.is_last_stage and mesh.dp_rank == 0 and mesh.tp_rank == 0)
         self.mesh, self.stage = mesh, stage
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
-        self.runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+        self.runner = rank_setup.runner
         self.counter = CommCounter()
         self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
         self.eval_group = evaluation_group(mesh)
@@ -266,13 +266,10 @@ def run_3d(rank: int, world_size: int, args) -> dict:
         ``{"results": [paths]}``.
     """
     from course.launch import context
-    from course.mesh import Mesh
 
     worker_env_quiet()
     device = context().device
-    mesh = Mesh.build(dp=args.dp, pp=args.pp, tp=args.tp)
     data = prepare_data(args)
-    model = build_model(args, data.tokenizer.vocab_size)
-    stage = TensorParallelStage(model, mesh.stage, args.pp, group=mesh.tp_group, scatter_gather=args.scatter_gather)
-    stage.to(device)
-    return {"results": run_epochs(ThreeDTraining(args, data, device, mesh, stage))}
+    ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device,
+                        scatter_gather=args.scatter_gather)
+    return {"results": run_epochs(ThreeDTraining(args, data, device, ranked))}
