@@ -238,6 +238,10 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
         if not getattr(__main__, "__file__", None):
             raise ValueError(f"{worker.__name__} is defined in a notebook cell or interactive session; "
                              "spawned processes cannot import it. Move it into a module (a .py file).")
+    from course import launch_pool
+
+    if launch_pool.active() and init_process_group and not max_restarts and module != "__main__":
+        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout)
     for attempt in range(max_restarts + 1):
         try:
             return _run_attempt(worker, world_size, args, device_type, backend, timeout, collective_timeout,
@@ -261,42 +265,10 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
                          args=(rank, world_size, init_method, device_type, backend, collective_timeout,
                                worker, args, results, init_group, os.getpid(), stack_dir, attempt))
              for rank in range(world_size)]
-    outputs: dict[int, Any] = {}
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for p in procs:
             p.start()
-        while len(outputs) < world_size:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue_module.Empty:
-                for rank, p in enumerate(procs):
-                    # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
-                    if rank not in outputs and not p.is_alive() and results.empty():
-                        time.sleep(0.5)  # let a report still in the pipe arrive
-                        if results.empty():
-                            where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
-                            raise RankFailure(rank, f"rank {rank} died with exit code {p.exitcode} "
-                                                    "without reporting a result"
-                                                    + ("\n" + hang_report(where) if where else ""))
-                if deadline is not None and time.monotonic() > deadline:
-                    running = [r for r in range(world_size) if r not in outputs]
-                    where = where_ranks_are({r: procs[r].pid for r in running}, Path(stack_dir))
-                    raise RankFailure(running[0], f"rank(s) {running} did not finish within {timeout:.0f} s "
-                                                  f"(hung in a collective?); ranks {sorted(outputs)} finished. "
-                                                  f"{hang_report(where)}\nAll processes were stopped.")
-                continue
-            if status == "error":
-                head, report = f"rank {rank} raised", ""
-                if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
-                    where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
-                    absent = sorted(r for r, w in where.items() if not w.in_collective)
-                    if absent:
-                        head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
-                                f"rank {rank} raised")
-                    report = "\n" + hang_report(where) if where else ""
-                raise RankFailure(rank, f"{head}:\n{value}{report}")
-            outputs[rank] = pickle.loads(value)
+        outputs = collect_results(procs, results, Path(stack_dir), timeout)
         for p in procs:
             p.join(timeout=30)
         return outputs
@@ -306,6 +278,50 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
         os.rmdir(stack_dir)
+
+
+def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> dict[int, Any]:
+    """Wait for every rank's ``(rank, "ok"|"error", payload)`` on ``results``: ``{rank: value}``.
+
+    Raises:
+        RankFailure: a rank raised (its traceback; if it timed out waiting, the ranks that never
+            came are named), died without reporting, or the run passed ``timeout`` seconds.
+    """
+    world_size = len(procs)
+    outputs: dict[int, Any] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while len(outputs) < world_size:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+        except queue_module.Empty:
+            for rank, p in enumerate(procs):
+                # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
+                if rank not in outputs and not p.is_alive() and results.empty():
+                    time.sleep(0.5)  # let a report still in the pipe arrive
+                    if results.empty():
+                        where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
+                        raise RankFailure(rank, f"rank {rank} died with exit code {p.exitcode} "
+                                                "without reporting a result"
+                                                + ("\n" + hang_report(where) if where else ""))
+            if deadline is not None and time.monotonic() > deadline:
+                running = [r for r in range(world_size) if r not in outputs]
+                where = where_ranks_are({r: procs[r].pid for r in running}, stack_dir)
+                raise RankFailure(running[0], f"rank(s) {running} did not finish within {timeout:.0f} s "
+                                              f"(hung in a collective?); ranks {sorted(outputs)} finished. "
+                                              f"{hang_report(where)}\nAll processes were stopped.")
+            continue
+        if status == "error":
+            head, report = f"rank {rank} raised", ""
+            if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
+                where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
+                absent = sorted(r for r, w in where.items() if not w.in_collective)
+                if absent:
+                    head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
+                            f"rank {rank} raised")
+                report = "\n" + hang_report(where) if where else ""
+            raise RankFailure(rank, f"{head}:\n{value}{report}")
+        outputs[rank] = pickle.loads(value)
+    return outputs
 
 
 def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:
