@@ -36,26 +36,34 @@ def package_page(package: str) -> str:
     return f"packages/{package}.md"
 
 
-def _where(key: Key, blocks: list[FoundBlock], staged_as: str) -> str:
-    places = []
+def _where(key: Key, blocks: list[FoundBlock], staged_as: str | None = None) -> str:
+    """Where ``key`` is solved: each file (a link to its package's page when ``staged_as`` is given)
+    with the functions holding its blocks."""
+    functions: dict[str, list[str]] = {}
     for block in solved_in(key, blocks):
-        link = posixpath.relpath(package_page(package_of(block.file)), posixpath.dirname(staged_as))
-        function = f" `{block.function}`" if block.function else ""
-        places.append(f"[`{block.file}`]({link}){function}")
+        functions.setdefault(block.file, [])
+        if block.function and block.function not in functions[block.file]:
+            functions[block.file].append(block.function)
+    places = []
+    for file, names in functions.items():
+        shown = f"`{file}`"
+        if staged_as is not None:
+            shown = f"[{shown}]({posixpath.relpath(package_page(package_of(file)), posixpath.dirname(staged_as))})"
+        places.append(shown + (": " + ", ".join(f"`{n}`" for n in names) if names else ""))
     cells = sorted({b.cell for b in blocks if b.marker == key.marker and b.cell is not None})
     places += [f"cell {c + 1} of the notebook" for c in cells]
-    return ", ".join(dict.fromkeys(places)) or "(no block found)"
+    return "; ".join(places) or "(no block found)"
 
 
 def notebook_box(keys: list[Key], blocks: list[FoundBlock], staged_as: str, download: str) -> str:
     """The MyST admonition at the top of a notebook's page (``staged_as``: the page's staged path;
     ``download``: the student notebook's path relative to the page)."""
-    lines = [":::{admonition} Assignments in this notebook", ":class: tip", ""]
+    lines = [":::{admonition} Assignments in this notebook", ":class: tip course-keys", ""]
     if keys:
-        lines += ["| key | what you write | where | grade it with |", "| --- | --- | --- | --- |"]
+        lines += ["| assignment, graded by | what you write, and where |", "| --- | --- |"]
         for key in keys:
-            lines.append(f"| {key.number} (`{key.key}`, {key.points} points) | {escape(key.topic)} "
-                         f"| {_where(key, blocks, staged_as)} | `pytest -k {key.key}` |")
+            lines.append(f"| **{key.number}** `pytest -k {key.key}` | {escape(key.topic)} ({key.points} points), "
+                         f"in {_where(key, blocks, staged_as)} |")
         index = posixpath.relpath("index.md", posixpath.dirname(staged_as))
         lines += ["", "Write each solution between the block's BEGIN and END comment lines, in the file named "
                   "above; `pytest -k` followed by the key runs exactly that assignment's tests "
@@ -91,13 +99,11 @@ def package_markdown(root: Path, package: str, keys: list[Key], blocks: list[Fou
                           f"({posixpath.relpath(notebook_pages[n], posixpath.dirname(staged_as))})"
                           for n in notebooks)
         lines += [f"Read with: {links}.", ""]
-    lines += ["## Where the assignments are solved", "",
-              "| key | what you write | file and function | grade it with |", "| --- | --- | --- | --- |"]
+    lines += ["## Where the assignments are solved", "", ":::{container} course-keys", "",
+              "| assignment, graded by | what you write, and where |", "| --- | --- |"]
     for key in mine:
-        here = [b for b in solved_in(key, blocks) if package_of(b.file) == package]
-        where = ", ".join(f"`{b.file}`" + (f" `{b.function}`" if b.function else "") for b in here)
-        lines.append(f"| {key.number} (`{key.key}`) | {escape(key.topic)} | {where} | `pytest -k {key.key}` |")
-    lines += ["", "## Files", "", "| file | what it holds |", "| --- | --- |"]
+        lines.append(f"| **{key.number}** `pytest -k {key.key}` | {escape(key.topic)}, in {_where(key, blocks)} |")
+    lines += [":::", "", "## Files", "", "| file | what it holds |", "| --- | --- |"]
     lines += [f"| `{f}` | {_summary(root, f)} |" for f in files]
     lines += ["", "The source is in the repository; the site does not publish it, since it holds the "
               "reference solutions.", ""]

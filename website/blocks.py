@@ -13,7 +13,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from instructor.release import INSTRUCTOR_ONLY, _enclosing_functions, course_files, find_blocks
+try:
+    from instructor.release import INSTRUCTOR_ONLY, _enclosing_functions, course_files, find_blocks
+except ImportError as exc:  # the student release leaves the release tool out
+    raise ImportError("the course's site is built from the instructor's tree: it needs instructor/release.py "
+                      "(left out of the student release) to find the reference blocks") from exc
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ html_theme_options = {
 }
 html_context = {"default_mode": "auto"}  # light or dark as the reader's system says (unset, the theme logs an error)
 html_static_path = [str(HERE / "_static"), str(MATHJAX)]
+html_css_files = ["course.css"]
 html_favicon = str(HERE / "_static" / "favicon.svg")
 html_show_sourcelink = False
 html_copy_source = True              # the download button serves the staged source

@@ -6,8 +6,8 @@ The rule (what counts as publishing a reference line):
   release's parser), normalised — leading and trailing white space removed, every run of white
   space made one space — that has at least :data:`MIN_CHARS` characters and that the student
   release does not show anyway: it is not, normalised, a line of the course's files outside the
-  blocks. (Short lines such as ``return x``, ``else:`` or a lone bracket say nothing of a solution
-  and occur in any prose; a line the release shows is public already.)
+  blocks, nor the release's stub of a block. (Short lines such as ``return x``, ``else:`` or a lone
+  bracket say nothing of a solution and occur in any prose; a line the release shows is public.)
 * The **text of a built file** is, for HTML, its text as a reader sees it (tags dropped, so
   highlighted code reads as written) and its markup with entities decoded; for notebooks and other
   JSON, every string in it; for other text files, the file itself — white space normalised the same
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bs4 import BeautifulSoup
 
+from instructor.release import stub_message
 from website.blocks import scan
 
 MIN_CHARS = 12
@@ -59,6 +60,7 @@ def secret_lines(root: Path) -> list[Secret]:
     """The secret lines of the course tree at ``root`` (see the module's docstring), one per line text."""
     blocks, outside = scan(root)
     public = {normalise(line) for line in outside}
+    public |= {f"raise NotImplementedError({stub_message(b.marker, b.function)!r})" for b in blocks}
     secrets: dict[str, Secret] = {}
     for block in blocks:
         for line in block.body:

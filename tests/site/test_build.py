@@ -1,6 +1,7 @@
 """The site is built by one command, from the course's own files, in course order, and fails when it should."""
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -21,7 +22,9 @@ from website.markdown import split_sections
 from website.stage import LANDING_SECTIONS, SiteError, course_notebooks, stage
 
 
+@functools.lru_cache(maxsize=None)
 def soup(path: Path) -> BeautifulSoup:
+    """The parsed page (read once per session: the tests only read it)."""
     return BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
 
 
