@@ -20,7 +20,7 @@ html_short_title = "LLMs across devices"
 
 extensions = ["myst_nb", "sphinx.ext.mathjax"]
 mathjax_path = "mathjax/tex-chtml.js"
-exclude_patterns = ["_student/**", "_site.json", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_student/**", "**/.ipynb_checkpoints"]  # _student/: the notebooks to download
 nitpicky = True
 # A jump in heading levels (a notebook going from '#' to '###') is style, not a broken page.
 suppress_warnings = ["myst.header"]

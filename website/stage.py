@@ -186,5 +186,4 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
     for image in links.images:
         (src / image).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / image, src / image)
-    (src / "_site.json").write_text(json.dumps({"notebooks": staged.notebooks, "toc": staged.toc}, indent=1))
     return staged
