@@ -241,7 +241,8 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
     from course import launch_pool
 
     if launch_pool.active() and init_process_group and not max_restarts and module != "__main__":
-        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout)
+        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout,
+                               sys.modules[__name__])
     for attempt in range(max_restarts + 1):
         try:
             return _run_attempt(worker, world_size, args, device_type, backend, timeout, collective_timeout,

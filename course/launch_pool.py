@@ -81,8 +81,11 @@ def active() -> bool:
 
 
 def run(worker, world_size: int, args: tuple, device_type: str, backend: str, timeout: float | None,
-        collective_timeout: float) -> dict:
+        collective_timeout: float, launcher) -> dict:
     """Run ``worker`` on a pool of ``world_size`` ranks (see the module docstring); ``{rank: value}``.
+
+    ``launcher`` is :mod:`course.launch`, which calls this (its rank set-up, result collection and
+    process stopping are the pool's too; passed in, so that this module does not import it back).
 
     Raises:
         course.launch.RankFailure: as :func:`course.launch.launch` (the pool is then closed).
@@ -92,7 +95,7 @@ def run(worker, world_size: int, args: tuple, device_type: str, backend: str, ti
     if pool is None or not pool.alive():
         if pool is not None:
             pool.close()
-        pool = _POOLS[key] = _Pool(world_size, device_type, backend, collective_timeout)
+        pool = _POOLS[key] = _Pool(world_size, device_type, backend, collective_timeout, launcher)
     try:
         return pool.run(worker, args, timeout)
     except BaseException:
@@ -102,18 +105,18 @@ def run(worker, world_size: int, args: tuple, device_type: str, backend: str, ti
 
 
 class _Pool:
-    def __init__(self, world_size: int, device_type: str, backend: str, collective_timeout: float):
-        from course.launch import free_port
-
+    def __init__(self, world_size: int, device_type: str, backend: str, collective_timeout: float, launcher):
         ctx = mp.get_context("spawn")
+        self.launcher = launcher
         self.world_size = world_size
         self.folder = Path(tempfile.mkdtemp(prefix="llmsys_pool_"))
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
-        init_method = f"tcp://127.0.0.1:{free_port()}"
+        init_method = f"tcp://127.0.0.1:{launcher.free_port()}"
         self.procs = [ctx.Process(target=_pool_entry, daemon=True, name=f"pool-rank{rank}",
                                   args=(rank, world_size, init_method, device_type, backend, collective_timeout,
-                                        self.tasks[rank], self.results, os.getpid(), str(self.folder)))
+                                        self.tasks[rank], self.results, os.getpid(), str(self.folder),
+                                        launcher._setup_worker, launcher._teardown_worker))
                       for rank in range(world_size)]
         for p in self.procs:
             p.start()
@@ -122,16 +125,12 @@ class _Pool:
         return all(p.is_alive() for p in self.procs)
 
     def run(self, worker, args: tuple, timeout: float | None) -> dict:
-        from course.launch import collect_results
-
         task = (worker, args, dict(os.environ), os.getcwd())
         for q in self.tasks:
             q.put(task)
-        return collect_results(self.procs, self.results, self.folder, timeout)
+        return self.launcher.collect_results(self.procs, self.results, self.folder, timeout)
 
     def close(self) -> None:
-        from course.launch import _stop
-
         for q in self.tasks:
             try:
                 q.put(None)
@@ -140,7 +139,7 @@ class _Pool:
         deadline = time.monotonic() + 2
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
-        _stop(self.procs)
+        self.launcher._stop(self.procs)
         for q in [*self.tasks, self.results]:
             q.close()
         for f in self.folder.glob("*"):
@@ -150,8 +149,7 @@ class _Pool:
 
 
 def _pool_entry(rank, world_size, init_method, device_type, backend, collective_timeout, tasks, results, parent_pid,
-                folder):
-    from course.launch import _setup_worker, _teardown_worker
+                folder, setup_worker, teardown_worker):
     from course.rank_watch import die_with_parent, enable_stack_dumps
 
     die_with_parent(parent_pid)
@@ -162,7 +160,7 @@ def _pool_entry(rank, world_size, init_method, device_type, backend, collective_
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the pool ends
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
-    _setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
+    setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
     baseline = _State.capture()
     try:
         while True:
@@ -181,7 +179,7 @@ def _pool_entry(rank, world_size, init_method, device_type, backend, collective_
             sys.stdout.flush()
             sys.stderr.flush()
     finally:
-        _teardown_worker()
+        teardown_worker()
 
 
 class _State:
