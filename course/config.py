@@ -89,6 +89,8 @@ class RunConfig:
     tgt_lang: str = option("en", "target language", group="data")
     vocab_size: int = option(5000, "BPE vocabulary size (tokens)", group="data")
     model_max_length: int = option(128, "longest sequence (tokens)", group="data")
+    max_train_examples: int | None = option(None, "train on the first N training pairs only (quick runs and tests; "
+                                                  "the tokenizer is trained on them too)", group="data", metavar="N")
     # ---- model and training ----
     preset: str = option("auto", "GPT-2 size; auto: tiny on CPU, gpt2 on GPU", group="model and training",
                          choices=("auto", *PRESETS))
@@ -247,6 +249,8 @@ class RunConfig:
             raise ConfigError(f"--n_bleu must be >= 0, not {self.n_bleu}")
         if self.model_max_length < 4:
             raise ConfigError(f"--model_max_length must be >= 4, not {self.model_max_length}")
+        if self.max_train_examples is not None and self.max_train_examples < 1:
+            raise ConfigError(f"--max_train_examples must be >= 1 (training pairs), not {self.max_train_examples}")
         if self.vocab_size < 300:
             raise ConfigError(f"--vocab_size must be >= 300 for a byte-level BPE, not {self.vocab_size}")
         if self.max_val_batches is not None and self.max_val_batches < 1:
@@ -295,7 +299,8 @@ class RunConfig:
             if self.dataset == "multi30k" and not in_torchrun():
                 verify_multi30k(resolve_data_dir(self.data_dir))
             verify_cached_tokenizer(tokenizer_path(self.workdir, self.dataset, self.vocab_size, self.src_lang,
-                                                   self.tgt_lang), self.src_lang, self.tgt_lang)
+                                                   self.tgt_lang, self.max_train_examples), self.src_lang,
+                                    self.tgt_lang)
             if not in_torchrun() or os.environ.get("RANK") == "0":  # under torchrun, one process checks
                 check_workdir(self.workdir, self.results_prefix, self.overwrite, resuming=self.resume is not None)
                 if self.resume is not None:
