@@ -39,7 +39,7 @@ from course.data import resolve_data_dir  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
 from instructor.release import BEGIN, course_files, make_release  # noqa: E402
 
-PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "tests")
+PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe", "tests")
 GRADED = " or ".join(KEYS)
 
 
@@ -83,9 +83,10 @@ _MARKS: dict[Path, tuple[dict[str, set[str]], set[str]]] = {}
 
 def test_keys(root: Path, case) -> set[str]:
     """The assignment keys a test case carries (module-level ``pytestmark`` or its decorators)."""
-    module = case.get("classname").split(".")
-    path = root.joinpath(*module[:2]).with_suffix(".py") if len(module) >= 2 else None
-    if path is None or not path.is_file():
+    module = case.get("classname").split(".")  # tests.test_x[.Class] or tests.<part>.test_x[.Class]
+    path = next((p for i in range(len(module), 1, -1)
+                 if (p := root.joinpath(*module[:i]).with_suffix(".py")).is_file()), None)
+    if path is None:
         return set()
     if path not in _MARKS:
         _MARKS[path] = _marks_in(path)
@@ -157,7 +158,7 @@ def files_with_marker(root: Path) -> dict[str, set[Path]]:
 
 def check(keys: list[str], timeout: float, run_solution: bool = True) -> list[str]:
     problems: list[str] = []
-    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
     wanted = " or ".join(keys)
 
     t0 = time.monotonic()

@@ -1,0 +1,1 @@
+"""Mixture of experts and expert parallelism (assignment 5.8)."""
