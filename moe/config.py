@@ -25,6 +25,7 @@ class MoEConfig:
         normalize_gates: scale each token's k gate values to sum to 1 (GShard, Mixtral). Switch
             Transformer (k = 1) keeps the softmax probability as the gate, so the router gets a
             gradient from the layer's output; normalised, a top-1 gate would always be 1.
+            None (default): normalise when k > 1.
         aux_loss_coef: weight of the load-balancing loss (Switch Transformer, eq. 4; alpha = 0.01 there).
         z_loss_coef: weight of the router z-loss (Zoph et al. 2022, ST-MoE, eq. 5; 0.001 there).
 
@@ -36,7 +37,7 @@ class MoEConfig:
     num_experts: int = 4
     top_k: int = 2
     capacity_factor: float | None = None
-    normalize_gates: bool = True
+    normalize_gates: bool | None = None
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.001
 
@@ -49,6 +50,8 @@ class MoEConfig:
         if self.capacity_factor is not None and not self.capacity_factor > 0:  # also refuses nan
             raise ValueError(f"--capacity_factor must be > 0 (1.0: room for an even share of the tokens; leave it out "
                              f"for dropless routing), not {self.capacity_factor!r}")
+        if self.normalize_gates is None:
+            object.__setattr__(self, "normalize_gates", self.top_k > 1)
         for name in ("aux_loss_coef", "z_loss_coef"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name} must be >= 0, not {getattr(self, name)!r}")

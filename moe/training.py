@@ -38,7 +38,7 @@ RESULTS_PREFIX = "moe_"
 def moe_config(args) -> MoEConfig:
     """The :class:`moe.config.MoEConfig` of the run's options (raises its ValueErrors)."""
     return MoEConfig(num_experts=args.num_experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
-                     normalize_gates=not args.no_normalize_gates, aux_loss_coef=args.aux_loss_coef,
+                     normalize_gates=False if args.no_normalize_gates else None, aux_loss_coef=args.aux_loss_coef,
                      z_loss_coef=args.z_loss_coef)
 
 
@@ -149,7 +149,9 @@ class MoETraining(TrainingMode):
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         steps = max(1, stats["steps"])
-        routing = all_reduce(torch.stack(self.routing), group=self.mesh.dp_cp_group) if self.routing else None
+        routing = None
+        if self.routing:  # summed over the ranks, on the device the group's back-end serves (NCCL: CUDA only)
+            routing = all_reduce(torch.stack(self.routing).to(self.device), group=self.mesh.dp_cp_group).cpu()
         per_step = {name: {kind: {k: v / steps for k, v in s.items()} for kind, s in summary.items()}
                     for name, summary in self.counter.by_group().items()}
         extra = {"comm_per_step": per_step, "parameters": parameter_counts(self.model),
@@ -163,7 +165,8 @@ class MoETraining(TrainingMode):
         args, dims = self.args, self.mesh.dims
         return {**run_config(args), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
                 "ep": dims.ep, "dense": bool(args.dense), "num_experts": args.num_experts, "top_k": args.top_k,
-                "capacity_factor": args.capacity_factor, "normalize_gates": not args.no_normalize_gates,
+                "capacity_factor": args.capacity_factor,
+                "normalize_gates": bool(moe_config(args).normalize_gates),
                 "aux_loss_coef": args.aux_loss_coef, "z_loss_coef": args.z_loss_coef, "moe_every": args.moe_every,
                 "per_rank_batch_size": args.batch_size // dims.dp, "mesh": self.mesh.describe()}
 

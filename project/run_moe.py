@@ -44,7 +44,8 @@ def parse_args(argv=None):
     moe.add_argument("--capacity_factor", type=float, default=None,
                      help="expert capacity = ceil(factor * tokens * top_k / experts), the rest dropped (default: dropless)")
     moe.add_argument("--no_normalize_gates", action="store_true",
-                     help="keep the softmax probabilities as gates (Switch Transformer) instead of normalising the top-k")
+                     help="top-k > 1: keep the softmax probabilities as gates instead of normalising them to sum to 1 "
+                          "(top-1 gates are always the probability, as in Switch Transformer)")
     moe.add_argument("--aux_loss_coef", type=float, default=0.01, help="load-balancing loss weight (Switch: 0.01)")
     moe.add_argument("--z_loss_coef", type=float, default=0.001, help="router z-loss weight (ST-MoE: 0.001)")
     moe.add_argument("--moe_every", type=int, default=2, help="one MoE block in this many (blocks 1, 3, ... for 2)")
@@ -58,7 +59,7 @@ def parse_args(argv=None):
 
     try:
         dims = ParallelDims(dp=args.dp, ep=args.ep)
-        MoEConfig(args.num_experts, args.top_k, args.capacity_factor, not args.no_normalize_gates, args.aux_loss_coef,
+        MoEConfig(args.num_experts, args.top_k, args.capacity_factor, None, args.aux_loss_coef,
                   args.z_loss_coef).check(args.ep)
     except ValueError as exc:
         parser.error(str(exc))
