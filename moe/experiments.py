@@ -46,7 +46,7 @@ def parameter_table(preset: str = "tiny", vocab_size: int = 5000, configs=((4, 1
     rows.append({"model": "dense GPT-2", "total": counts["total"], "active_per_token": counts["active_per_token"],
                  "mlp_flops_per_token": 2 * c.n_layer * mlp})
     for experts, k in configs:
-        model = MoEGPT2(build_gpt2(preset, vocab_size, n_positions=n_positions), MoEConfig(experts, k))
+        model = MoEGPT2(build_gpt2(preset, vocab_size, n_positions=n_positions), MoEConfig(experts, k), group=None)
         counts = parameter_counts(model)
         moe_blocks = len(model.blocks)
         flops = 2 * ((c.n_layer - moe_blocks) * mlp + moe_blocks * (k * mlp + c.n_embd * experts))
@@ -74,7 +74,7 @@ def routing_by_hand(num_tokens: int = 6, num_experts: int = 4, top_k: int = 2, c
 
     gen = torch.Generator().manual_seed(seed)
     config = MoEConfig(num_experts, top_k, capacity_factor)
-    layer = MoELayer(4, config, MLPExperts(num_experts, 4, 8, generator=gen), generator=gen)
+    layer = MoELayer(4, config, MLPExperts(num_experts, 4, 8, generator=gen), group=None, generator=gen)
     with torch.no_grad():
         layer.router.weight.mul_(60.0)  # decisive logits, so the picture is clear
     x = torch.randn(num_tokens, 4, generator=gen)
