@@ -1,7 +1,7 @@
 """Counted communication: collectives and point-to-point transfers that name their group.
 
 The parts call :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`,
-:func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
+:func:`all_to_all_single`, :func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
 two reasons:
 
 * **every call takes its process group** (``group``; ``None`` means the whole world, which
@@ -16,6 +16,8 @@ two reasons:
 
   * all-reduce of N bytes: ``2 (p-1)/p N`` (a reduce-scatter followed by an all-gather),
   * all-gather to N bytes, reduce-scatter from N bytes: ``(p-1)/p N`` each,
+  * all-to-all of N bytes (this rank's input): the bytes of the chunks that go to the other
+    ranks, ``(p-1)/p N`` when the splits are equal (a chunk to itself is not sent),
   * send of N bytes: N (a receive sends nothing).
 
   This is why sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) costs the same
@@ -105,8 +107,8 @@ def global_rank(group, group_rank_: int) -> int:
 class CommRecord:
     """One communication call as seen by one rank (bytes in bytes, not elements)."""
 
-    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "send" or "recv"
-    bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter input / sent)
+    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send" or "recv"
+    bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter or all-to-all input / sent)
     traffic_bytes: float  # bytes this rank sends (ring algorithm for collectives)
     scope: str | None
     phase: str | None
@@ -161,14 +163,16 @@ class CommCounter:
         return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
 
 
-def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None) -> None:
+def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None,
+            traffic: float | None = None) -> None:
     if not _ACTIVE:
         return
     end = time.time()
     nbytes = full.numel() * full.element_size()
     p = group_size(group)
     share = (p - 1) / p
-    traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
+    if traffic is None:
+        traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
     scope, phase = _SCOPE[-1]
     rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer,
                      end if start is None else start, end)
@@ -262,6 +266,42 @@ def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
     out = torch.empty_like(chunks[0])
     dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=group)
     _record("reduce_scatter", x, group, start=start)
+    return out
+
+
+def all_to_all_single(x: torch.Tensor, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group=None) -> torch.Tensor:
+    """All-to-all along dim 0: chunk j of ``x`` (``input_split_sizes[j]`` rows; equal chunks if None) goes
+    to group rank j, and the result holds, in group-rank order, the chunk every rank sent here
+    (``output_split_sizes[i]`` rows from group rank i). A new tensor; ``x`` unchanged.
+
+    The split sizes are Python ints that every pair of ranks must agree on (what i sends to j is
+    what j expects from i): exchange them first when they are known only at run time. Under NCCL
+    ``x`` must be on this rank's GPU. Recorded as ``all_to_all`` with the bytes of ``x`` and, as
+    traffic, the bytes of the chunks sent to the other ranks.
+
+    Raises:
+        ValueError: a split list whose length is not the group size, or whose sum is not ``x``'s rows.
+    """
+    p = group_size(group)
+    rows = x.shape[0]
+    for name, splits in (("input_split_sizes", input_split_sizes), ("output_split_sizes", output_split_sizes)):
+        if splits is not None and len(splits) != p:
+            raise ValueError(f"all_to_all_single: {name} has {len(splits)} entries for a group of {p} ranks")
+    if input_split_sizes is not None and sum(input_split_sizes) != rows:
+        raise ValueError(f"all_to_all_single: input_split_sizes {input_split_sizes} sum to {sum(input_split_sizes)}, "
+                         f"but the input has {rows} rows")
+    if p == 1:
+        return x.clone()
+    x = x.contiguous()
+    out_rows = sum(output_split_sizes) if output_split_sizes is not None else rows
+    out = x.new_empty((out_rows, *x.shape[1:]))
+    start = time.time()
+    dist.all_to_all_single(out, x, output_split_sizes, input_split_sizes, group=group)
+    mine = group_rank(group)
+    row_bytes = x[0].numel() * x.element_size() if rows else 0
+    own = (input_split_sizes[mine] if input_split_sizes is not None else rows // p) * row_bytes
+    _record("all_to_all", x, group, start=start, traffic=float(x.numel() * x.element_size() - own))
     return out
 
 

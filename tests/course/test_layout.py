@@ -27,7 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "course"
-PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d")
+PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe")
 TOOLS = "instructor"
 SCRIPTS = ("project", "modal_run")
 PACKAGES = (LIBRARY, *PARTS, TOOLS, "project")
