@@ -21,7 +21,6 @@ import json
 
 import torch
 
-from course.cli import run_config
 from course.collectives import CommCounter, all_reduce, group_rank, group_size
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, to_device
 from course.launch import context
@@ -46,7 +45,7 @@ def build_moe_model(args, vocab_size: int, group=None):
     """The run's model: :class:`moe.gpt2.MoEGPT2` over the ep ``group``, or with ``args.dense`` the
     :class:`moe.gpt2.DenseGPT2` of the same active parameters per token (same seed)."""
     hf = build_model(args, vocab_size)
-    if getattr(args, "dense", False):
+    if args.dense:
         return DenseGPT2(hf, args.top_k, every=args.moe_every)
     return MoEGPT2(hf, moe_config(args), group, seed=args.seed, every=args.moe_every)
 
@@ -163,7 +162,7 @@ class MoETraining(TrainingMode):
 
     def config(self) -> dict:
         args, dims = self.args, self.mesh.dims
-        return {**run_config(args), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
+        return {**args.record(), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
                 "ep": dims.ep, "dense": bool(args.dense), "num_experts": args.num_experts, "top_k": args.top_k,
                 "capacity_factor": args.capacity_factor,
                 "normalize_gates": bool(moe_config(args).normalize_gates),

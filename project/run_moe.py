@@ -15,67 +15,79 @@ did at every step, the collectives per step by group and the parameter counts) a
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
-from course.launch import RankFailure, default_world_size, in_torchrun, launch  # noqa: E402
-from course.mesh import ParallelDims  # noqa: E402
-from course.model import PRESETS  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 
 RESULTS_PREFIX = "moe_"
+MOE = "mixture of experts"
 
 
-def parse_args(argv=None):
-    """The options of the run, every one checked before any process starts (``parser.error``, exit code 2)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    moe = parser.add_argument_group("mixture of experts")
-    moe.add_argument("--dp", type=int, default=None, help="data-parallel ranks (default: torchrun's WORLD_SIZE, else 2)")
-    moe.add_argument("--ep", type=int, default=None, help="expert-parallel ranks, dividing --dp (default: --dp)")
-    moe.add_argument("--num_experts", type=int, default=4, help="experts per MoE layer")
-    moe.add_argument("--top_k", type=int, default=2, help="experts per token (1: Switch Transformer; 2: GShard, Mixtral)")
-    moe.add_argument("--capacity_factor", type=float, default=None,
-                     help="expert capacity = ceil(factor * tokens * top_k / experts), the rest dropped (default: dropless)")
-    moe.add_argument("--no_normalize_gates", action="store_true",
-                     help="top-k > 1: keep the softmax probabilities as gates instead of normalising them to sum to 1 "
-                          "(top-1 gates are always the probability, as in Switch Transformer)")
-    moe.add_argument("--aux_loss_coef", type=float, default=0.01, help="load-balancing loss weight (Switch: 0.01)")
-    moe.add_argument("--z_loss_coef", type=float, default=0.001, help="router z-loss weight (ST-MoE: 0.001)")
-    moe.add_argument("--moe_every", type=int, default=2, help="one MoE block in this many (blocks 1, 3, ... for 2)")
-    moe.add_argument("--dense", action="store_true",
-                     help="train the dense GPT-2 of the same active parameters per token instead (same batches)")
-    add_common_args(parser, batch_size=32)
-    args = parser.parse_args(argv)
-    args.dp = args.dp if args.dp is not None else default_world_size(2)
-    args.ep = args.ep if args.ep is not None else args.dp
-    from moe.config import MoEConfig
+@dataclass
+class MoERunConfig(RunConfig):
+    """``project/run_moe.py``: a GPT-2 with MoE MLPs over ``--dp`` ranks, its experts shared out over ``--ep``."""
 
-    try:
-        dims = ParallelDims(dp=args.dp, ep=args.ep)
-        MoEConfig(args.num_experts, args.top_k, args.capacity_factor, None, args.aux_loss_coef,
-                  args.z_loss_coef).check(args.ep)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.moe_every < 1:
-        parser.error(f"--moe_every must be >= 1, not {args.moe_every}")
-    if args.batch_size % args.dp:
-        parser.error(f"--batch_size {args.batch_size} is not divisible by --dp {args.dp} (every rank takes an equal "
-                     f"share of a batch); try --batch_size {max(1, args.batch_size // args.dp) * args.dp}")
-    if in_torchrun() and int(os.environ["WORLD_SIZE"]) != dims.world_size:
-        parser.error(f"--dp {args.dp} must equal torchrun's WORLD_SIZE {os.environ['WORLD_SIZE']}")
-    args = check_common_args(parser, args, dims.world_size, results_prefix=RESULTS_PREFIX)
-    n_layer = PRESETS[args.preset]["n_layer"]
-    if n_layer < args.moe_every:
-        parser.error(f"--preset {args.preset} has {n_layer} blocks: with --moe_every {args.moe_every} none would be an "
-                     f"MoE block; lower --moe_every")
-    return args
+    description = ("GPT-2 with mixture-of-experts MLPs, expert parallel x data parallel, on Multi30k German→English "
+                   "(assignment 5.8).")
+    results_prefix = RESULTS_PREFIX
+    mesh_options = ("dp", "ep")
+    world_option = "dp"
+
+    batch_size: int = option(32, "global batch size (sequences per optimizer step)", group="model and training")
+    dp: int | None = option(None, "data-parallel ranks (default: torchrun's WORLD_SIZE, else 2)", group="mesh")
+    ep: int | None = option(None, "expert-parallel ranks, dividing --dp (default: --dp)", group="mesh")
+    num_experts: int = option(4, "experts per MoE layer", group=MOE)
+    top_k: int = option(2, "experts per token (1: Switch Transformer; 2: GShard, Mixtral)", group=MOE)
+    capacity_factor: float | None = option(None, "expert capacity = ceil(factor * tokens * top_k / experts), the rest "
+                                                 "dropped (default: dropless)", group=MOE)
+    no_normalize_gates: bool = option(False, "top-k > 1: keep the softmax probabilities as gates instead of normalising "
+                                             "them to sum to 1 (top-1 gates are always the probability, as in Switch "
+                                             "Transformer)", group=MOE)
+    aux_loss_coef: float = option(0.01, "load-balancing loss weight (Switch: 0.01)", group=MOE)
+    z_loss_coef: float = option(0.001, "router z-loss weight (ST-MoE: 0.001)", group=MOE)
+    moe_every: int = option(2, "one MoE block in this many (blocks 1, 3, ... for 2)", group=MOE)
+    dense: bool = option(False, "train the dense GPT-2 of the same active parameters per token instead (same batches)",
+                         group=MOE)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp
+
+    def resolve(self) -> None:
+        super().resolve()
+        if self.ep is None:
+            self.ep = self.dp
+
+    def check(self) -> None:
+        from moe.config import MoEConfig
+
+        super().check()
+        try:
+            MoEConfig(self.num_experts, self.top_k, self.capacity_factor, None, self.aux_loss_coef,
+                      self.z_loss_coef).check(self.ep)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.moe_every < 1:
+            raise ConfigError(f"--moe_every must be >= 1, not {self.moe_every}")
+        if self.batch_size % self.dp:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} (every rank takes an "
+                              f"equal share of a batch); try --batch_size {max(1, self.batch_size // self.dp) * self.dp}")
+        n_layer = self.model_shape["n_layer"]
+        if n_layer < self.moe_every:
+            raise ConfigError(f"--preset {self.preset} has {n_layer} blocks: with --moe_every {self.moe_every} none "
+                              "would be an MoE block; lower --moe_every")
+
+
+def parse_args(argv=None) -> MoERunConfig:
+    """The run's :class:`MoERunConfig` from the command line (exits with a message on bad input)."""
+    return MoERunConfig.from_command_line(argv)
 
 
 def main(argv=None) -> int:
