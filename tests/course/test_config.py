@@ -8,10 +8,11 @@ import pytest
 
 from project.run_3d import ThreeDConfig
 from project.run_data_parallel import DataParallelConfig
+from project.run_moe import MoERunConfig
 from project.run_pipeline import PipelineConfig
 from project.run_tensor_parallel import TensorParallelConfig
 
-CONFIGS = (DataParallelConfig, PipelineConfig, TensorParallelConfig, ThreeDConfig)
+CONFIGS = (DataParallelConfig, PipelineConfig, TensorParallelConfig, ThreeDConfig, MoERunConfig)
 SHARED = ("--device", "--backend", "--workdir", "--batch_size", "--preset", "--seed", "--checkpoint_every", "--resume")
 
 
@@ -25,7 +26,7 @@ def test_every_script_takes_the_shared_options_and_its_mesh_sizes_by_the_same_na
     assert set(SHARED) <= options
     for name in cls.mesh_options:
         assert f"--{name}" in options
-    for name in ("dp", "pp", "tp", "micro_batches", "virtual_stages"):
+    for name in ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages"):
         assert (f"--{name}" in options) == (name in cls.mesh_options), (cls.__name__, name)
 
 
