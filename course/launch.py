@@ -383,6 +383,11 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
                 continue
             if status == "error":
                 head, report = f"rank {rank} raised", ""
+                died = _died(procs, outputs, exclude=rank) if _TIMED_OUT.search(value) else None
+                if died is not None:  # its peer died (SIGABRT of NCCL's watchdog, a crash): that is the cause
+                    raise RankFailure(died, death_report(died, procs[died].exitcode,
+                                                         Path(stack_dir) / f"rank{died}.stack")
+                                      + f"\nrank {rank} then raised (its peer was gone):\n{value}")
                 if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
                     where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
                     absent = sorted(r for r, w in where.items() if not w.in_collective)
@@ -401,6 +406,18 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
         os.rmdir(stack_dir)
+
+
+def _died(procs, outputs, exclude: int, wait: float = 1.0) -> int | None:
+    """The first rank (other than ``exclude``) whose process ended without reporting — killed by a signal
+    or exited with an error code — within ``wait`` seconds; None if every other rank is alive or done."""
+    deadline = time.monotonic() + wait
+    while True:
+        dead = [r for r, p in enumerate(procs) if r != exclude and r not in outputs and not p.is_alive()
+                and p.exitcode not in (0, None)]
+        if dead or time.monotonic() > deadline:
+            return dead[0] if dead else None
+        time.sleep(0.1)
 
 
 def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:
