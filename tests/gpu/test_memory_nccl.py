@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.gpu.support import assert_same, need_gpus, on_nccl_and_gloo
-from tests.gpu.workers import fsdp_checkpoint_worker, recomputation_on_one_device, zero_worker
+from tests.gpu.memory_workers import fsdp_checkpoint_worker, recomputation_on_one_device, zero_worker
 
 pytestmark = pytest.mark.gpu
 
