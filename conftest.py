@@ -1,13 +1,5 @@
 """Repository-wide pytest set-up: markers from the one table of keys, longer time limits for notebooks,
-a fast path for selecting assignments (``pytest -k a5_1_1``), workers pinned to the CPU, and the GPU tier.
-
-* ``LLMSYS_DEVICE=cpu``: what ``--device auto`` means for every process the tests start (launcher
-  workers, run scripts, notebook kernels), so the default suite runs on CPU with gloo — the same on a
-  GPU machine (course/launch.py, ``resolve_device_backend``).
-* ``pytest -m gpu`` runs the GPU tier (``tests/gpu``: NCCL against gloo); without ``gpu`` in ``-m`` its
-  tests are deselected.
-"""
-import os
+and a fast path for selecting assignments (``pytest -k a5_1_1``)."""
 import re
 from pathlib import Path
 
@@ -17,8 +9,6 @@ from course.tree import check_tree
 from instructor.keys import KEYS, marker_lines
 
 NOTEBOOK_TIMEOUT_S = 900  # a whole notebook, executed top to bottom on 2 CPU cores
-GPU_MARKER = "gpu"
-os.environ["LLMSYS_DEVICE"] = "cpu"  # before any test imports the launcher or starts a process
 _ONLY_KEYS = re.compile(r"^[\s()]*(a5_\d+_\d+)([\s()]+or[\s()]+a5_\d+_\d+)*[\s()]*$")
 
 
@@ -29,7 +19,13 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     for line in marker_lines():
         config.addinivalue_line("markers", line)
-    config.addinivalue_line("markers", f"{GPU_MARKER}: the GPU tier, NCCL on CUDA GPUs (run with pytest -m gpu)")
+    # The GPU tier (tests/gpu: NCCL on CUDA GPUs against gloo) runs with `pytest -m gpu` only (tests/gpu/conftest.py).
+    config.addinivalue_line("markers", "gpu: the GPU tier, NCCL on CUDA GPUs (run with pytest -m gpu)")
+    # Every process the tests start — launcher workers, run scripts, notebook kernels — takes --device auto
+    # as the CPU (course/launch.py, resolve_device_backend): the suite runs the same on a GPU machine.
+    import os
+
+    os.environ["LLMSYS_DEVICE"] = "cpu"
 
 
 def selected_keys(config) -> set[str] | None:
@@ -58,13 +54,7 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.timeout(NOTEBOOK_TIMEOUT_S))
-    if re.search(rf"\b{GPU_MARKER}\b", config.getoption("markexpr", "") or ""):
-        return  # -m gpu (or an expression naming it): the marker expression selects
-    gpu = [item for item in items if item.get_closest_marker(GPU_MARKER)]
-    if gpu:  # the default run leaves the GPU tier out
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker(GPU_MARKER)]
