@@ -20,6 +20,13 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     for line in marker_lines():
         config.addinivalue_line("markers", line)
+    # The GPU tier (tests/gpu: NCCL on CUDA GPUs against gloo) runs with `pytest -m gpu` only (tests/gpu/conftest.py).
+    config.addinivalue_line("markers", "gpu: the GPU tier, NCCL on CUDA GPUs (run with pytest -m gpu)")
+    # Every process the tests start — launcher workers, run scripts, notebook kernels — takes --device auto
+    # as the CPU (course/launch.py, resolve_device_backend): the suite runs the same on a GPU machine.
+    import os
+
+    os.environ["LLMSYS_DEVICE"] = "cpu"
     config.addinivalue_line("markers", "fresh_processes: the test's runs start processes of their own (launcher "
                                        "tests: kills, hangs, restarts, process counts) instead of reusing pooled ranks")
     from course import launch_pool

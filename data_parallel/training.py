@@ -28,7 +28,8 @@ from data_parallel.partition import partition_dataset
 def common_steps(n_batches: int, max_batches: int | None = None, group=None) -> int:
     """Batches every rank of ``group`` can run: the fewest any rank has (ranks must step
     together, or the all-reduce of the rank with one more batch waits forever)."""
-    t = torch.tensor([n_batches if max_batches is None else min(n_batches, max_batches)])
+    # a count: a host tensor, over the group's gloo back-end (docs/architecture.md, "Devices and back-ends")
+    t = torch.tensor([n_batches if max_batches is None else min(n_batches, max_batches)], device="cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     return int(t)
 

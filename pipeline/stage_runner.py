@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.collectives import global_rank, group_rank, group_size
+from course.measure import now, timer_name
 from pipeline.metrics import communication_plan
 from pipeline.p2p import exchange_tensors
 
@@ -69,7 +70,8 @@ class StepResult:
             On a GPU it counts only the host's share; use the events' wall time there.
         peak_in_flight: most micro-batches forwarded and not yet backwarded at once.
         peak_activation_bytes: most bytes of tensors saved for backward at once
-            (parameters excluded).
+            (parameters excluded; counted by storage, the same measure on every device).
+        timer: the clock of ``events`` (:func:`course.measure.timer_name`).
     """
 
     losses: dict = field(default_factory=dict)
@@ -78,20 +80,22 @@ class StepResult:
     event_cpu_s: list = field(default_factory=list)
     peak_in_flight: int = 0
     peak_activation_bytes: int = 0
+    timer: str = ""
 
 
 def common_clock_origin(device: torch.device, group=None) -> float:
-    """The wall-clock time (``time.time()``, seconds) of ``group``'s first rank, taken after a
-    barrier in ``group`` and broadcast to its ranks.
+    """The wall-clock time (:func:`course.measure.now`, seconds) of ``group``'s first rank, taken after
+    a barrier in ``group`` and broadcast to its ranks.
 
-    Every rank measures its events as ``time.time() - origin``: on one machine all
+    Every rank measures its events as ``now(device) - origin`` (the clock read after the device's
+    queued work has run, ``StepResult.timer``): on one machine all
     processes read the same clock, so their timelines line up exactly; across nodes they
     line up as well as the nodes' clocks are synchronised (NTP: about a millisecond).
     """
     if not dist.is_initialized():
-        return time.time()
+        return now(device)
     dist.barrier(group=group)
-    origin = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    origin = torch.tensor([now(device)], dtype=torch.float64, device=device)
     dist.broadcast(origin, src=global_rank(group, 0), group=group)
     return float(origin.item())
 
@@ -304,13 +308,12 @@ class StageRunner:
         self._activation_bytes.pop(key, None)
 
     def _start_timer(self) -> float:
+        start = now(self.device)  # course.measure: on a GPU, after the work queued before has run
         self._cpu_start = time.process_time()
-        return time.time()
+        return start
 
     def _record(self, kind: str, i: int, start: float) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        end = time.time()
+        end = now(self.device)  # ... and after this event's kernels have run
         self.result.events.append((kind, i, start - self.origin, end - self.origin))
         self.result.event_chunks.append(self.chunk or 0)
         self.result.event_cpu_s.append(time.process_time() - self._cpu_start)
@@ -385,7 +388,7 @@ class StageRunner:
         self._outbox: dict = {}
         self._mailbox: dict = {}
         self._micro = None
-        self.result = StepResult()
+        self.result = StepResult(timer=timer_name(self.device))
         plan = self._plan(actions)
         batches = sorted(plan["batches"].items())
         try:

@@ -40,7 +40,7 @@ def epoch_loader(dataset, batch_size: int, collate, seed: int) -> DataLoader:
     The order is drawn up front (not by the DataLoader's sampler), so wrapping the loader
     in a progress bar on one rank cannot change it.
     """
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
     return DataLoader(Subset(dataset, order), batch_size=batch_size, collate_fn=collate)
 
 
@@ -68,7 +68,7 @@ class TensorParallelTraining(TrainingMode):
         super().__init__(args, data, device, **kwargs)
         self.model, self.n_layer, self.mesh = model, n_layer, mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-        self.counter = CommCounter()
+        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
 
     @property
     def checkpoint_key(self) -> str:
@@ -80,7 +80,7 @@ class TensorParallelTraining(TrainingMode):
         return loader, steps
 
     def training(self, epoch: int):
-        self.counter = CommCounter()
+        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:

@@ -83,8 +83,8 @@ def global_grad_norm(stage, tp_group, pp_group, tp_rank: int) -> float:
             continue
         s = p.grad.detach().double().pow(2).sum()
         square = s if square is None else square + s
-    if square is None:
-        square = torch.zeros((), dtype=torch.float64)
+    if square is None:  # on the gradients' device, as on the other ranks (NCCL), even with nothing to add
+        square = torch.zeros((), dtype=torch.float64, device=next(stage.parameters()).device)
     square = all_reduce(all_reduce(square.reshape(1), tp_group), pp_group)
     return math.sqrt(float(square))
     # END ASSIGN5_6_3
@@ -128,7 +128,9 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     for p in stage.parameters():
         p.grad = None
     dp = group_size(mesh.dp_group)
-    n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64), mesh.dp_group))
+    # a count, on the host: it travels over the group's gloo back-end (docs/architecture.md, "Devices and back-ends")
+    n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64, device="cpu"),
+                                mesh.dp_group))
     denominator = max(n_target, 1.0) / dp
     micro = input_ids.size(0) // n_chunk
     inputs = list(input_ids.split(micro))
@@ -142,6 +144,6 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
         clip_gradients(stage, norm, max_norm)
     loss = None
     if stage.is_last:
-        local = torch.tensor([sum(result.losses.values())], dtype=torch.float64)
+        local = torch.tensor([sum(result.losses.values())], dtype=torch.float64, device="cpu")  # floats: host
         loss = float(all_reduce(local, mesh.dp_group)) / dp
     return {"loss": loss, "grad_norm": norm, "result": result}

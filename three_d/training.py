@@ -58,7 +58,7 @@ def checkpoint_layout(path) -> dict:
     """
     import torch.distributed.checkpoint as dcp
 
-    layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64)}
+    layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64, device="cpu")}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
@@ -147,12 +147,12 @@ class ThreeDTraining(TrainingMode):
         for name, p in self._checkpoint_parameters():
             state = self.optimizer.state[p]
             if not state:  # AdamW creates its state at the first step: make it now to load into
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state.update(step=torch.tensor(0.0, device="cpu"), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             model[name] = p.detach()
             optim[name] = {k: state[k] for k in ("step", "exp_avg", "exp_avg_sq")}
         d = self.mesh.dims
         return {self.checkpoint_key: {"model": model, "optim": optim},
-                LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64)}
+                LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64, device="cpu")}
 
     def load_checkpoint_state(self, state: dict) -> None:
         """DCP loaded :meth:`checkpoint_state` in place (weights and AdamW state): nothing left to copy.
@@ -170,7 +170,8 @@ class ThreeDTraining(TrainingMode):
         self.stage.train()
 
     def epoch_batches(self, epoch: int):
-        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.args.seed + epoch))
+        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.args.seed + epoch),
+                               device="cpu")
         loader = DataLoader(Subset(self.data.train, order.tolist()), batch_size=self.args.batch_size,
                             collate_fn=self.data.collate, drop_last=True)  # every dp rank needs its full share
         steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
