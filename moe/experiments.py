@@ -77,7 +77,7 @@ def routing_by_hand(num_tokens: int = 6, num_experts: int = 4, top_k: int = 2, c
     layer = MoELayer(4, config, MLPExperts(num_experts, 4, 8, generator=gen), group=None, generator=gen)
     with torch.no_grad():
         layer.router.weight.mul_(60.0)  # decisive logits, so the picture is clear
-    x = torch.randn(num_tokens, 4, generator=gen)
+    x = torch.randn(num_tokens, 4, generator=gen, device="cpu")  # a notebook demonstration in one process
     with torch.no_grad():
         routing = layer.router(x)
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
@@ -106,18 +106,22 @@ def all_to_all_worker(rank: int, world_size: int, num_experts: int = 8, top_k: i
         traffic_bytes, shape)], "hidden": h, "num_experts": E}``.
     """
     from course.collectives import CommCounter
+    from course.launch import context
     from course.mesh import Mesh
     from moe.config import MoEConfig
     from moe.experts import MLPExperts
     from moe.layer import MoELayer
 
+    device = context().device
     mesh = Mesh.build(dp=world_size, ep=world_size)
     gen = torch.Generator().manual_seed(0)
     full = MLPExperts(num_experts, hidden, 2 * hidden, generator=gen)
     layer = MoELayer(hidden, MoEConfig(num_experts, top_k), full.shard(mesh.ep_rank, world_size), mesh.ep_group, gen)
+    layer.to(device)
     with torch.no_grad():
         layer.router.weight.mul_(20.0)
-    x = torch.randn(tokens_per_rank, hidden, generator=torch.Generator().manual_seed(100 + rank)).requires_grad_(True)
+    x = torch.randn(tokens_per_rank, hidden, generator=torch.Generator().manual_seed(100 + rank)).to(device)
+    x.requires_grad_(True)
     records = []
     with CommCounter() as counter:
         out = layer(x)

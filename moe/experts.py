@@ -94,14 +94,13 @@ class MLPExperts(GroupedExperts):
                  generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(num_experts)
         self.hidden_size, self.inner_size, self.n_layer = hidden_size, inner_size, n_layer
-        kw = {"device": device, "dtype": dtype}
-        self.c_fc_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inner_size, **kw))
-        self.c_fc_bias = nn.Parameter(torch.zeros(num_experts, inner_size, **kw))
-        self.c_proj_weight = nn.Parameter(torch.empty(num_experts, inner_size, hidden_size, **kw))
-        self.c_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size, **kw))
-        with torch.no_grad():
-            self.c_fc_weight.copy_(torch.randn(self.c_fc_weight.shape, generator=generator) * 0.02)
-            self.c_proj_weight.copy_(torch.randn(self.c_proj_weight.shape, generator=generator)
+        self.c_fc_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inner_size, device=device, dtype=dtype))
+        self.c_fc_bias = nn.Parameter(torch.zeros(num_experts, inner_size, device=device, dtype=dtype))
+        self.c_proj_weight = nn.Parameter(torch.empty(num_experts, inner_size, hidden_size, device=device, dtype=dtype))
+        self.c_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size, device=device, dtype=dtype))
+        with torch.no_grad():  # drawn on the host from a host generator (the same numbers on every device), copied in
+            self.c_fc_weight.copy_(torch.randn(self.c_fc_weight.shape, generator=generator, device="cpu") * 0.02)
+            self.c_proj_weight.copy_(torch.randn(self.c_proj_weight.shape, generator=generator, device="cpu")
                                      * (0.02 / math.sqrt(2 * n_layer)))
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
@@ -125,12 +124,12 @@ class GatedExperts(GroupedExperts):
                  generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(num_experts)
         self.hidden_size, self.inner_size = hidden_size, inner_size
-        kw = {"device": device, "dtype": dtype}
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner_size, hidden_size, **kw))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, inner_size, **kw))
-        with torch.no_grad():
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner_size, hidden_size, device=device,
+                                                     dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, inner_size, device=device, dtype=dtype))
+        with torch.no_grad():  # drawn on the host from a host generator, copied in
             for p in (self.gate_up_proj, self.down_proj):
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+                p.copy_(torch.randn(p.shape, generator=generator, device="cpu") * 0.02)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)

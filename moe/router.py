@@ -76,7 +76,8 @@ class TopKRouter(nn.Module):
                  generator: torch.Generator | None = None):
         super().__init__()
         self.top_k, self.normalize_gates = top_k, normalize_gates
-        self.weight = nn.Parameter(torch.randn(num_experts, hidden_size, generator=generator) * 0.02)
+        # drawn on the host from a host generator; the module moves with .to(device)
+        self.weight = nn.Parameter(torch.randn(num_experts, hidden_size, generator=generator, device="cpu") * 0.02)
 
     def forward(self, x: torch.Tensor) -> Routing:
         return route(nn.functional.linear(x, self.weight), self.top_k, self.normalize_gates)

@@ -66,7 +66,7 @@ def shard_batches(dataset, batch_size: int, rank: int, world: int, collate, seed
     """
     if batch_size % world:
         raise ValueError(f"the batch size {batch_size} is not divisible by the {world} data-parallel ranks")
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
     steps = len(dataset) // batch_size
     steps = steps if max_batches is None else min(steps, max_batches)
 
@@ -102,9 +102,10 @@ def routing_stats(model) -> torch.Tensor:
     """(layers, E + 2) float64 of the last forward pass: tokens per expert before dropping, choices
     dropped, tokens routed, per MoE layer (zero rows for a dense model)."""
     rows = [torch.cat([layer.stats["per_expert"].double().cpu(),
-                       torch.tensor([float(layer.stats["dropped"]), float(layer.stats["tokens"])], dtype=torch.float64)])
-            for layer in model.moe_layers]
-    return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
+                       torch.tensor([float(layer.stats["dropped"]), float(layer.stats["tokens"])], dtype=torch.float64,
+                                    device="cpu")])
+            for layer in model.moe_layers]  # host statistics (results files)
+    return torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64, device="cpu")
 
 
 class MoETraining(TrainingMode):

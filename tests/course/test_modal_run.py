@@ -127,7 +127,7 @@ def test_command_of_each_mode():
     assert pipe.gpu_spec == "H100:4"
     assert ms.build_command(pipe, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "/root/project/run_pipeline.py",
-        "--pp", "4", "--preset", "small", "--n_chunk", "8", "--model_parallel_mode", "1f1b",
+        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--model_parallel_mode", "1f1b",
         "--device", "cuda", "--workdir", "/w"]
 
     tensor = ms.make_request(mode="tensor", world_size=4, tp_size=4, extra="--sequence_parallel --learning_rate 3e-4")
