@@ -97,7 +97,7 @@ class BlockwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, block_size: int, scale: float, stats: dict | None):
-        q_pos, k_pos = torch.arange(q.size(-2)), torch.arange(k.size(-2))
+        q_pos, k_pos = torch.arange(q.size(-2), device="cpu"), torch.arange(k.size(-2), device="cpu")  # host: positions
         state = SoftmaxState.empty(q, v.size(-1))
         tiles = attend_blocks(state, q, k, v, q_pos, k_pos, scale, block_size, causal)
         out, lse = finish(state)
@@ -112,8 +112,9 @@ class BlockwiseAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(dim=-1)
-        dq, dk, dv, tiles = attend_blocks_backward(q, k, v, dout, lse, delta, torch.arange(q.size(-2)),
-                                                   torch.arange(k.size(-2)), ctx.scale, ctx.block_size, ctx.causal)
+        q_pos, k_pos = torch.arange(q.size(-2), device="cpu"), torch.arange(k.size(-2), device="cpu")
+        dq, dk, dv, tiles = attend_blocks_backward(q, k, v, dout, lse, delta, q_pos, k_pos, ctx.scale, ctx.block_size,
+                                                   ctx.causal)
         if ctx.stats is not None:
             ctx.stats["backward_tiles"] = tiles
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None

@@ -49,9 +49,9 @@ def online_softmax_example(scores: list[float], values: list[float], block: int 
     Returns ``{"steps": [{keys, block max, m, rescale of the old sums, l, acc, acc / l}], "online": (out, lse),
     "softmax": (out, lse)}`` where the last pair is computed at once from all the scores.
     """
-    q = torch.ones(1, 1, 1, 1, dtype=torch.float64)
-    k = torch.tensor(scores, dtype=torch.float64).view(1, 1, -1, 1)
-    v = torch.tensor(values, dtype=torch.float64).view(1, 1, -1, 1)
+    q = torch.ones(1, 1, 1, 1, dtype=torch.float64, device="cpu")
+    k = torch.tensor(scores, dtype=torch.float64, device="cpu").view(1, 1, -1, 1)
+    v = torch.tensor(values, dtype=torch.float64, device="cpu").view(1, 1, -1, 1)
     state = SoftmaxState.empty(q)
     steps = []
     for start in range(0, len(scores), block):
@@ -60,12 +60,12 @@ def online_softmax_example(scores: list[float], values: list[float], block: int 
         m = float(state.m)
         steps.append({"keys": f"{start}..{min(start + block, len(scores)) - 1}",
                       "scores": scores[start:start + block], "block max": max(scores[start:start + block]),
-                      "m": m, "rescale exp(m_old - m)": float(torch.exp(torch.tensor(old_m - m))),
+                      "m": m, "rescale exp(m_old - m)": float(torch.exp(torch.tensor(old_m - m, device="cpu"))),
                       "l": float(state.l), "acc": float(state.acc), "acc / l": float(state.acc / state.l)})
     out, lse = finish(state)
-    s = torch.tensor(scores, dtype=torch.float64)
+    s = torch.tensor(scores, dtype=torch.float64, device="cpu")
     return {"steps": steps, "online": (float(out), float(lse)),
-            "softmax": (float(torch.softmax(s, 0) @ torch.tensor(values, dtype=torch.float64)),
+            "softmax": (float(torch.softmax(s, 0) @ torch.tensor(values, dtype=torch.float64, device="cpu")),
                         float(torch.logsumexp(s, 0)))}
 
 
@@ -101,7 +101,8 @@ def attention_memory(seq_lens: list[int], batch: int = 1, heads: int = 4, head_d
                "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     for seq in seq_lens:
         g = torch.Generator().manual_seed(seq)
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=g).requires_grad_(True) for _ in range(3))
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, generator=g, device="cpu").requires_grad_(True)
+                   for _ in range(3))
         for name, fn in methods.items():
             def step():
                 fn(q, k, v).sum().backward()
@@ -117,7 +118,7 @@ def blockwise_check(seq: int = 100, block_size: int = 32, batch: int = 2, heads:
     """Blockwise attention against ``scaled_dot_product_attention`` (causal), a block size that does not divide
     the sequence: the largest differences of the output and of the gradients, and the tiles computed."""
     g = torch.Generator().manual_seed(0)
-    q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, generator=g) for _ in range(4))
+    q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, generator=g, device="cpu") for _ in range(4))
     results = {}
     for name, fn in (("sdpa", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)),
                      ("blockwise", lambda a, b, c: blockwise_attention(a, b, c, True, block_size, stats=stats))):
@@ -179,15 +180,14 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
     """
     import torch.distributed as dist
 
-    from course.collectives import CommCounter, name_group
+    from course.collectives import CommCounter
     from course.launch import context
+    from course.mesh import Mesh
 
     torch.set_num_threads(1)
     device = context().device
-    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    groups = {2: pairs[rank // 2], world_size: dist.group.WORLD}
-    for group in groups.values():
-        name_group(group, "cp")
+    # the cp groups of the meshes dp 2 x cp 2 (pairs [0, 1], [2, 3]) and cp = world_size (named "cp" by the mesh)
+    groups = {cp: Mesh.build(dp=world_size // cp, cp=cp).cp_group for cp in (2, world_size)}
     g = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, heads, seq, head_dim, generator=g).to(device) for _ in range(4))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -329,17 +329,15 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     import torch.distributed as dist
 
     from context_parallel.gpt2 import shard_batch, shard_loss_sum
-    from course.collectives import name_group
-    from course.task import worker_env_quiet
-
     from course.launch import context
+    from course.mesh import Mesh
+    from course.task import worker_env_quiet
 
     worker_env_quiet()
     torch.set_num_threads(1)
     device = context().device
-    groups = {cp: dist.new_group(list(range(cp))) for cp in sorted(set(cps))}  # every rank makes every group
-    for group in groups.values():
-        name_group(group, "cp")
+    # the cp group of the mesh dp (world_size / cp) x cp for every cp (every rank builds every mesh, in order)
+    groups = {cp: Mesh.build(dp=world_size // cp, cp=cp).cp_group for cp in sorted(set(cps))}
     memory, equality = [], []
     for method in ("ring", "ulysses"):
         for cp in cps:

@@ -98,7 +98,7 @@ class SequenceLayout:
     def positions(self, cp_rank: int) -> torch.Tensor:
         """The global positions (local_len,) int64 (CPU) of the tokens rank ``cp_rank`` holds, in its order."""
         c = self.chunk_len
-        return torch.cat([torch.arange(i * c, (i + 1) * c) for i in self.chunks(cp_rank)])
+        return torch.cat([torch.arange(i * c, (i + 1) * c, device="cpu") for i in self.chunks(cp_rank)])
 
     def shard(self, x: torch.Tensor, dim: int, cp_rank: int) -> torch.Tensor:
         """Rank ``cp_rank``'s part of ``x`` along ``dim`` (of size ``seq_len``): its chunks, concatenated."""

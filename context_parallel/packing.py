@@ -46,7 +46,7 @@ def pack_pairs(examples: list[dict], collate: Collate, seq_len: int,
     if seq_len < collate.model_max_length:
         raise ValueError(f"seq_len {seq_len} is shorter than one pair may be ({collate.model_max_length} tokens, "
                          "--model_max_length); use a longer --seq_len")
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
     sequences: list[tuple[list[int], list[int], list[int]]] = []
     ids: list[int] = []
     labels: list[int] = []
@@ -72,17 +72,17 @@ class PackedCollate:
     seq_len: int
 
     def __call__(self, sequences: list[tuple[list[int], list[int], list[int]]]) -> dict[str, torch.Tensor]:
-        input_ids = torch.full((len(sequences), self.seq_len), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(sequences), self.seq_len), IGNORE_INDEX, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), self.seq_len), dtype=torch.long)
-        position_ids = torch.zeros((len(sequences), self.seq_len), dtype=torch.long)
+        input_ids = torch.full((len(sequences), self.seq_len), self.pad_id, dtype=torch.long, device="cpu")
+        labels = torch.full((len(sequences), self.seq_len), IGNORE_INDEX, dtype=torch.long, device="cpu")
+        attention_mask = torch.zeros((len(sequences), self.seq_len), dtype=torch.long, device="cpu")
+        position_ids = torch.zeros((len(sequences), self.seq_len), dtype=torch.long, device="cpu")
         for row, (ids, lab, pos) in enumerate(sequences):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            labels[row, : len(lab)] = torch.tensor(lab)
+            input_ids[row, : len(ids)] = torch.tensor(ids, device="cpu")
+            labels[row, : len(lab)] = torch.tensor(lab, device="cpu")
             attention_mask[row, : len(ids)] = 1
-            position_ids[row, : len(pos)] = torch.tensor(pos)
+            position_ids[row, : len(pos)] = torch.tensor(pos, device="cpu")
             last = pos[-1] if pos else -1
-            position_ids[row, len(pos):] = torch.arange(last + 1, last + 1 + self.seq_len - len(pos)).clamp(
-                max=self.seq_len - 1)
+            tail = torch.arange(last + 1, last + 1 + self.seq_len - len(pos), device="cpu")
+            position_ids[row, len(pos):] = tail.clamp(max=self.seq_len - 1)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
                 "position_ids": position_ids}

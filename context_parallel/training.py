@@ -24,7 +24,6 @@ from context_parallel.gpt2 import ContextParallelAttention, shard_batch, shard_l
     use_context_parallel_attention
 from context_parallel.layouts import SequenceLayout
 from context_parallel.packing import PackedCollate, pack_pairs
-from course.cli import run_config
 from course.collate import IGNORE_INDEX
 from course.collectives import CommCounter, all_reduce, group_size, region
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, to_device
@@ -125,7 +124,7 @@ class ContextParallelTraining(TrainingMode):
                 "tokens_per_rank_per_sequence": self.layout.local_len}
 
     def config(self) -> dict:
-        return {**run_config(self.args), "mode": self.mode, "world_size": self.mesh.world_size, "dp": self.dp,
+        return {**self.args.record(), "mode": self.mode, "world_size": self.mesh.world_size, "dp": self.dp,
                 "cp": self.cp, "attention": self.args.attention, "layout": self.layout.kind,
                 "seq_len": self.args.seq_len, "block_size": self.args.block_size, "attention_dropout": 0.0,
                 "mesh": self.mesh.describe()}

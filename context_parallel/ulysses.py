@@ -29,9 +29,29 @@ import torch
 import torch.nn.functional as F
 
 from context_parallel.layouts import SequenceLayout
-from course.collectives import all_to_all, group_size
+from course.collectives import all_to_all_single, group_size
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of (batch, heads, seq, head_dim)
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group=None) -> torch.Tensor:
+    """Cut ``x`` into p equal chunks along ``scatter_dim``, send chunk j to group rank j, and concatenate the
+    chunks received, in group-rank order, along ``gather_dim`` (``scatter_dim`` shrinks p times,
+    ``gather_dim`` grows p times). One :func:`course.collectives.all_to_all_single` of the chunks stacked
+    on a new first dimension, so it is counted there (kind ``all_to_all``, ``(p-1)/p`` of ``x``'s bytes
+    sent). Jacobs et al. 2023, Sec. 3.1.
+
+    Raises:
+        ValueError: the size of ``scatter_dim`` is not divisible by the group size.
+    """
+    p = group_size(group)
+    if x.size(scatter_dim) % p:
+        raise ValueError(f"all_to_all: size {x.size(scatter_dim)} of dim {scatter_dim} is not divisible by the "
+                         f"group size {p}")
+    if p == 1:
+        return x
+    received = all_to_all_single(torch.stack(x.chunk(p, dim=scatter_dim)), group=group)
+    return torch.cat(received.unbind(0), dim=gather_dim)
 
 
 class SequenceToHeads(torch.autograd.Function):

@@ -39,8 +39,8 @@ from course.data import resolve_data_dir  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
 from instructor.release import BEGIN, course_files, make_release  # noqa: E402
 
-PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d",
-            "context_parallel", "tests")
+PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe",
+            "tests")
 GRADED = " or ".join(KEYS)
 
 

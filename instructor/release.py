@@ -42,8 +42,8 @@ from instructor.keys import KEYS, key_of_marker  # noqa: E402
 BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
 END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
 ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
-INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py",
-                   "tests/test_release.py", "tests/test_grading.py"}
+INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py"}
+INSTRUCTOR_ONLY_DIRS = ("tests/instructor/",)  # the tests of the instructor tools
 SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
 
 
@@ -190,7 +190,7 @@ def make_release(src: Path, out: Path, only: set[str] | None = None) -> dict[str
     """
     counts: dict[str, int] = {}
     for name in course_files(src):
-        if name in INSTRUCTOR_ONLY:
+        if name in INSTRUCTOR_ONLY or name.startswith(INSTRUCTOR_ONLY_DIRS):
             continue
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -19,78 +19,83 @@ group) and ``context_parallel_translations_epoch{e}.json``.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
-from course.launch import RankFailure, default_world_size, in_torchrun, launch  # noqa: E402
-from course.mesh import ParallelDims  # noqa: E402
-from course.model import PRESETS  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, in_torchrun, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 
 RESULTS_PREFIX = "context_parallel_"
+CP = "context parallelism"
 
 
-def parse_args(argv=None):
-    """The script's options, checked before any process starts (exits with a message on bad input)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    cp = parser.add_argument_group("context parallelism")
-    cp.add_argument("--cp", type=int, default=None,
-                    help="ranks each sequence is cut over (default: torchrun's WORLD_SIZE / dp, else 2)")
-    cp.add_argument("--dp", type=int, default=1, help="data-parallel replicas (each of cp ranks)")
-    cp.add_argument("--attention", default="ring", choices=["ring", "ulysses"],
-                    help="ring attention (K/V blocks travel the ring) or Ulysses (all-to-all to heads)")
-    cp.add_argument("--layout", default=None, choices=["zigzag", "contiguous"],
-                    help="which chunks of a sequence each rank holds: zigzag (the ring's default; balances causal "
-                         "work) or contiguous (Ulysses always)")
-    cp.add_argument("--seq_len", type=int, default=1024, help="tokens per packed training sequence")
-    cp.add_argument("--block_size", type=int, default=128, help="ring: tile size of the blockwise attention")
-    add_common_args(parser, batch_size=2)
-    args = parser.parse_args(argv)
-    if args.dp < 1:
-        parser.error(f"--dp must be >= 1, not {args.dp}")
-    if args.cp is None:
-        args.cp = max(1, default_world_size(2 * args.dp) // args.dp)
-    if args.attention == "ulysses" and args.layout not in (None, "contiguous"):
-        parser.error(f"--layout {args.layout} is for the ring; Ulysses always uses the contiguous layout")
-    args.layout = args.layout or ("zigzag" if args.attention == "ring" else "contiguous")
-    if args.block_size < 1:
-        parser.error(f"--block_size must be >= 1, not {args.block_size}")
-    if args.seq_len < args.model_max_length:
-        parser.error(f"--seq_len {args.seq_len} is shorter than one pair may be (--model_max_length "
-                     f"{args.model_max_length}); use a longer --seq_len")
-    if args.batch_size % args.dp:
-        parser.error(f"--batch_size {args.batch_size} is not divisible by --dp {args.dp}; each dp rank takes "
-                     f"batch_size / dp sequences")
-    try:
-        dims = ParallelDims(dp=args.dp, cp=args.cp)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if in_torchrun():
-        try:
-            dims.check(default_world_size(dims.world_size))
-        except ValueError as exc:
-            parser.error(str(exc))
-    chunks = 2 * args.cp if args.layout == "zigzag" else args.cp
-    if args.seq_len % chunks:
-        fit = args.seq_len // chunks * chunks
-        parser.error(f"--seq_len {args.seq_len} must be divisible by {chunks} (the {args.layout} layout cuts each "
-                     f"sequence into {chunks} equal chunks over --cp {args.cp}); try --seq_len {fit}")
-    args = check_common_args(parser, args, dims.world_size, results_prefix=RESULTS_PREFIX)
-    shape = PRESETS[args.preset]
-    if args.attention == "ulysses":
+@dataclass
+class ContextParallelConfig(RunConfig):
+    """``project/run_context_parallel.py``: ``--dp x --cp`` ranks, each sequence cut over the cp group."""
+
+    description = "Context-parallel GPT-2 training on packed Multi30k sequences (assignment 5.7)."
+    results_prefix = RESULTS_PREFIX
+    mesh_options = ("dp", "cp")
+    world_option = None  # --cp defaults to torchrun's WORLD_SIZE / --dp (resolve)
+
+    batch_size: int = option(2, "global batch size (packed sequences of --seq_len tokens per optimizer step; 2 x 1024 "
+                                "tokens is about the other scripts' 64 pairs)", group="model and training")
+    dp: int | None = option(1, "data-parallel replicas (each of --cp ranks)", group="mesh")
+    cp: int | None = option(None, "ranks each sequence is cut over (default: torchrun's WORLD_SIZE / --dp, else 2)",
+                            group="mesh")
+    attention: str = option("ring", "ring attention (K/V blocks travel the ring) or Ulysses (all-to-all to heads)",
+                            group=CP, choices=("ring", "ulysses"))
+    layout: str | None = option(None, "which chunks of a sequence each rank holds: zigzag (the ring's default; "
+                                      "balances causal work) or contiguous (Ulysses always)", group=CP,
+                                choices=("zigzag", "contiguous"))
+    seq_len: int = option(1024, "tokens per packed training sequence", group=CP)
+    block_size: int = option(128, "ring: tile size of the blockwise attention (tokens)", group=CP)
+
+    def resolve(self) -> None:
+        if self.dp is None:
+            self.dp = 1
+        if self.cp is None:
+            self.cp = max(1, int(os.environ["WORLD_SIZE"]) // max(1, self.dp)) if in_torchrun() else 2
+        if self.layout is None:
+            self.layout = "zigzag" if self.attention == "ring" else "contiguous"
+        super().resolve()
+
+    def check(self) -> None:
         from context_parallel.ulysses import check_heads
 
-        try:
-            check_heads(shape["n_head"], args.cp)
-        except ValueError as exc:
-            parser.error(f"--preset {args.preset} with --cp {args.cp}: {exc}")
-    return args
+        super().check()
+        if self.attention == "ulysses" and self.layout != "contiguous":
+            raise ConfigError(f"--layout {self.layout} is for the ring; Ulysses always uses the contiguous layout "
+                              "(leave --layout out)")
+        if self.block_size < 1:
+            raise ConfigError(f"--block_size must be >= 1 (tokens), not {self.block_size}")
+        if self.seq_len < self.model_max_length:
+            raise ConfigError(f"--seq_len {self.seq_len} is shorter than one pair may be (--model_max_length "
+                              f"{self.model_max_length}); use a longer --seq_len")
+        if self.batch_size % self.dp:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}; each dp rank takes "
+                              f"batch_size / dp sequences: try --batch_size {max(1, self.batch_size // self.dp) * self.dp}")
+        chunks = 2 * self.cp if self.layout == "zigzag" else self.cp
+        if self.seq_len % chunks:
+            fit = max(chunks, self.seq_len // chunks * chunks)
+            raise ConfigError(f"--seq_len {self.seq_len} must be divisible by {chunks} (the {self.layout} layout cuts "
+                              f"each sequence into {chunks} equal chunks over --cp {self.cp}); try --seq_len {fit}")
+        if self.attention == "ulysses":
+            try:
+                check_heads(self.model_shape["n_head"], self.cp)
+            except ValueError as exc:
+                raise ConfigError(f"--preset {self.preset} with --cp {self.cp}: {exc}") from None
+
+
+def parse_args(argv=None) -> ContextParallelConfig:
+    """The run's :class:`ContextParallelConfig` from the command line (exits with a message on bad input)."""
+    return ContextParallelConfig.from_command_line(argv)
 
 
 def main(argv=None) -> int:

@@ -30,14 +30,11 @@ def reference(q, k, v, grad, causal: bool):
 
 
 def cp_groups(rank: int, world_size: int) -> dict:
-    """``{2: this rank's pair ([0, 1] or [2, 3]), 4: the world}``, named ``cp`` for the counter."""
-    from course.collectives import name_group
+    """``{2: this rank's pair ([0, 1] or [2, 3]), 4: all four}``: the cp groups of the meshes dp 2 x cp 2 and
+    cp 4 (``course.mesh.Mesh``, which names them ``cp`` for the counter)."""
+    from course.mesh import Mesh
 
-    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    groups = {2: pairs[rank // 2], 4: dist.group.WORLD}
-    for group in groups.values():
-        name_group(group, "cp")
-    return groups
+    return {cp: Mesh.build(dp=world_size // cp, cp=cp).cp_group for cp in (2, 4)}
 
 
 def _records(counter) -> list[dict]:

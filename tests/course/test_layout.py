@@ -1,0 +1,235 @@
+"""The repository's layout rules (docs/architecture.md), checked on the source.
+
+* Arrows point one way: the shared library (``course``) imports no part, no script and no
+  instructor tool; a part imports the shared library and itself — another part only
+  through that part's public package (``import tensor_parallel``), never its internals —
+  and no script; the instructor tools import the shared library only. Every import counts,
+  also the ones inside functions.
+* No import cycle between the modules.
+* Library modules leave ``sys.path`` alone; only entry points (a script's
+  ``if __name__ == "__main__":`` block, and ``modal_run.py``, which Modal imports) put their
+  own tree first.
+* Every communication call in a part names its group: ``torch.distributed`` collectives and
+  point-to-point calls pass ``group=``, and every call of a function of the course that
+  takes a ``group`` passes one.
+* One per-epoch routine: only :mod:`course.epoch_runner` trains epochs, evaluates, scores
+  BLEU and writes results files.
+* The keys are declared once (``instructor/keys.py``): pytest's markers come from there,
+  and the README's table lists exactly those keys.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = "course"
+PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe")
+TOOLS = "instructor"
+SCRIPTS = ("project", "modal_run")
+PACKAGES = (LIBRARY, *PARTS, TOOLS, "project")
+
+COMM_CALLS = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "recv", "isend", "irecv",
+              "all_gather_object", "broadcast_object_list", "gather", "scatter", "reduce", "all_to_all",
+              "all_to_all_single", "batch_isend_irecv", "P2POp"}
+
+
+def module_files() -> dict[str, Path]:
+    files = {"modal_run": REPO / "modal_run.py"}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            files[name] = path
+    return files
+
+
+FILES = module_files()
+TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in FILES.items()}
+
+
+def imports_of(name: str) -> set[str]:
+    """The course modules ``name`` imports (the most specific one of each import)."""
+    found = set()
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{name}: relative import (use absolute imports)"
+            targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            for target in targets:  # `from a.b import c`: module a.b.c if it exists, else a.b
+                if target in FILES:
+                    found.add(target)
+                    break
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in FILES)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in FILES}
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_layers_import_downwards_only():
+    wrong = []
+    for name, targets in GRAPH.items():
+        for target in targets:
+            src, dst = top(name), top(target)
+            if src == dst:
+                continue
+            if src == LIBRARY:
+                wrong.append(f"{name} (shared library) imports {target}")
+            elif src in PARTS and (dst in (TOOLS, *SCRIPTS) or (dst in PARTS and target != dst)):
+                wrong.append(f"{name} (a part) imports {target}" + (" (another part's internals: use its package)"
+                                                                   if dst in PARTS else ""))
+            elif src == TOOLS and dst != LIBRARY:
+                wrong.append(f"{name} (instructor tools) imports {target}")
+    assert not wrong, "imports that point the wrong way:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles():
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in GRAPH[v]:
+                cycles.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def _is_main_guard(node) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators))
+
+
+def test_only_entry_points_touch_sys_path():
+    wrong = []
+    for name, tree in TREES.items():
+        guarded = {id(n) for g in ast.walk(tree) if _is_main_guard(g) for n in ast.walk(g)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                if name != "modal_run" and id(node) not in guarded:
+                    wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno}")
+    assert not wrong, "sys.path used outside an `if __name__ == '__main__':` entry point: " + ", ".join(wrong)
+
+
+def _functions_with_group() -> dict[str, int]:
+    """Names of the course's functions/classes that take ``group``: name -> its positional index."""
+    found = {}
+    for name, tree in TREES.items():
+        if top(name) not in (LIBRARY, *PARTS):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+                args = [a.arg for a in init.args.args[1:]] if init else []
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                args = [a.arg for a in node.args.args]
+                if args and args[0] in ("self", "cls", "ctx"):
+                    continue  # methods are called on objects that already hold their group
+            else:
+                continue
+            if "group" in args:
+                found[node.name] = args.index("group")
+    return found
+
+
+def test_every_communication_in_the_parts_names_its_group():
+    takes_group = _functions_with_group()
+    assert {"all_reduce", "average_gradients", "StageRunner", "ColumnParallelLinear"} <= set(takes_group)
+    wrong = []
+    for name, tree in TREES.items():
+        if top(name) not in PARTS:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            via_dist = isinstance(func, ast.Attribute) and getattr(func.value, "id", "") in ("dist", "distributed")
+            keywords = {k.arg for k in node.keywords}
+            if isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "self":
+                continue  # a method of an object that holds its group (e.g. StageRunner.recv)
+            if via_dist and called in COMM_CALLS:
+                ok = "group" in keywords
+            elif not via_dist and called in takes_group:
+                ok = "group" in keywords or len(node.args) > takes_group[called] or any(
+                    isinstance(a, ast.Starred) for a in node.args)
+            else:
+                continue
+            if not ok:
+                wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno} {called}(...)")
+    assert not wrong, "communication without an explicit group:\n" + "\n".join(wrong)
+
+
+def test_one_per_epoch_routine():
+    owner = "course.epoch_runner"
+    routine = {"write_results", "corpus_bleu", "evaluate_loss", "train_epoch", "translate"}
+    wrong = []
+    for name, tree in TREES.items():
+        if name == owner:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in routine:
+                    called = node.func.id
+                    wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno} {called}")
+    assert not wrong, "per-epoch work outside course.epoch_runner (use run_epochs):\n" + "\n".join(wrong)
+
+
+def test_keys_are_declared_once_and_the_readme_lists_them(pytestconfig):
+    from instructor.keys import KEYS
+
+    registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
+    assert set(KEYS) <= registered, "conftest.py must register a marker per key of instructor/keys.py"
+    readme = (REPO / "README.md").read_text()
+    listed = set(re.findall(r"^\| (a5_\d+_\d+) \|", readme, flags=re.M))
+    assert listed == set(KEYS), (f"README's key table differs from instructor/keys.py: missing "
+                                 f"{sorted(set(KEYS) - listed)}, unknown {sorted(listed - set(KEYS))}")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert not re.search(r"^\s*\"a5_\d", pyproject, flags=re.M), "keys are listed again in pyproject.toml"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in FILES if top(n) != "modal_run"))
+def test_docs_cited_by_the_code_exist(name):
+    text = FILES[name].read_text()
+    assert "COURSE_DESIGN" not in text, f"{name} cites a document outside the repository"
+    for doc in re.findall(r"docs/[\w/]+\.md", text):
+        assert (REPO / doc).is_file(), f"{name} cites {doc}, which does not exist"
+
+
+@pytest.mark.parametrize("package", [p.parent.name for p in sorted(REPO.glob("*/__init__.py"))
+                                     if p.parent.name not in ("tests", "project", "instructor")])
+def test_each_package_exports_only_public_names_that_exist(package):
+    """A package's ``__all__`` is its public surface: no private (underscore) name, every name defined."""
+    import importlib
+
+    module = importlib.import_module(package)
+    names = getattr(module, "__all__", [])
+    assert not [n for n in names if n.startswith("_")], f"{package} exports private names"
+    assert not [n for n in names if not hasattr(module, n)], f"{package}.__all__ names what it does not define"

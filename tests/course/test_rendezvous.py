@@ -1,0 +1,109 @@
+"""Point-to-point under NCCL's rules, on CPU (docs/architecture.md, "Point-to-point under NCCL's rules").
+
+Every test here runs its ranks with ``LLMSYS_NCCL_RULES=1``: gloo held to what NCCL does
+(:mod:`course.nccl_rules`) — the operations of a group run in issue order, a send completes
+only once the peer's matching receive runs, messages are matched by order (no tags), the
+operations of one ``batch_isend_irecv`` start together. Under it:
+
+* a planted unsafe order (two ranks that each send before they receive) is caught within a
+  bounded time, and two messages posted in different orders on the two sides are refused —
+  while plain gloo runs both without complaint;
+* the ring and the recursive-doubling all-reduce finish at p = 2, 3 and 4 (a5_4_1);
+* every pipeline schedule finishes and equals one process: GPipe and 1F1B at p = 4 (a5_2_4),
+  interleaved 1F1B at p = 2 with v = 2 (a5_2_5), ZB-H1 at p = 4 (a5_2_6);
+* the 3D step finishes and equals one process at (dp, pp, tp) = (1, 2, 2) with 1F1B and
+  (2, 2, 1) with GPipe (a5_6_3).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from course.launch import RankFailure, launch
+from course.nccl_rules import ENV, TIMEOUT_ENV
+from tests.support import rendezvous as support
+
+
+@pytest.fixture
+def nccl_rules(monkeypatch):
+    """Spawned ranks inherit the environment: they run under the emulated NCCL rules."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(TIMEOUT_ENV, "20")
+
+
+def test_planted_unsafe_order_is_caught_rendezvous(monkeypatch):
+    """Gloo runs 'both send, then both receive' (it buffers the sends); under the rules the same order
+    ends in a bounded time with a deadlock message naming the wait."""
+    monkeypatch.setenv(TIMEOUT_ENV, "4")
+    began = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        launch(support.unsafe_order_worker, 2, device="cpu", timeout=60)
+    elapsed = time.monotonic() - began
+    text = str(info.value)
+    assert "plain gloo: exchanged" in text or "deadlock under NCCL" in text, text
+    assert "deadlock under NCCL's point-to-point rules" in text, text
+    assert elapsed < 40, f"the deadlock took {elapsed:.0f} s to be reported"
+
+
+def test_messages_matched_by_order_rendezvous(nccl_rules):
+    """Tags are ignored: two messages of different sizes sent in one order and received in the other
+    meet the wrong partner, and the send says so."""
+    with pytest.raises(RankFailure, match="matches messages by order"):
+        launch(support.crossed_tags_worker, 2, device="cpu", timeout=60)
+
+
+def test_batched_exchange_finishes_rendezvous(nccl_rules):
+    """The same exchange as the planted one, posted as one batch on each side, finishes."""
+    out = launch(support.batched_exchange_worker, 2, device="cpu", timeout=60)
+    assert out == {0: 1.0, 1: 0.0}
+
+
+@pytest.mark.a5_4_1
+def test_ring_and_tree_all_reduce_rendezvous(nccl_rules):
+    """Ring and recursive doubling at p = 2 (twice, in two sub-groups), 3 and 4 under NCCL's rules equal
+    dist.all_reduce (integers exactly)."""
+    out = launch(support.all_reduce_worker, 4, device="cpu", timeout=120)
+    for rank, cases in out.items():
+        for name, got, want in cases:
+            assert torch.equal(got, want), f"rank {rank}: {name} differs from dist.all_reduce"
+    assert {name for name, _, _ in out[0]} >= {"ring p=2", "tree p=2", "ring p=3", "tree p=3", "ring p=4",
+                                                 "tree p=4"}
+
+
+@pytest.mark.a5_2_4
+def test_gpipe_and_1f1b_rendezvous(nccl_rules):
+    """GPipe and 1F1B at p = 4 under NCCL's rules: they finish, and equal one process."""
+    out = launch(support.schedules_worker, 4, ["gpipe", "1f1b"], 1, device="cpu", timeout=200)
+    for i, schedule in enumerate(["gpipe", "1f1b"]):
+        support.check_equal_to_single_process({r: res[i] for r, res in out.items()}, 4, schedule)
+
+
+@pytest.mark.a5_2_5
+def test_interleaved_rendezvous(nccl_rules):
+    """Interleaved 1F1B (v = 2) at p = 2 under NCCL's rules: activations travel both ways between the
+    two ranks (rank 1's chunk 0 feeds rank 0's chunk 1); it finishes and equals one process."""
+    out = launch(support.schedules_worker, 2, ["interleaved"], 2, device="cpu", timeout=200)
+    support.check_equal_to_single_process({r: res[0] for r, res in out.items()}, 2, "interleaved")
+
+
+@pytest.mark.a5_2_6
+def test_zero_bubble_rendezvous(nccl_rules):
+    """ZB-H1 at p = 4 under NCCL's rules: it finishes and equals one process."""
+    out = launch(support.schedules_worker, 4, ["zb-h1"], 1, device="cpu", timeout=200)
+    support.check_equal_to_single_process({r: res[0] for r, res in out.items()}, 4, "zb-h1")
+
+
+@pytest.mark.a5_6_3
+def test_three_d_step_rendezvous(nccl_rules):
+    """The 3D step under NCCL's rules at (1, 2, 2) 1F1B and (2, 2, 1) GPipe: it finishes, and its loss and
+    gradients equal one process's (float64)."""
+    from tests.three_d.test_step import check
+    from tests.support.three_d import layouts_worker
+
+    cases = [dict(dp=1, pp=2, tp=2, n_chunk=4, schedule="1f1b", max_norm=0.5),
+             dict(dp=2, pp=2, tp=1, n_chunk=2, schedule="gpipe", max_norm=0.5)]
+    out = launch(layouts_worker, 4, cases, device="cpu", timeout=200)
+    for i, case in enumerate(cases):
+        check({rank: r[i] for rank, r in out.items()}, case)

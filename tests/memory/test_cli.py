@@ -1,0 +1,48 @@
+"""The memory options of project/run_data_parallel.py are checked before any process starts
+(ungraded)."""
+import pytest
+
+from project.run_data_parallel import parse_args
+
+
+def test_zero_stage_must_be_0_to_3(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--zero", "4", "--workdir", str(tmp_path)])
+    assert "--zero" in capsys.readouterr().err
+
+
+def test_sharded_runs_refuse_checkpoints(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--zero", "2", "--checkpoint_every", "5", "--workdir", str(tmp_path)])
+    assert "--zero 2 cannot write or resume checkpoints" in capsys.readouterr().err
+
+
+def test_precision_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--precision", "fp16", "--workdir", str(tmp_path)])
+    assert "--precision" in capsys.readouterr().err
+
+
+def test_defaults_are_plain_data_parallelism(tmp_path):
+    args = parse_args(["--workdir", str(tmp_path)])
+    assert (args.zero, args.activation_checkpointing, args.precision) == (0, False, "fp32")
+
+
+def test_bf16_autocasts_compute_and_keeps_fp32_weights_and_gradients():
+    import torch
+
+    from memory.training import ShardedStep
+    from tests.support.memory import batch, lm_loss, make_model
+
+    ids = batch(0, 2)
+    data = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        model = make_model()
+        seen = []
+        model.blocks[0].up.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        step = ShardedStep(model, 0, None, torch.optim.Adam, precision=precision, lr=1e-3)
+        losses[precision] = float(step.forward_backward(data, "cpu", lambda m, b: lm_loss(m, b["input_ids"])))
+        assert seen == [torch.bfloat16 if precision == "bf16" else torch.float32]
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert abs(losses["bf16"] - losses["fp32"]) < 0.02 * losses["fp32"]

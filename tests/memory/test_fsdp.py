@@ -1,0 +1,60 @@
+"""Assignment 5.5.3 (ZeRO-3 / FSDP), graded.
+
+Real 2- and 4-process gloo runs of the tiny language model (each block a unit, the tied
+embedding / head, final LayerNorm and ``scale`` the root). After every step the gathered
+mean gradients and parameters must equal one process doing data parallelism with
+``torch.optim.Adam``, and (2 ranks) torch's FSDP2 (``torch.distributed.fsdp.fully_shard``)
+on the same model, data and optimizer. Memory: after the backward pass no full parameter
+or gradient may be held, and during the step at most the root and one block are gathered
+at once.
+"""
+import functools
+
+import pytest
+import torch
+
+from course.launch import launch
+from tests.support.memory import fsdp_worker, reference_named_run
+
+pytestmark = pytest.mark.a5_5_3
+
+STEPS = 3
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def run(world_size, with_fsdp2):
+    return launch(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150, collective_timeout=60)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero3_equals_data_parallel_adam_and_frees_full_parameters(world_size):
+    outputs = run(world_size, world_size == 2)
+    reference = reference_named_run(world_size, STEPS)
+    for rank in range(world_size):
+        out = outputs[rank]
+        block_bytes = [b for name, b in out["unit_bytes"].items() if name != "root"]
+        allowed = out["unit_bytes"]["root"] + max(block_bytes)
+        total = sum(out["unit_bytes"].values())
+        assert all(n == b // 4 // world_size for n, b in zip(out["shard_numel"], out["unit_bytes"].values())), (
+            f"rank {rank}: slices of {out['shard_numel']} elements; each must be 1/{world_size} of its padded unit")
+        for step, (grads, params) in enumerate(reference):
+            rec = out["steps"][step]
+            assert rec["held_after_backward"] == 0, (
+                f"rank {rank} step {step}: {rec['held_after_backward']} bytes of full parameters still held after "
+                "the backward pass; every gathered unit must be freed (storage resized to 0)")
+            assert rec["full_grads_held"] == 0, f"rank {rank} step {step}: full gradients kept after the reduction"
+            assert rec["peak_full_bytes"] <= allowed, (
+                f"rank {rank} step {step}: {rec['peak_full_bytes']} bytes of full parameters held at once (all units: "
+                f"{total}); at most the root and one block ({allowed}) — free each block after its forward")
+            assert rec["peak_full_bytes"] > 0
+            assert set(rec["grads"]) == set(grads)
+            for name in grads:
+                assert torch.allclose(rec["grads"][name], grads[name], **TOL), (
+                    f"rank {rank} step {step}: gradient of {name} differs from the data-parallel mean gradient "
+                    f"(median ratio {float((rec['grads'][name] / grads[name]).median()):.3f})")
+                assert torch.allclose(rec["params"][name], params[name], **TOL), (
+                    f"rank {rank} step {step}: {name} differs from data parallelism with torch.optim.Adam")
+                if "fsdp2_params" in rec:
+                    assert torch.allclose(rec["params"][name], rec["fsdp2_params"][name], **TOL), (
+                        f"rank {rank} step {step}: {name} differs from torch FSDP2 (fully_shard)")

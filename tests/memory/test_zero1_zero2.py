@@ -1,0 +1,91 @@
+"""Assignments 5.5.1 (ZeRO-1) and 5.5.2 (ZeRO-2), graded.
+
+Real 2- and 4-process gloo runs of a tiny language model with 2347 parameters (no dp size
+> 1 divides it, so the flat buffer is padded). After every step each rank's slice gradient
+must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
+those of one process stepping ``torch.optim.Adam`` on the mean loss (and, for ZeRO-1,
+those of ``torch.distributed.optim.ZeroRedundancyOptimizer``), and a rank must hold Adam
+state for its slice only (ZeRO-2: and no full gradient after the reduction).
+"""
+import functools
+
+import pytest
+import torch
+
+from course.launch import launch
+from tests.support.memory import make_model, reference_run, zero_worker
+
+STEPS = 3
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def run(stage, world_size):
+    return launch(zero_worker, world_size, stage, STEPS, timeout=120, collective_timeout=60)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(world_size):
+    return reference_run(world_size, STEPS)
+
+
+def check_against_dp(stage, world_size):
+    outputs = run(stage, world_size)
+    grads, params = reference(world_size)
+    numel = sum(p.numel() for p in make_model().parameters())
+    size = -(-numel // world_size)
+    for rank in range(world_size):
+        out = outputs[rank]
+        assert (out["start"], out["end"], out["padded"]) == (rank * size, (rank + 1) * size, size * world_size), (
+            f"rank {rank} owns [{out['start']}, {out['end']}) of {out['padded']}; expected "
+            f"[{rank * size}, {(rank + 1) * size}) of {size * world_size} (padded to a multiple of dp)")
+        for step, rec in enumerate(out["steps"]):
+            want = torch.cat([grads[step], torch.zeros(size * world_size - numel)])[rank * size:(rank + 1) * size]
+            got = rec["shard_grad"]
+            assert got.shape == want.shape, f"rank {rank} step {step}: slice gradient of shape {tuple(got.shape)}"
+            assert torch.allclose(got, want, **TOL), (
+                f"rank {rank} step {step}: slice gradient differs from the data-parallel mean gradient "
+                f"(median ratio {float((got[want != 0] / want[want != 0]).median()):.3f}; summed but not divided by dp?)")
+            assert torch.allclose(rec["params"], params[step], **TOL), (
+                f"rank {rank} step {step}: parameters differ from data parallelism with torch.optim.Adam "
+                f"(max diff {float((rec['params'] - params[step]).abs().max()):.2e})")
+            assert rec["state_numel"] == 2 * size, (
+                f"rank {rank} holds {rec['state_numel']} elements of Adam state; ZeRO keeps exp_avg and exp_avg_sq "
+                f"of its own slice only: 2 x {size} (did every rank step the whole model?)")
+    return outputs
+
+
+@pytest.mark.a5_5_1
+def test_shard_range_covers_the_padded_buffer_in_equal_slices():
+    from memory.zero import shard_range
+
+    for numel, dp in [(10, 4), (12, 4), (1, 3), (2347, 2), (2347, 4), (7, 1)]:
+        ranges = [shard_range(numel, dp, r) for r in range(dp)]
+        padded = ranges[0][2]
+        assert padded % dp == 0 and numel <= padded < numel + dp, f"numel {numel}, dp {dp}: padded to {padded}"
+        assert [r[2] for r in ranges] == [padded] * dp
+        assert ranges[0][0] == 0 and ranges[-1][1] == padded
+        for (s0, e0, _), (s1, e1, _) in zip(ranges, ranges[1:]):
+            assert e0 == s1, f"numel {numel}, dp {dp}: slices {s0}:{e0} and {s1}:{e1} are not contiguous"
+        assert {e - s for s, e, _ in ranges} == {padded // dp}
+
+
+@pytest.mark.a5_5_1
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero1_equals_data_parallel_adam_and_zero_redundancy_optimizer(world_size):
+    outputs = check_against_dp(1, world_size)
+    for rank in range(world_size):
+        for step, rec in enumerate(outputs[rank]["steps"]):
+            assert torch.allclose(rec["params"], rec["zro_params"], **TOL), (
+                f"rank {rank} step {step}: parameters differ from torch.distributed.optim.ZeroRedundancyOptimizer")
+
+
+@pytest.mark.a5_5_2
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero2_equals_data_parallel_adam_and_keeps_only_its_gradient_slice(world_size):
+    outputs = check_against_dp(2, world_size)
+    for rank in range(world_size):
+        for step, rec in enumerate(outputs[rank]["steps"]):
+            assert rec["full_grads_held"] == 0, (
+                f"rank {rank} step {step}: {rec['full_grads_held']} gradient elements of the full model are still "
+                "held after the reduction; ZeRO-2 keeps only its slice's gradient")

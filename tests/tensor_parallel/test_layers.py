@@ -1,0 +1,155 @@
+"""Assignment 5.3.2 — ColumnParallelLinear and RowParallelLinear (graded).
+
+Across 2 real processes, each parallel layer is built from the weight and bias of one
+``nn.Linear`` (the same on every rank) and must compute the same function:
+
+* output equal to ``nn.Linear``'s (column: this rank's slice of the output features, or
+  all of them with ``gather_output``; row: all of them, bias added once),
+* input gradient equal to ``nn.Linear``'s (or this rank's slice of it for a row layer
+  with ``input_is_parallel``),
+* weight and bias gradients equal to the matching shard of ``nn.Linear``'s.
+
+The loss on every rank is ``sum(output * G)`` for the same fixed G. Also checked: a
+column layer followed by a row layer equals the dense two-layer MLP. Tolerance: float32,
+atol 1e-5.
+"""
+
+import pytest
+import torch
+from torch import nn
+from tests.support.tensor_parallel import assert_close, case, launch_once, attempt
+
+pytestmark = pytest.mark.a5_3_2
+
+WORLD = 2
+IN, OUT, HIDDEN = 8, 6, 10  # all divisible by WORLD
+BATCH = (3, 5)
+
+
+def dense(in_features, out_features, seed):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        layer = nn.Linear(in_features, out_features)
+        with torch.no_grad():
+            layer.bias.normal_()  # a clearly non-zero bias
+    return layer
+
+
+def data(features, seed):
+    return torch.randn(*BATCH, features, generator=torch.Generator().manual_seed(seed))
+
+
+def reference(layer, x, grad_out):
+    """Output and gradients of a dense layer for loss = sum(layer(x) * grad_out)."""
+    layer.zero_grad()
+    x = x.clone().requires_grad_(True)
+    y = layer(x)
+    y.backward(grad_out)
+    return {"y": y.detach(), "x": x.grad, "w": layer.weight.grad.clone(), "b": layer.bias.grad.clone()}
+
+
+def _parallel(layer, x, grad_out):
+    x = x.clone().requires_grad_(True)
+    y = layer(x)
+    y.backward(grad_out)
+    return {"y": y.detach(), "x": x.grad, "w": layer.weight.grad.clone(), "b": layer.bias.grad.clone()}
+
+
+def layers_worker(rank, world_size):
+    from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    lin = dense(IN, OUT, seed=0)
+    x, x_row = data(IN, 1), data(IN, 2)
+    grad, chunk = data(OUT, 3), OUT // world_size
+    out = {}
+
+    attempt(out, "column", lambda: _parallel(
+        ColumnParallelLinear(IN, OUT, master_weight=lin.weight, master_bias=lin.bias),
+        x, grad[..., rank * chunk:(rank + 1) * chunk]))
+    attempt(out, "column_gather", lambda: _parallel(
+        ColumnParallelLinear(IN, OUT, gather_output=True, master_weight=lin.weight, master_bias=lin.bias), x, grad))
+    in_chunk = IN // world_size
+    attempt(out, "row_parallel_input", lambda: _parallel(
+        RowParallelLinear(IN, OUT, input_is_parallel=True, master_weight=lin.weight, master_bias=lin.bias),
+        x_row[..., rank * in_chunk:(rank + 1) * in_chunk], grad))
+    attempt(out, "row_full_input", lambda: _parallel(
+        RowParallelLinear(IN, OUT, input_is_parallel=False, master_weight=lin.weight, master_bias=lin.bias),
+        x_row, grad))
+
+    def mlp():
+        fc, proj = dense(IN, HIDDEN, seed=4), dense(HIDDEN, IN, seed=5)
+        col = ColumnParallelLinear(IN, HIDDEN, master_weight=fc.weight, master_bias=fc.bias)
+        row = RowParallelLinear(HIDDEN, IN, master_weight=proj.weight, master_bias=proj.bias)
+        xin = x.clone().requires_grad_(True)
+        y = row(torch.nn.functional.gelu(col(xin)))
+        y.backward(data(IN, 6))
+        return {"y": y.detach(), "x": xin.grad}
+
+    attempt(out, "mlp", mlp)
+    return out
+
+
+results = launch_once(layers_worker, WORLD)
+
+
+def get(name, rank):
+    return case(results(), name, rank)
+
+
+def close(actual, expected, what):
+    assert_close(actual, expected, what, atol=1e-5, rtol=1e-5)
+
+
+def test_column_parallel_equals_linear():
+    ref = reference(dense(IN, OUT, seed=0), data(IN, 1), data(OUT, 3))
+    chunk = OUT // WORLD
+    for rank in range(WORLD):
+        r, mine = get("column", rank), slice(rank * chunk, (rank + 1) * chunk)
+        close(r["y"], ref["y"][..., mine], f"rank {rank}: output = its slice of the output features")
+        close(r["x"], ref["x"], f"rank {rank}: input gradient (f must all-reduce it in backward)")
+        close(r["w"], ref["w"][mine], f"rank {rank}: weight gradient = rows {mine} of nn.Linear's")
+        close(r["b"], ref["b"][mine], f"rank {rank}: bias gradient")
+
+
+def test_column_parallel_gather_output_equals_linear():
+    ref = reference(dense(IN, OUT, seed=0), data(IN, 1), data(OUT, 3))
+    chunk = OUT // WORLD
+    for rank in range(WORLD):
+        r, mine = get("column_gather", rank), slice(rank * chunk, (rank + 1) * chunk)
+        close(r["y"], ref["y"], f"rank {rank}: gathered output")
+        close(r["x"], ref["x"], f"rank {rank}: input gradient")
+        close(r["w"], ref["w"][mine], f"rank {rank}: weight gradient")
+        close(r["b"], ref["b"][mine], f"rank {rank}: bias gradient")
+
+
+def test_row_parallel_equals_linear():
+    ref = reference(dense(IN, OUT, seed=0), data(IN, 2), data(OUT, 3))
+    chunk = IN // WORLD
+    for rank in range(WORLD):
+        r, mine = get("row_parallel_input", rank), slice(rank * chunk, (rank + 1) * chunk)
+        close(r["y"], ref["y"], f"rank {rank}: output (partial sums all-reduced, bias added once)")
+        close(r["x"], ref["x"][..., mine], f"rank {rank}: gradient of its input slice")
+        close(r["w"], ref["w"][:, mine], f"rank {rank}: weight gradient = columns {mine} of nn.Linear's")
+        close(r["b"], ref["b"], f"rank {rank}: bias gradient (the bias is replicated)")
+
+
+def test_row_parallel_full_input_equals_linear():
+    ref = reference(dense(IN, OUT, seed=0), data(IN, 2), data(OUT, 3))
+    chunk = IN // WORLD
+    for rank in range(WORLD):
+        r, mine = get("row_full_input", rank), slice(rank * chunk, (rank + 1) * chunk)
+        close(r["y"], ref["y"], f"rank {rank}: output")
+        close(r["x"], ref["x"], f"rank {rank}: input gradient (scatter's backward gathers it)")
+        close(r["w"], ref["w"][:, mine], f"rank {rank}: weight gradient")
+        close(r["b"], ref["b"], f"rank {rank}: bias gradient")
+
+
+def test_column_then_row_equals_dense_mlp():
+    fc, proj = dense(IN, HIDDEN, seed=4), dense(HIDDEN, IN, seed=5)
+    x = data(IN, 1).requires_grad_(True)
+    y = proj(torch.nn.functional.gelu(fc(x)))
+    y.backward(data(IN, 6))
+    for rank in range(WORLD):
+        r = get("mlp", rank)
+        close(r["y"], y.detach(), f"rank {rank}: column -> GeLU -> row output")
+        close(r["x"], x.grad, f"rank {rank}: input gradient of the MLP")
