@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 
-from tests.context_parallel.workers import BLOCK, SHAPE, read_case
+from tests.context_parallel.workers import BLOCK, SHAPE, assert_equals_reference, read_case
 
 pytestmark = pytest.mark.a5_7_2
 
@@ -54,11 +54,7 @@ def test_ring_attention_finishes_under_nccl_rules_rendezvous():
 @pytest.mark.parametrize("name", CASES)
 def test_equals_sdpa_forward_and_backward(name):
     for rank in range(4):
-        r = case(name, rank)
-        torch.testing.assert_close(r["out"], r["ref"], **TOL, msg=lambda m: f"{name}, rank {rank}, output: {m}")
-        for label, got, want in zip("qkv", r["grads"], r["ref_grads"]):
-            torch.testing.assert_close(got, want, **TOL,
-                                       msg=lambda m, n=label: f"{name}, rank {rank}, gradient of {n}: {m}")
+        assert_equals_reference(case(name, rank), name, rank, TOL)
 
 
 def test_equals_pytorch_ring_kernel():

@@ -11,9 +11,8 @@ refused before any process starts: tests/context_parallel/test_input_checks.py.)
 import functools
 
 import pytest
-import torch
 
-from tests.context_parallel.workers import read_case
+from tests.context_parallel.workers import assert_equals_reference, read_case
 
 pytestmark = pytest.mark.a5_7_3
 
@@ -36,11 +35,7 @@ def case(name: str, rank: int) -> dict:
 @pytest.mark.parametrize("name", CASES)
 def test_equals_sdpa_forward_and_backward(name):
     for rank in range(4):
-        r = case(name, rank)
-        torch.testing.assert_close(r["out"], r["ref"], **TOL, msg=lambda m: f"{name}, rank {rank}, output: {m}")
-        for label, got, want in zip("qkv", r["grads"], r["ref_grads"]):
-            torch.testing.assert_close(got, want, **TOL,
-                                       msg=lambda m, n=label: f"{name}, rank {rank}, gradient of {n}: {m}")
+        assert_equals_reference(case(name, rank), name, rank, TOL)
 
 
 @pytest.mark.parametrize("name", CASES)

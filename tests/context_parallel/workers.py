@@ -96,6 +96,15 @@ def read_case(results: dict, name: str, rank: int) -> dict:
     return r
 
 
+def assert_equals_reference(r: dict, name: str, rank: int, tol: dict) -> None:
+    """A case's output shard and q, k, v gradient shards (``out``, ``grads``) equal the single-process
+    ``scaled_dot_product_attention``'s (``ref``, ``ref_grads``) within ``tol``."""
+    torch.testing.assert_close(r["out"], r["ref"], **tol, msg=lambda m: f"{name}, rank {rank}, output: {m}")
+    for label, got, want in zip("qkv", r["grads"], r["ref_grads"]):
+        torch.testing.assert_close(got, want, **tol,
+                                   msg=lambda m, n=label: f"{name}, rank {rank}, gradient of {n}: {m}")
+
+
 def attempt(fn, *args) -> dict:
     """``fn(*args)``, or ``{"error": traceback}`` if it raises — except a deadlock under NCCL's rules, which
     ends the run at once (the ranks' queues are stuck; the launch reports the waiting rank's message)."""
