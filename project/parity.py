@@ -246,7 +246,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (global batches)")
     parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
-                        help=f"configurations to run (default: all): {', '.join(repr(c.name) for c in CASES)}")
+                        help=f"configurations to run (default: all): {', '.join(repr(c.name) for c in CASES)}".replace("%", "%%"))  # argparse formats help with %
     parser.add_argument("--batch_size", type=int, default=DEFAULTS["batch_size"], help="global batch (pairs)")
     parser.add_argument("--max_train_examples", type=int, default=DEFAULTS["max_train_examples"],
                         help="training pairs taken from Multi30k (and the tokenizer's)")
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     known = {c.name for c in CASES}
     for name in args.cases or []:
         if name not in known:
-            parser.error(f"unknown case {name!r}; choose from: {', '.join(repr(c.name) for c in CASES)}")
+            parser.error(f"unknown case {name!r}; choose from: {', '.join(repr(c.name) for c in CASES)}".replace("%", "%%"))  # argparse formats help with %
     if args.steps * args.batch_size > args.max_train_examples:
         parser.error(f"{args.steps} steps of {args.batch_size} pairs need --max_train_examples >= "
                      f"{args.steps * args.batch_size}")

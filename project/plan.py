@@ -395,7 +395,10 @@ def load_hardware(config):
         return HARDWARE[config.hardware]
     from project.plan_measure import cpu_hardware
 
-    return cpu_hardware(config)
+    d = shape(config)
+    block = {"b": d["b"], "s": d["s"], "h": d["h"], "a": d["a"], "inner": d["inner"], "preset": config.preset,
+             "dropout": config.dropout}
+    return cpu_hardware(config, block, [max(2, group_shape(config, g)[0]) for g in ("tp", "dp", "pp", "embedding")])
 
 
 def main(argv=None) -> int:

@@ -138,22 +138,17 @@ def measure_cpu(world_size: int, block: dict, group_sizes: list[int], repeats: i
             "cores": os.cpu_count(), "block": block}
 
 
-def cpu_hardware(config):
-    """The CPU as a :class:`course.hardware.Hardware` for ``config``'s world size: measured now, or read from
-    ``config.cpu_figures`` (the file keeps one entry per world size; a missing one is measured and added)."""
+def cpu_hardware(config, block: dict, group_sizes: list[int]):
+    """The CPU as a :class:`course.hardware.Hardware` for ``config``'s world size: measured now (a block of
+    ``block``'s shape, all-reduces in groups of each of ``group_sizes``), or read from ``config.cpu_figures``
+    (the file keeps one entry per world size and block; a missing one is measured and added)."""
     from course.hardware import Hardware, Link
 
-    from project.plan import group_shape, shape
-
-    d = shape(config)
     path = Path(config.cpu_figures) if config.cpu_figures else None
     stored = json.loads(path.read_text()) if path and path.exists() else {}
-    block = {"b": d["b"], "s": d["s"], "h": d["h"], "a": d["a"], "inner": d["inner"], "preset": config.preset,
-             "dropout": config.dropout}
     key = f"{config.devices} ranks, {block}"
     if key not in stored:
-        sizes = [max(2, group_shape(config, g)[0]) for g in ("tp", "dp", "pp", "embedding")]
-        stored[key] = measure_cpu(config.devices, block, [p for p in sizes if config.devices % p == 0])
+        stored[key] = measure_cpu(config.devices, block, [p for p in group_sizes if config.devices % p == 0])
         if path:
             from course.results import write_json
 
