@@ -141,16 +141,8 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     worker_env_quiet()
     device = context().device
     mesh = Mesh.build(dp=world_size)
-    data = prepare_data(args)
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    sharding = make_sharding(model, args, mesh.dp_group) if make_sharding is not None else None
-    optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
-                                                                                   lr=args.learning_rate)
-    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
-    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
-                                grad_sync=grad_sync, rank=rank,
-                                world_group=mesh.group("world"), throughput_group=mesh.dp_group,
-                                show_progress=rank == 0)
+    mode = dp_training(rank, args, prepare_data(args), device, mesh, make_sharding, grad_sync_factory)
+    model, sharding = mode.model, mode.sharding
     written = run_epochs(mode)
     final_sha = mode.fingerprint()
     if args.save_checkpoint:
@@ -160,3 +152,20 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
             save_final_weights({k: v.detach().clone() for k, v in model.state_dict().items()},
                                Path(args.workdir) / "checkpoint_data_parallel.pt", rank=rank, group=mesh.dp_group)
     return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}
+
+
+def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None,
+                grad_sync_factory=None) -> DataParallelTraining:
+    """This rank's :class:`DataParallelTraining` over ``mesh.dp_group``: the GPT-2 of ``args`` (same seed
+    on every rank) on ``device``, AdamW at ``args.learning_rate`` — or the optimizer of the sharding that
+    ``make_sharding(model, args, dp_group)`` builds — and the ``grad_sync`` of ``grad_sync_factory(args,
+    model, dp_group)`` (see :func:`run_dp`). What :func:`run_dp` trains; the parity harness
+    (``project/parity.py``) steps it directly."""
+    model = build_model(args, data.tokenizer.vocab_size).to(device)
+    sharding = make_sharding(model, args, mesh.dp_group) if make_sharding is not None else None
+    optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
+                                                                                   lr=args.learning_rate)
+    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
+    return DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
+                                grad_sync=grad_sync, rank=rank, world_group=mesh.group("world"),
+                                throughput_group=mesh.dp_group, show_progress=rank == 0)

@@ -188,14 +188,22 @@ def run_moe(rank: int, world_size: int, args) -> dict:
     return train_moe(rank, world_size, args, prepare_data(args))
 
 
+def moe_training(rank: int, args, data, mesh: Mesh) -> MoETraining:
+    """This rank's :class:`MoETraining` on ``mesh`` (its ep, dp x cp and edp groups): the model of
+    :func:`build_moe_model` on the worker's device. What :func:`train_moe` trains; the parity harness
+    (``project/parity.py``) steps it directly."""
+    device = context().device
+    model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
+    return MoETraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
+                       throughput_group=mesh.dp_cp_group, show_progress=rank == 0)
+
+
 def train_moe(rank: int, world_size: int, args, data, mesh: Mesh | None = None, keep_model: bool = False) -> dict:
     """:func:`run_moe` on prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh;
     with ``keep_model`` the result also holds the trained ``"model"`` (in this process only: it is not picklable)."""
-    device = context().device
     mesh = mesh or Mesh.build(dp=world_size, ep=args.ep)
-    model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
-    mode = MoETraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
-                       throughput_group=mesh.dp_cp_group, show_progress=rank == 0)
+    mode = moe_training(rank, args, data, mesh)
+    model = mode.model
     written = run_epochs(mode)
     results = [json.loads(open(path).read()) for path in written]
     out = {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],

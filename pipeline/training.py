@@ -270,12 +270,20 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     """
     from course.launch import context
     from course.mesh import Mesh
-    from pipeline.gpt2_stages import gpt2_stage
 
     worker_env_quiet()
-    device = context().device
     mesh = Mesh.build(pp=world_size)
-    data = prepare_data(args)
+    return {"results": run_epochs(stage_training(args, prepare_data(args), context().device, mesh))}
+
+
+def stage_training(args, data, device, mesh) -> StageTraining:
+    """This rank's :class:`StageTraining` on ``mesh`` (its pp group): the whole GPT-2 built (same seed on
+    every rank), cut into this rank's stage (or ``args.virtual_stages`` chunks for a schedule that takes
+    them), placed by layer count or, with ``args.balance == "auto"``, by measured cost. What
+    :func:`run_stage_worker` trains; the parity harness (``project/parity.py``) steps it directly."""
+    from pipeline.gpt2_stages import gpt2_stage
+
+    world_size = mesh.dims.pp
     model = build_model(args, data.tokenizer.vocab_size)
     n_virtual = args.virtual_stages
     balance = None
@@ -291,7 +299,7 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     stage.to(device)
     training = StageTraining(args, data, device, mesh, model, stage, tied)
     training.balance = balance
-    return {"results": run_epochs(training)}
+    return training
 
 
 def valid_interleaved_micro(n_stages: int, m: int) -> int:
