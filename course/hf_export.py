@@ -46,7 +46,7 @@ tokenizer = AutoTokenizer.from_pretrained("{folder}")
 model = GPT2LMHeadModel.from_pretrained("{folder}")
 ids = tokenizer("Ein Hund läuft im Schnee.", return_tensors="pt").input_ids
 prompt = torch.cat([ids, torch.tensor([[tokenizer.convert_tokens_to_ids("<eos_{src}>")]])], dim=1)
-out = model.generate(prompt, max_new_tokens=48, do_sample=False)
+out = model.generate(prompt, do_sample=False)  # greedy, up to n_positions tokens, stops at <eos_{tgt}>
 print(tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True))
 ```
 """
@@ -126,7 +126,7 @@ def _write_folder(state: dict, args, tokenizer, mode: str, tmp: Path, folder: Pa
                          f"{missing[:3]}, unexpected {extra[:3]}, misshaped {wrong[:3]})")
     model.load_state_dict(state)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_tgt_id, pad_token_id=tokenizer.pad_id,
-                                               max_new_tokens=48, do_sample=False)
+                                               max_length=config.n_positions, do_sample=False)
     model.save_pretrained(tmp)
     hf_tokenizer(tokenizer, args.model_max_length).save_pretrained(tmp)
     shape = args.model_shape
