@@ -147,6 +147,12 @@ class MoETraining(TrainingMode):
     def evaluation(self) -> Evaluation:
         return Evaluation(self.model.gathered(), self.device, group=self.mesh.dp_cp_group)
 
+    def export_state(self) -> dict:
+        """``--dense --top_k 1`` (``project/run_moe.py`` refuses the rest): the GPT-2 itself, for ``--export_hf``."""
+        if not (isinstance(self.model, DenseGPT2) and self.model.top_k == 1):
+            raise NotImplementedError("only the dense GPT-2 of top-1 (--dense --top_k 1) is transformers' GPT-2")
+        return {name: t.detach() for name, t in self.model.model.state_dict().items()}
+
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         steps = max(1, stats["steps"])
         routing = None

@@ -228,21 +228,28 @@ class StageTraining(PipelineMode):
         dist.broadcast_object_list(box, src=global_rank(group, self.runner.n_stages - 1), group=group)
         return box[0]
 
-    def evaluation(self) -> Evaluation:
+    def gather_model(self):
+        """Every stage's parameters gathered in the pp group into this rank's full GPT-2 (``self.model``,
+        moved to the device); collective over pp. Returns the model."""
         from pipeline.gpt2_stages import named_stage_parameters
 
-        group = self.mesh.pp_group
         pieces: list = [None] * self.runner.n_stages
         dist.all_gather_object(pieces, {k: v.cpu() for k, v in named_stage_parameters(self.model, self.stage).items()},
-                               group=group)
+                               group=self.mesh.pp_group)
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for piece in pieces:
                 for name, value in piece.items():
                     params[name].copy_(value)
-        self.model.to(self.device)
-        return Evaluation(self.model, self.device, logits_fn=lambda m, b: m(input_ids=b["input_ids"]).logits,
-                          group=group)
+        return self.model.to(self.device)
+
+    def export_state(self) -> dict:
+        """The stages gathered over pp (:meth:`gather_model`) as the GPT-2's state dict."""
+        return {name: t.detach() for name, t in self.gather_model().state_dict().items()}
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.gather_model(), self.device, logits_fn=lambda m, b: m(input_ids=b["input_ids"]).logits,
+                          group=self.mesh.pp_group)
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         return {"timeline": self.timeline, "peak_in_flight": self.peak_in_flight,

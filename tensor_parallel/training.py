@@ -19,6 +19,7 @@ from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epoch
 from course.launch import context
 from course.mesh import Mesh
 from course.task import build_model, prepare_data, worker_env_quiet
+from tensor_parallel.export import hf_state_dict
 from tensor_parallel.gpt2 import TensorParallelGPT2
 
 RESULTS_PREFIX = "tensor_parallel_"
@@ -86,6 +87,10 @@ class TensorParallelTraining(TrainingMode):
     def train_step(self, batch: dict) -> StepOutcome:
         return supervised_step(self.model, self.optimizer, batch, self.device, loss_fn=tp_loss,
                                after_backward=lambda m: m.sync_grads())
+
+    def export_state(self) -> dict:
+        """The shards gathered over tp as ``transformers``' GPT-2 (:func:`tensor_parallel.export.hf_state_dict`)."""
+        return hf_state_dict(self.model)
 
     def evaluation(self) -> Evaluation:
         # Every rank of a tp group evaluates and translates the same sentences: all take part in every forward.
