@@ -99,7 +99,7 @@ def activation_bytes_per_block(seq_lens=(32, 64, 128), batch_size: int = 4, n_em
             block.register_forward_pre_hook(lambda m, a, i=i: enter(m, a, i))
             block.register_forward_hook(leave)
         gen = torch.Generator().manual_seed(1)
-        ids = torch.randint(0, vocab_size, (batch_size, s), generator=gen)
+        ids = torch.randint(0, vocab_size, (batch_size, s), generator=gen, device="cpu")  # this process, the CPU
         loss = model_loss(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
         loss.backward()
         per_block = [c.activation_bytes for c in counters]
