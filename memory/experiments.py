@@ -6,11 +6,11 @@ each rank:
 
 * the bytes of parameters, gradients and optimizer state held at the optimizer step (after
   the gradient reduction, before the update), counted by storage
-  (:func:`memory.accounting.storage_bytes`), next to the ZeRO formulas;
-* the activation bytes autograd saved in the forward pass (:class:`memory.accounting.SavedTensorBytes`);
+  (:func:`course.saved_tensors.storage_bytes`), next to the ZeRO formulas;
+* the activation bytes autograd saved in the forward pass (:class:`course.saved_tensors.SavedTensorBytes`);
 * the communication per step and rank (:class:`course.collectives.CommCounter`, ring traffic);
-* the step time (median, min, max over the timed steps after one warm-up step; the clock read after the
-  device's queued work, :func:`course.measure.now`) and the peak memory of the timed steps
+* the step time (median, min, max over the timed steps after one warm-up step,
+  :func:`course.benchmarking.summarise`; the clock read after the device's queued work, :func:`course.measure.now`) and the peak memory of the timed steps
   (:class:`course.measure.MemoryMeter`: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak
   RSS on the CPU; ``timer`` and ``memory`` in the result name them).
 
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from course.benchmarking import summarise
 from course.collectives import CommCounter
-from course.measure import MemoryMeter, Stopwatch
-from memory.accounting import SavedTensorBytes, peak_rss_bytes, storage_bytes, zero_formula_bytes  # noqa: F401 (notebook)
 from course.loss import model_loss
+from course.measure import MemoryMeter, Stopwatch
+from course.saved_tensors import SavedTensorBytes, storage_bytes
+from memory.accounting import peak_rss_bytes, zero_formula_bytes
 from memory.training import ShardedStep, autocast
 
 
@@ -66,14 +68,17 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
                           precision=precision, lr=lr)
     params_ = [p for p in model.parameters()]
     times, held, saved, losses, peak = [], None, None, [], 0
-    with CommCounter(timed=False) as counter:
+    with CommCounter() as counter:
         for step in range(steps + 1):
             batch = random_batch(step, batch_size, seq_len, vocab_size, rank, device)
             counter.reset()
             with Stopwatch(device) as clock, MemoryMeter(device) as memory:
                 sharded.end_evaluation()
                 sharded.optimizer.zero_grad(set_to_none=True)
-                with SavedTensorBytes(exclude=params_ + list(sharded.category_tensors()["params"])) as s:
+                # ZeRO-3 gathers a block's parameters into new storages just before its forward: the
+                # storages of these tensors are looked up again whenever a new storage is saved
+                excluded = params_ + list(sharded.category_tensors()["params"])
+                with SavedTensorBytes(exclude=lambda: excluded) as s:
                     with autocast(device, precision):
                         loss = model_loss(model, batch)
                 loss.backward()
@@ -87,13 +92,13 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
             saved = s.activation_bytes
             comm = counter.summary()
     formula = zero_formula_bytes(zero, n_params, dp)
-    timed = sorted(times[1:])
+    timed = summarise(times[1:])  # course.benchmarking: the timed steps after the warm-up step
     return {"zero": zero, "dp": dp, "n_params": n_params, "held": held, "formula": formula,
             "bytes_per_param": {k: v / n_params for k, v in held.items()},
             "formula_bytes_per_param": {k: v / n_params for k, v in formula.items()},
             "activation_bytes": saved, "comm": comm,
             "comm_traffic_bytes": sum(v["traffic_bytes"] for v in comm.values()),
-            "step_time_median": timed[len(timed) // 2], "step_time_min": timed[0], "step_time_max": timed[-1],
+            "step_time_median": timed["median"], "step_time_min": timed["min"], "step_time_max": timed["max"],
             "peak_rss_bytes": peak_rss_bytes(), "peak_memory_bytes": peak, "memory": memory.measure,
             "timer": clock.timer, "losses": losses, "checkpointing": checkpointing, "precision": precision}
 
