@@ -1,8 +1,11 @@
-"""Workers that project/benchmark.py and notebooks/04_communication.ipynb launch (spawned ranks import them from here).
+"""Workers that project/benchmark.py and notebooks/01 and 04 launch (spawned ranks import them from here).
+
+Their repeated measurements go through the course's one benchmark harness (:mod:`course.benchmarking`).
 
 * :func:`ring_trace_worker`     — the messages of one ring all-reduce, for drawing the ring step by step;
 * :func:`allreduce_bench_worker` — latency of ``dist.all_reduce``, the ring and the tree per message size;
-* :func:`dp_throughput_worker`  — training tokens/s of ``average_gradients``, the bucketed reducer and torch DDP;
+* :func:`dp_throughput_worker`  — training tokens/s of ``average_gradients``, the bucketed reducer and torch DDP,
+  at one or several numbers of ranks (also notebook 01's scaling measurement);
 * :func:`overlap_timeline_worker` — when each bucket's all-reduce starts and ends relative to the backward pass;
 * :func:`compression_worker`    — loss curves and bytes sent per step: none, top-k, PowerSGD, torch's PowerSGD hook.
 """
@@ -13,7 +16,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from course.measure import now, seconds, stamp
+from course.measure import seconds, stamp
 
 ALGORITHMS = ("dist.all_reduce", "ring", "tree")
 
@@ -30,27 +33,17 @@ def ring_trace_worker(rank: int, world_size: int, numel: int = 10) -> dict:
     return {"trace": trace, "result": t.tolist(), "chunks": [len(c) for c in torch.tensor_split(t, world_size)]}
 
 
-def _timed(fn, tensor, inner: int, group) -> float:
-    """Seconds per call of ``fn(tensor)``, over ``inner`` calls, the slowest rank's time (the clock read
-    after the device's queued work, :func:`course.measure.now`: on a GPU, the calls to their completion)."""
-    dist.barrier(group=group)
-    t0 = now(tensor.device)
-    for _ in range(inner):
-        fn(tensor)
-    # a timing: a host tensor, reduced over the group's gloo back-end
-    elapsed = torch.tensor([(now(tensor.device) - t0) / inner], dtype=torch.float64, device="cpu")
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed)
-
-
 def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], repeats: int, warmup: int = 1) -> dict:
-    """Seconds per all-reduce of a float32 tensor of each size, for each algorithm, interleaved.
+    """Seconds per all-reduce of a float32 tensor of each size, for each algorithm, interleaved
+    (:func:`course.benchmarking.interleaved`: ``warmup`` untimed calls, then ``repeats`` rounds in which
+    the three take turns, the slowest rank's time, the clock read after the device's queued work).
 
     Small messages are timed over several calls (``inner`` = up to 64 calls, fewer as the
     message grows to 1 MB) so that the timer's resolution does not dominate. Returns
-    ``{algorithm: {size: [seconds per call, one per repeat]}}`` (the slowest rank's time).
+    ``{algorithm: {size: [seconds per call, one per repeat]}}``.
     """
     from communication.ring import ring_all_reduce, tree_all_reduce
+    from course.benchmarking import interleaved
     from course.launch import context
     from course.task import worker_env_quiet
 
@@ -64,12 +57,10 @@ def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], r
     for size in sizes_bytes:
         tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         inner = max(1, min(64, (1 << 20) // max(size, 1)))
+        times = interleaved({name: (lambda f=fns[name]: f(tensor)) for name in ALGORITHMS}, repeats, warmup, device,
+                            group, inner=inner)
         for name in ALGORITHMS:
-            for _ in range(warmup):
-                _timed(fns[name], tensor, 1, group)
-        for _ in range(repeats):
-            for name in ALGORITHMS:  # interleaved: the machine's load changes alike for all three
-                out[name].setdefault(size, []).append(_timed(fns[name], tensor, inner, group))
+            out[name][size] = times[name]
     return out
 
 
@@ -79,44 +70,90 @@ def _synthetic_batch(seed: int, batch: int, seq: int, vocab_size: int, device="c
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
+DP_VARIANTS = ("average_gradients", "bucketed", "ddp")
+
+
 def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
-    """Training tokens/s (all ranks) of three gradient synchronisations on the same model and batches.
+    """Training tokens/s of data-parallel GPT-2: each gradient synchronisation (``variants``) at each number
+    of ranks (``world_sizes``), on the same model and batches — the one data-parallel throughput
+    measurement of the course (notebooks 01 and 04, ``project/benchmark.py``).
 
-    ``cfg``: ``preset``, ``vocab_size``, ``seq``, ``per_rank_batch``, ``steps`` (per timed
-    repeat), ``repeats``, ``warmup`` (steps), ``bucket_mb``. The variants take turns in each
-    repeat (interleaved), each with its own replica and AdamW, dropout 0:
-    ``average_gradients`` (5.1.2), ``bucketed`` (:class:`BucketedReducer`, overlap on) and
-    ``ddp`` (``DistributedDataParallel`` with the same ``bucket_cap_mb``).
+    ``cfg``:
 
-    Returns ``{"tokens_per_sec": {variant: [per repeat]}, "param_sha": {variant: fingerprint}}``.
+    * ``variants``: of ``average_gradients`` (5.1.2, one all-reduce per tensor), ``bucketed``
+      (:class:`communication.buckets.BucketedReducer`, overlap on, ``bucket_mb``) and ``ddp``
+      (``DistributedDataParallel``, the same ``bucket_cap_mb``); default all three;
+    * ``world_sizes``: windows of ranks ``0 .. n - 1`` (default ``[world_size]``). In a window of ``n``
+      ranks, each has ``cores // n`` threads — what :mod:`course.launch` gives a run of ``n`` processes,
+      so one rank alone has the whole machine — while the others wait at a barrier (which takes no CPU);
+    * the model: ``preset``, ``vocab_size``, dropout 0, AdamW;
+    * the data: ``batches`` (global batches, dicts of (B, T) tensors; rank r of n takes rows
+      ``r B/n .. (r+1) B/n``: the same work split n ways), or else ``steps`` synthetic batches of
+      ``per_rank_batch`` rows of ``seq`` random tokens per rank;
+    * ``warmup`` untimed steps per variant and window, then ``repeats`` rounds in which every window and
+      variant takes its turn (:func:`course.benchmarking.timed`: the slowest rank of the window, the
+      clock read after the device's queued work), so a change in the machine's load touches all alike.
+
+    Tokens are the non-padding input tokens of all ranks of the window (``attention_mask``), as the
+    epoch runner's ``tokens_per_sec`` counts them.
+
+    Returns:
+        rank 0: ``{"rows": [{"variant", "world_size", "repeat", "seconds", "steps", "tokens",
+        "tokens_per_sec"}], "param_sha": {variant: parameter fingerprint (largest window)}, "n_buckets":
+        buckets of the bucketed reducer}``; the other ranks ``{}``.
     """
+    import os
+
     from torch.nn.parallel import DistributedDataParallel
 
-    from communication.buckets import BucketedReducer
-    from course.loss import model_loss
+    from course.benchmarking import timed
     from course.launch import context
+    from course.loss import model_loss
     from course.model import build_gpt2, parameter_fingerprint
     from course.task import worker_env_quiet
     from data_parallel import average_gradients
 
     worker_env_quiet()
     device = context().device
-    group = None
-    variants = {}
-    for name in ("average_gradients", "bucketed", "ddp"):
-        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        if name == "ddp":
-            forward = DistributedDataParallel(model, bucket_cap_mb=cfg["bucket_mb"], process_group=group)
-            sync = None
-        else:
-            forward = model
-            sync = BucketedReducer(model, group=group, bucket_mb=cfg["bucket_mb"], overlap=True) \
-                if name == "bucketed" else None
-        variants[name] = (model, forward, opt, sync)
+    sizes = sorted(cfg.get("world_sizes") or [world_size])
+    names = tuple(cfg.get("variants") or DP_VARIANTS)
+    if max(sizes) > world_size or min(sizes) < 1:
+        raise ValueError(f"world_sizes {sizes} must lie in 1 .. {world_size} (the ranks launched)")
+    unknown = set(names) - set(DP_VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}: choose from {DP_VARIANTS}")
+    groups = {n: dist.new_group(list(range(n))) if n < world_size else None for n in sizes}  # collective: every rank
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
 
-    def step(name, batch):
-        model, forward, opt, sync = variants[name]
+    def my_batches(n: int) -> list[dict]:
+        if cfg.get("batches"):
+            per = cfg["batches"][0]["input_ids"].shape[0] // n
+            return [{k: v[rank * per:(rank + 1) * per].to(device) for k, v in b.items()} for b in cfg["batches"]]
+        return [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
+                for i in range(cfg["steps"])]
+
+    def tokens_per_step(n: int) -> list[int]:
+        if cfg.get("batches"):
+            per = cfg["batches"][0]["input_ids"].shape[0] // n
+            return [int(b["attention_mask"][:per * n].sum()) for b in cfg["batches"]]
+        return [cfg["per_rank_batch"] * cfg["seq"] * n] * cfg["steps"]
+
+    def build(name: str, n: int):
+        seq = max(b["input_ids"].shape[1] for b in cfg["batches"]) if cfg.get("batches") else cfg["seq"]
+        model = build_gpt2(cfg.get("preset", "tiny"), cfg["vocab_size"], n_positions=seq, dropout=0.0,
+                           seed=0).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        forward, sync = model, None
+        if name == "ddp":
+            forward = DistributedDataParallel(model, bucket_cap_mb=cfg.get("bucket_mb", 25.0), process_group=groups[n])
+        elif name == "bucketed":
+            from communication.buckets import BucketedReducer
+
+            sync = BucketedReducer(model, group=groups[n], bucket_mb=cfg.get("bucket_mb", 25.0), overlap=True)
+        return model, forward, opt, sync
+
+    def step(state, name: str, n: int, batch: dict) -> None:
+        model, forward, opt, sync = state
         opt.zero_grad(set_to_none=True)
         if sync is not None:
             sync.before_backward()
@@ -124,27 +161,40 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
         if sync is not None:
             sync.finish()
         elif name == "average_gradients":
-            average_gradients(model, group)
+            average_gradients(model, groups[n])
         opt.step()
 
-    tokens = cfg["per_rank_batch"] * cfg["seq"] * world_size
-    batches = [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
-               for i in range(cfg["steps"])]
-    for name in variants:
-        for i in range(cfg["warmup"]):
-            step(name, batches[i % len(batches)])
-    out = {name: [] for name in variants}
-    for _ in range(cfg["repeats"]):
-        for name in variants:
-            dist.barrier(group=group)
-            t0 = now(device)
-            for batch in batches:
-                step(name, batch)
-            elapsed = torch.tensor([now(device) - t0], dtype=torch.float64, device="cpu")  # a timing: host, gloo
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-            out[name].append(tokens * len(batches) / float(elapsed))
-    return {"tokens_per_sec": out, "param_sha": {n: parameter_fingerprint(v[0]) for n, v in variants.items()},
-            "n_buckets": len(variants["bucketed"][3].buckets)}
+    states, data = {}, {}
+    for n in sizes:  # build and warm up every (window, variant) once
+        dist.barrier(group=None)
+        if rank < n:
+            torch.set_num_threads(max(1, cores // n))
+            data[n] = my_batches(n)
+            for name in names:
+                states[(name, n)] = build(name, n)
+                for i in range(cfg["warmup"]):
+                    step(states[(name, n)], name, n, data[n][i % len(data[n])])
+            torch.set_num_threads(threads)
+    rows = []
+    for repeat in range(cfg["repeats"]):
+        for n in sizes:
+            dist.barrier(group=None)
+            if rank >= n:
+                continue
+            torch.set_num_threads(max(1, cores // n))
+            for name in names:
+                seconds = timed(lambda: [step(states[(name, n)], name, n, b) for b in data[n]], device, groups[n])
+                tokens = sum(tokens_per_step(n))
+                rows.append({"variant": name, "world_size": n, "repeat": repeat, "seconds": seconds,
+                             "steps": len(data[n]), "tokens": tokens, "tokens_per_sec": tokens / seconds})
+            torch.set_num_threads(threads)
+    dist.barrier(group=None)
+    if rank != 0:
+        return {}
+    largest = max(sizes)
+    bucketed = states.get(("bucketed", largest))
+    return {"rows": rows, "param_sha": {name: parameter_fingerprint(states[(name, largest)][0]) for name in names},
+            "n_buckets": len(bucketed[3].buckets) if bucketed else None}
 
 
 def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:

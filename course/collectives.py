@@ -30,12 +30,15 @@ in: forward scopes are set with :func:`region`, backward scopes by :func:`mark_b
 markers placed in the forward pass (autograd runs them when the backward pass reaches
 that point).
 
-Each record also carries the ``start`` and ``end`` of the call (:func:`course.measure.now`: the wall
-clock, seconds, read after the device's queued work has run — on a GPU a span is the communication to
-its completion, not the time to queue it; the clock of ``pipeline.StageRunner``'s timelines), so a run
-can draw its communication next to its computation. A ``CommCounter(timed=False)`` counts without
-reading the clock (and without synchronising the GPU). The operations of an :func:`exchange` span the whole batch, waiting included; a
-plain :func:`isend`'s span is its posting only.
+While the course's event recorder is active (:mod:`course.trace`), each counted call is also a
+span of the row ``communication``, named ``"<kind> <group>"`` with the kind, group, bytes, ring
+traffic, peer, scope and phase as its arguments: its start and end are :func:`course.measure.now`
+(the wall clock, seconds, read after the device's queued work has run — on a GPU a span is the
+communication to its completion, not the time to queue it; the clock of ``pipeline.StageRunner``'s
+spans), so a run can draw its communication next to its computation. Without an active recorder
+no clock is read (and no GPU synchronised): a :class:`CommCounter` only counts. The operations of an
+:func:`exchange` span the whole batch, waiting included; a plain :func:`isend`'s span is its posting
+only.
 
 Point-to-point follows NCCL's rules (docs/architecture.md, "Point-to-point under NCCL's rules"):
 messages between two ranks are matched by order (no tags), and an exchange in which both ranks
@@ -53,7 +56,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from course.measure import now
+from course import trace
 
 _ACTIVE: list["CommCounter"] = []
 _SCOPE: list[tuple[str | None, str | None]] = [(None, None)]  # (scope, phase) now
@@ -119,21 +122,19 @@ class CommRecord:
     shape: tuple
     group: str = "world"  # name of the group it ran in (see group_name)
     peer: int | None = None  # send/recv: the other rank (global rank)
-    start: float | None = None  # course.measure.now() (seconds) when the call began (see _record) ...
-    end: float | None = None    # ... and returned (an isend returns once posted: it finishes later)
 
 
 class CommCounter:
-    """Records the communication issued while it is active (``with CommCounter() as c:``).
+    """Counts the communication issued while it is active (``with CommCounter() as c:``).
 
     ``summary(scope=None, phase=None, group=None)`` returns ``{kind: {"count", "bytes",
     "traffic_bytes"}}`` over the matching records; ``by_group()`` the same per group name;
-    ``reset()`` forgets them.
+    ``reset()`` forgets them. When each call happened is the event recorder's
+    (:mod:`course.trace`): a counter reads no clock.
     """
 
-    def __init__(self, timed: bool = True):
+    def __init__(self):
         self.records: list[CommRecord] = []
-        self.timed = timed  # read the clock (course.measure.now: synchronises a GPU) at each call's start and end
 
     def __enter__(self) -> "CommCounter":
         _ACTIVE.append(self)
@@ -163,25 +164,15 @@ class CommCounter:
         """``{group name: {kind: {"count", "bytes", "traffic_bytes"}}}``."""
         return {name: self.summary(scope, phase, name) for name in sorted({r.group for r in self.records})}
 
-    def seconds_by_group(self) -> dict[str, float]:
-        """``{group name: seconds}``: the summed duration (end - start) of the recorded calls per group, i.e.
-        the time this rank spent inside communication calls, waiting for its peers included (a timed
-        counter only; an ``isend`` counts until it is posted). Empty when no call was timed."""
-        out: dict[str, float] = defaultdict(float)
-        for r in self.records:
-            if r.start is not None and r.end is not None:
-                out[r.group] += r.end - r.start
-        return dict(out)
-
     def counts(self, scope: str | None = None, phase: str | None = None, group: str | None = None) -> dict[str, int]:
         """``{kind: number of calls}`` over the matching records."""
         return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
 
 
 def _clock(x: torch.Tensor) -> float | None:
-    """The start or end of a counted call: :func:`course.measure.now` on ``x``'s device while a timed
-    :class:`CommCounter` is active (None otherwise: no clock read, no synchronisation)."""
-    return now(x.device) if any(c.timed for c in _ACTIVE) else None
+    """The start or end of a call: :func:`course.measure.now` on ``x``'s device while an event recorder is
+    active (:func:`course.trace.clock`; None otherwise: no clock read, no synchronisation)."""
+    return trace.clock(x.device)
 
 
 RING_STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1, "reduce_scatter": lambda p: p - 1,
@@ -207,7 +198,7 @@ def ring_traffic_bytes(kind: str, nbytes: float, p: int) -> float:
 
 def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None,
             traffic: float | None = None) -> None:
-    if not _ACTIVE:
+    if not _ACTIVE and start is None:
         return
     end = _clock(full)
     nbytes = full.numel() * full.element_size()
@@ -215,10 +206,12 @@ def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start
     if traffic is None:
         traffic = ring_traffic_bytes(kind, nbytes, p)
     scope, phase = _SCOPE[-1]
-    rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer,
-                     end if start is None else start, end)
+    rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer)
     for counter in _ACTIVE:
         counter.records.append(rec)
+    if start is not None and end is not None:  # course.trace: a span for every active recorder
+        trace.record(f"{kind} {rec.group}", "communication", start, end, kind=kind, group=rec.group, bytes=nbytes,
+                     traffic_bytes=traffic, peer=peer, scope=scope, phase=phase)
 
 
 @contextlib.contextmanager

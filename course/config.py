@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from course.launch import in_torchrun, resolve_device_backend
 from course.model import PRESETS, default_preset
 
-GROUPS = ("data", "model and training", "mesh", "run", "checkpoints and restarts")
+GROUPS = ("data", "model and training", "mesh", "run", "measurement", "checkpoints and restarts")
 
 
 class ConfigError(ValueError):
@@ -123,6 +123,15 @@ class RunConfig:
     backend: str = option("auto", "auto: nccl on CUDA, gloo on CPU", group="run", choices=("auto", "gloo", "nccl"))
     timeout: float = option(3600.0, "wall-clock limit of the whole run (seconds)", group="run")
     quiet: bool = option(False, "no progress bar", group="run")
+    # ---- measurement (course.trace, course.profiler) ----
+    trace: str | None = option(None, "write a Chrome/Perfetto trace of the run to FILE: every rank's training steps, "
+                                     "forwards and backwards, optimizer steps, communication (group, bytes, peer), "
+                                     "evaluation and checkpoints on one clock", group="measurement", metavar="FILE")
+    trace_steps: int = option(20, "training steps the trace keeps (the run's last ones; evaluation and checkpoints "
+                                  "are all kept)", group="measurement", metavar="N")
+    profile: bool = option(False, "torch.profiler trace of 3 training steps (after the first) per rank, "
+                                  "<workdir>/<results prefix>rank<r>_torch_profile.json; with --trace also put into "
+                                  "its file, on the same clock", group="measurement")
     # ---- checkpoints and restarts ----
     checkpoint_every: int | None = option(None, "write a checkpoint (torch.distributed.checkpoint) every N optimizer "
                                                 "steps", group="checkpoints and restarts", metavar="N")
@@ -282,6 +291,8 @@ class RunConfig:
             raise ConfigError(f"--export_hf: {self.export_refusal()}")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro_batches must be >= 1 (micro-batches per batch), not {self.micro_batches}")
+        if self.trace_steps < 1:
+            raise ConfigError(f"--trace_steps must be >= 1 (training steps the trace keeps), not {self.trace_steps}")
         if self.virtual_stages < 1:
             raise ConfigError(f"--virtual_stages must be >= 1 (model chunks per pipeline rank), "
                               f"not {self.virtual_stages}")
@@ -319,6 +330,7 @@ class RunConfig:
                                     self.tgt_lang)
             if not in_torchrun() or os.environ.get("RANK") == "0":  # under torchrun, one process checks
                 check_workdir(self.workdir, self.results_prefix, self.overwrite, resuming=self.resume is not None)
+                check_measurement_files(self)
                 if self.resume is not None:
                     from course.checkpoint import checkpoint_root, resolve_resume, saved_world_size
 
@@ -364,6 +376,36 @@ def check_export_folder(folder, overwrite: bool) -> None:
     except OSError as exc:
         raise ValueError(f"--export_hf {folder}: its folder cannot be written to ({exc.strerror or exc}); choose "
                          "another") from None
+
+
+def check_measurement_files(config: RunConfig) -> None:
+    """Before any process starts: ``--trace FILE`` can be written and replaces no file, and ``--profile`` replaces
+    no profile of this mode in ``--workdir``, unless ``--overwrite`` (which deletes the old profiles).
+
+    Raises:
+        ValueError: naming the file and what to change.
+    """
+    from pathlib import Path
+
+    if config.trace is not None:
+        path = Path(config.trace)
+        if path.is_dir():
+            raise ValueError(f"--trace {path} is a folder; give a file name, e.g. --trace {path / 'trace.json'}")
+        if path.exists() and not config.overwrite:
+            raise ValueError(f"--trace {path} already exists; pass --overwrite to replace it, or choose another file")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--trace {path}: its folder cannot be created ({exc.strerror or exc})") from None
+        if not os.access(path.parent, os.W_OK):
+            raise ValueError(f"--trace {path}: its folder {path.parent} cannot be written to; choose another file")
+    if config.profile:
+        existing = sorted(Path(config.workdir).glob(f"{config.results_prefix}rank*_torch_profile.json"))
+        if existing and not config.overwrite:
+            raise ValueError(f"--workdir {config.workdir} already holds profiles of this mode ({existing[0].name}); pass "
+                             "--overwrite to replace them, or choose another --workdir")
+        for old in existing:
+            os.remove(old)
 
 
 def check_workdir(workdir, results_prefix: str, overwrite: bool, resuming: bool = False) -> None:

@@ -14,6 +14,11 @@ way, epoch after epoch:
 What differs between modes — how a batch is cut up, what one step does, which groups
 communicate — lives in the part's ``training.py`` as a :class:`TrainingMode` subclass;
 :func:`run_epochs` does the rest. See docs/architecture.md, "The epoch runner".
+
+With ``--trace FILE`` the run's event recorder (:mod:`course.trace`) is active throughout: each step,
+forward, backward, optimizer step, collective, evaluation and checkpoint is a span, and the ranks'
+spans end up in one Chrome/Perfetto trace. With ``--profile`` each rank also profiles a few steps of
+its first epoch with ``torch.profiler`` (:mod:`course.profiler`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
+from course import trace
 from course.collectives import group_rank, group_size
 from course.decoding import corpus_bleu, translate
 from course.loss import count_target_tokens, lm_loss, model_loss
@@ -56,11 +62,14 @@ def supervised_step(model, optimizer, batch: dict, device, *, loss_fn: Callable 
     """
     batch = to_device(batch, device)
     optimizer.zero_grad(set_to_none=True)
-    loss = (loss_fn or model_loss)(model, batch)
-    loss.backward()
-    if after_backward is not None:
-        after_backward(model)
-    optimizer.step()
+    with trace.span("forward", "compute", device):  # course.trace: spans while a recorder is active
+        loss = (loss_fn or model_loss)(model, batch)
+    with trace.span("backward", "compute", device):
+        loss.backward()
+    if after_backward is not None:  # the gradients' synchronisation: a span of its own (collectives inside it nest)
+        with trace.span("gradient sync", "communication", device, kind="after_backward"):
+            after_backward(model)
+    optimizer.step()  # a span too (the recorder's optimizer-step hook)
     return StepOutcome(loss.item(), int(batch["attention_mask"].sum()))
 
 
@@ -81,7 +90,7 @@ def _progress(batches, total, desc, show):
 
 def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps: int, *, desc: str = "train",
                 show_progress: bool = True, done: dict | None = None, before_first: Callable | None = None,
-                after_step: Callable[[int, dict], None] | None = None, device=None) -> dict:
+                after_step: Callable[[int, dict], None] | None = None, device=None, first_step: int = 0) -> dict:
     """Run ``step(batch)`` on the first ``n_steps`` batches of ``batches``.
 
     Args:
@@ -92,6 +101,8 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
         before_first: called once, after the skip, before the first step is run (where a resumed
             run restores its random generators).
         after_step: ``after_step(steps_done, stats)`` after every step (e.g. to checkpoint).
+        first_step: the run's number of this epoch's first step (optimizer steps before it): the
+            event recorder's steps are numbered through the run (:func:`course.trace.step`).
 
     Returns:
         dict with ``losses`` (per step; None where this rank saw no loss), ``loss`` (their
@@ -110,7 +121,8 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
             continue
         if n == skip and before_first is not None:
             before_first()
-        outcome = step(batch)
+        with trace.step(first_step + n, device):  # course.trace: the step's span, while a recorder is active
+            outcome = step(batch)
         losses.append(outcome.loss)
         tokens += outcome.tokens
         elapsed = earlier + now(device) - start - paused
@@ -280,6 +292,11 @@ class TrainingMode:
     def progress_desc(self, epoch: int) -> str:
         return f"{self.mode} epoch {epoch}"
 
+    def trace_name(self) -> str:
+        """This rank's name in traces: its rank and, when the mode has a ``mesh``, its coordinates
+        (:func:`course.trace.process_name`)."""
+        return trace.process_name(self.rank, getattr(self, "mesh", None))
+
 
 def validation_loader(dataset, group=None, batch_size: int = 64, collate=None) -> DataLoader:
     """Batches of ``dataset``, or of this rank's share (examples r, r + size, ...) of it with ``group``."""
@@ -323,16 +340,17 @@ class _Checkpoints:
         if self.pending is not None:
             self.pending.poll()  # commits a finished background save (rank 0), never waits
         if self.every and global_step % self.every == 0:
-            began = now(self.mode.device)
-            state = self._state(epoch, global_step, stats)
-            if self.asynchronous:
-                if self.pending is not None:
-                    self.pending.wait()  # one save in flight at a time
-                self.pending = save_checkpoint_async(self.root, global_step, state, rank=self.mode.rank,
-                                                     group=self.mode.world_group, save_group=self.save_group)
-            else:
-                save_checkpoint(self.root, global_step, state, rank=self.mode.rank, group=self.mode.world_group)
-            self.save_seconds.append(now(self.mode.device) - began)
+            with trace.span("checkpoint save", "checkpoint", self.mode.device, step=global_step):
+                began = now(self.mode.device)
+                state = self._state(epoch, global_step, stats)
+                if self.asynchronous:
+                    if self.pending is not None:
+                        self.pending.wait()  # one save in flight at a time
+                    self.pending = save_checkpoint_async(self.root, global_step, state, rank=self.mode.rank,
+                                                         group=self.mode.world_group, save_group=self.save_group)
+                else:
+                    save_checkpoint(self.root, global_step, state, rank=self.mode.rank, group=self.mode.world_group)
+                self.save_seconds.append(now(self.mode.device) - began)
 
     def finish(self) -> None:
         """Wait for the save still in flight (async) and commit it: an epoch's results are written after
@@ -375,9 +393,10 @@ class _Checkpoints:
         saved = saved_world_size(path)
         source = rank % saved
         empty = {"steps": 0, "losses": [], "tokens": 0, "time": 0.0}
-        began = now(self.mode.device)
-        state = load_checkpoint(path, self._state(0, 0, empty, source), group=self.mode.world_group)
-        self.load_seconds = now(self.mode.device) - began
+        with trace.span("checkpoint load", "checkpoint", self.mode.device):
+            began = now(self.mode.device)
+            state = load_checkpoint(path, self._state(0, 0, empty, source), group=self.mode.world_group)
+            self.load_seconds = now(self.mode.device) - began
         self.mode.load_checkpoint_state(state)
         progress, rng = state["progress"], state[f"rng_rank{source}"]
         world = dist.get_world_size(self.mode.world_group) if dist.is_initialized() else 1
@@ -399,11 +418,40 @@ def run_epochs(mode: TrainingMode) -> list[str]:
     tokens, the mode's extras and ``config``) and, on rank 0, the scored translations
     ``{prefix}translations_epoch{e}.json``. With ``args.checkpoint_every`` it writes a
     checkpoint every that many optimizer steps, and with ``args.resume`` (or after a restart)
-    it continues from one (:mod:`course.checkpoint`).
+    it continues from one (:mod:`course.checkpoint`). With ``args.trace`` every rank records its spans
+    (:mod:`course.trace`; the last ``args.trace_steps`` steps) and rank 0 writes the run's trace there;
+    with ``args.profile`` every rank writes a torch.profiler trace of a few steps of its first epoch
+    (:mod:`course.profiler`).
 
     Returns:
         The results files this rank wrote.
     """
+    args = mode.args
+    recorder = trace.Recorder(mode.device, max_steps=args.trace_steps) if args.trace else None
+    with trace.recording(recorder) if recorder is not None else contextlib.nullcontext():
+        written = _run_epochs(mode)
+    if recorder is not None:
+        from course.profiler import profile_path
+
+        profile = profile_path(args.workdir, mode.results_prefix, mode.rank) if args.profile else None
+        found = trace.write_run_trace(recorder, args.trace, rank=mode.rank, name=mode.trace_name(),
+                                      group=mode.world_group, profile=profile)
+        if found is not None:
+            print(f"trace: {found} (chrome://tracing or https://ui.perfetto.dev)", flush=True)
+    return written
+
+
+def _profiler(mode: TrainingMode, n_steps: int):
+    """``--profile``: a :class:`course.profiler.StepProfiler` over ``n_steps`` steps (else a stand-in)."""
+    if not mode.args.profile or n_steps < 1:
+        return contextlib.nullcontext(None)
+    from course.profiler import StepProfiler, profile_path
+
+    return StepProfiler(profile_path(mode.args.workdir, mode.results_prefix, mode.rank), n_steps, mode.device,
+                        mode.trace_name())
+
+
+def _run_epochs(mode: TrainingMode) -> list[str]:
     args, data = mode.args, mode.data
     checkpoints = _Checkpoints(mode)
     first_epoch, resumed_step, done, restore_rng = checkpoints.resume()
@@ -412,25 +460,35 @@ def run_epochs(mode: TrainingMode) -> list[str]:
     for epoch in range(first_epoch, args.n_epochs):
         batches, n_steps = mode.epoch_batches(epoch)
         mode.train_mode()
-        with mode.training(epoch), MemoryMeter(mode.device) as memory:
+        profiled = n_steps - (done["steps"] if done else 0) if epoch == first_epoch else 0  # the first epoch's
+        with mode.training(epoch), MemoryMeter(mode.device) as memory, _profiler(mode, profiled) as profiler:
+
+            def after_step(n, so_far, e=epoch, base=steps_before):  # not counted as training time
+                checkpoints.maybe_save(e, base + n, so_far)
+                if profiler is not None:
+                    profiler.step()
+
             stats = train_epoch(mode.train_step, batches, n_steps, desc=mode.progress_desc(epoch),
                                 show_progress=mode.show_progress, done=done, before_first=restore_rng,
-                                after_step=lambda n, so_far, e=epoch, base=steps_before:
-                                checkpoints.maybe_save(e, base + n, so_far), device=mode.device)
+                                after_step=after_step, device=mode.device, first_step=steps_before)
         checkpoints.finish()
         done = restore_rng = None
         steps_before += n_steps
         losses = mode.batch_losses(stats["losses"])
-        ev = mode.evaluation()
-        loader = validation_loader(data.validation, ev.group, collate=data.collate)
-        validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
-                                        max_batches=args.max_val_batches)
-        bleu, translations = float("nan"), []
-        if args.n_bleu:
-            sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device, ev.group,
-                                            max_length=args.model_max_length, logits_fn=ev.logits_fn)
-            bleu = corpus_bleu(hyps, refs)
-            translations = [{"source": s, "reference": r, "hypothesis": h} for s, h, r in zip(sources, hyps, refs)]
+        with trace.span("evaluation", "evaluation", mode.device, epoch=epoch):
+            ev = mode.evaluation()
+            loader = validation_loader(data.validation, ev.group, collate=data.collate)
+            with trace.span("validation loss", "evaluation", mode.device):
+                validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
+                                                max_batches=args.max_val_batches)
+            bleu, translations = float("nan"), []
+            if args.n_bleu:
+                with trace.span("translation and BLEU", "evaluation", mode.device, sentences=args.n_bleu):
+                    sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device,
+                                                    ev.group, max_length=args.model_max_length,
+                                                    logits_fn=ev.logits_fn)
+                bleu = corpus_bleu(hyps, refs)
+                translations = [{"source": s, "reference": r, "hypothesis": h} for s, h, r in zip(sources, hyps, refs)]
         slowest, = _reduce([stats["time"]], mode.world_group, dist.ReduceOp.MAX)
         all_tokens, = _reduce([float(stats["tokens"])], mode.throughput_group, dist.ReduceOp.SUM)
         payload = {

@@ -12,12 +12,19 @@ nothing about the GPU's. What the course reads instead:
   would change what is measured (communication meant to overlap the backward pass), :func:`stamp`
   takes a CUDA event instead and :func:`seconds` reads it afterwards on the same scale.
   :func:`timer_name` says which was used (``"host-clock"`` or ``"host-clock+cuda-sync"``).
+  :func:`cpu_seconds` is not a clock but a cost: the CPU seconds this process has used (all its threads),
+  which leave out the time it waited for a core — what a machine with more ranks than cores needs to
+  rebuild a timeline as if each rank had a core of its own (``pipeline.metrics.replay``).
 * **memory**: :class:`MemoryMeter` — on CUDA the peak of ``torch.cuda.max_memory_allocated`` during
   the block (the counter is reset when the block starts), on the CPU the process's peak resident set
   size (``ru_maxrss``, which cannot be reset: the peak since the process started).
   :func:`memory_name` says which. The bytes of tensors autograd saves for the backward pass
-  (``memory.accounting.SavedTensorBytes``, ``pipeline.StageRunner``) are counted by storage and mean
-  the same on both devices.
+  (:class:`course.saved_tensors.SavedTensorBytes`, used by ``pipeline.StageRunner``, the memory and the
+  tensor-parallel parts) are counted by storage and mean the same on both devices.
+
+Spans of a run on this clock (compute, communication, steps) are kept by the one event recorder,
+:mod:`course.trace`; repeated measurements (warm-up, repeats, median and spread) by the one benchmark
+harness, :mod:`course.benchmarking`.
 
 Synchronising costs the overlap between host and device it waits for: use these where a result is
 measured (timelines, benchmarks, epoch times), not inside code that is meant to overlap.
@@ -54,6 +61,13 @@ def now(device=None) -> float:
     """Seconds on the wall clock (``time.time()``), read after :func:`synchronize` of ``device``."""
     synchronize(device)
     return time.time()
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process has used so far, all its threads (``time.process_time``). A cost, not a
+    clock: differences of two readings say how much CPU a piece of work took, not when it ran. On a GPU it
+    counts only the host's share."""
+    return time.process_time()
 
 
 def timer_name(device=None) -> str:

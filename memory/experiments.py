@@ -6,11 +6,11 @@ each rank:
 
 * the bytes of parameters, gradients and optimizer state held at the optimizer step (after
   the gradient reduction, before the update), counted by storage
-  (:func:`memory.accounting.storage_bytes`), next to the ZeRO formulas;
-* the activation bytes autograd saved in the forward pass (:class:`memory.accounting.SavedTensorBytes`);
+  (:func:`course.saved_tensors.storage_bytes`), next to the ZeRO formulas;
+* the activation bytes autograd saved in the forward pass (:class:`course.saved_tensors.SavedTensorBytes`);
 * the communication per step and rank (:class:`course.collectives.CommCounter`, ring traffic);
-* the step time (median, min, max over the timed steps after one warm-up step; the clock read after the
-  device's queued work, :func:`course.measure.now`) and the peak memory of the timed steps
+* the step time (median, min, max over the timed steps after one warm-up step,
+  :func:`course.benchmarking.summarise`; the clock read after the device's queued work, :func:`course.measure.now`) and the peak memory of the timed steps
   (:class:`course.measure.MemoryMeter`: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak
   RSS on the CPU; ``timer`` and ``memory`` in the result name them).
 
@@ -19,12 +19,17 @@ single process).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from course import trace
+from course.benchmarking import summarise
 from course.collectives import CommCounter
-from course.measure import MemoryMeter, Stopwatch
-from memory.accounting import SavedTensorBytes, peak_rss_bytes, storage_bytes, zero_formula_bytes  # noqa: F401 (notebook)
 from course.loss import model_loss
+from course.measure import MemoryMeter, Stopwatch
+from course.saved_tensors import SavedTensorBytes, storage_bytes
+from memory.accounting import peak_rss_bytes, zero_formula_bytes
 from memory.training import ShardedStep, autocast
 
 
@@ -58,7 +63,8 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
                   lr: float = 1e-3, timed_comm: bool = False) -> dict:
     """Train ``steps`` steps (+1 warm-up) with ZeRO ``zero`` and measure (see the module docstring). With
     ``timed_comm`` the result's ``comm_seconds`` lists, per timed step, the seconds spent in communication
-    calls per group (:meth:`course.collectives.CommCounter.seconds_by_group`)."""
+    calls per group (a :class:`course.trace.Recorder` active during the step;
+    :func:`course.trace.communication_seconds_by_group`)."""
     from course.collectives import group_rank, group_size
 
     dp, rank = group_size(group), group_rank(group)
@@ -68,14 +74,19 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
                           precision=precision, lr=lr)
     params_ = [p for p in model.parameters()]
     times, held, saved, losses, peak, comm_seconds = [], None, None, [], 0, []
-    with CommCounter(timed=timed_comm) as counter:
+    with CommCounter() as counter:
         for step in range(steps + 1):
             batch = random_batch(step, batch_size, seq_len, vocab_size, rank, device)
             counter.reset()
-            with Stopwatch(device) as clock, MemoryMeter(device) as memory:
+            recorder = trace.Recorder(device)
+            timing = trace.recording(recorder) if timed_comm else contextlib.nullcontext()
+            with Stopwatch(device) as clock, MemoryMeter(device) as memory, timing:
                 sharded.end_evaluation()
                 sharded.optimizer.zero_grad(set_to_none=True)
-                with SavedTensorBytes(exclude=params_ + list(sharded.category_tensors()["params"])) as s:
+                # ZeRO-3 gathers a block's parameters into new storages just before its forward: the
+                # storages of these tensors are looked up again whenever a new storage is saved
+                excluded = params_ + list(sharded.category_tensors()["params"])
+                with SavedTensorBytes(exclude=lambda: excluded) as s:
                     with autocast(device, precision):
                         loss = model_loss(model, batch)
                 loss.backward()
@@ -85,18 +96,18 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
             times.append(clock.seconds)
             if step:  # the timed steps
                 peak = max(peak, memory.peak_bytes)
-                comm_seconds.append(counter.seconds_by_group())
+                comm_seconds.append(trace.communication_seconds_by_group(recorder.spans))
             losses.append(loss.item())
             saved = s.activation_bytes
             comm = counter.summary()
     formula = zero_formula_bytes(zero, n_params, dp)
-    timed = sorted(times[1:])
+    timed = summarise(times[1:])  # course.benchmarking: the timed steps after the warm-up step
     return {"zero": zero, "dp": dp, "n_params": n_params, "held": held, "formula": formula,
             "bytes_per_param": {k: v / n_params for k, v in held.items()},
             "formula_bytes_per_param": {k: v / n_params for k, v in formula.items()},
             "activation_bytes": saved, "comm": comm,
             "comm_traffic_bytes": sum(v["traffic_bytes"] for v in comm.values()),
-            "step_time_median": timed[len(timed) // 2], "step_time_min": timed[0], "step_time_max": timed[-1],
+            "step_time_median": timed["median"], "step_time_min": timed["min"], "step_time_max": timed["max"],
             "peak_rss_bytes": peak_rss_bytes(), "peak_memory_bytes": peak, "memory": memory.measure,
             "timer": clock.timer, "comm_seconds": comm_seconds, "losses": losses, "checkpointing": checkpointing, "precision": precision}
 

@@ -64,7 +64,7 @@ def hsdp_benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
         for (replicas, shard), (model, hsdp, optimizer) in runs.items():
             dist.barrier(group=world)
             start = now(device)
-            with CommCounter(timed=False) as counter:
+            with CommCounter() as counter:
                 optimizer.zero_grad()
                 model(input_ids=ids, labels=ids).loss.backward()
                 hsdp.finish_backward()

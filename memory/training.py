@@ -178,7 +178,7 @@ class ShardedStep:
 
     def training(self):
         """A communication counter around an epoch's training steps (counts and bytes; no GPU sync)."""
-        self.counter = CommCounter(timed=False)
+        self.counter = CommCounter()
         return self.counter
 
     def epoch_extra(self, steps: int) -> dict:

@@ -17,8 +17,6 @@ Each returns plain Python values (and small tensors) for the notebook to tabulat
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -152,27 +150,17 @@ def _router_choices(model, batches, device) -> dict[int, list[torch.Tensor]]:
 def _benchmark(modes: dict, batches: list, warmup: int, repeats: int, steps: int, group,
                device: torch.device) -> dict[str, list[float]]:
     """Seconds per training step of each mode: ``warmup`` steps each, then ``repeats`` rounds in which every
-    mode takes ``steps`` steps in turn (interleaved, so both see the same machine); the slowest rank's time
-    (the device synchronised before the clock is read)."""
-    import torch.distributed as dist
+    mode takes ``steps`` steps in turn (interleaved, so both see the same machine); the slowest rank's time,
+    the clock read after the device's queued work (:func:`course.benchmarking.interleaved`)."""
+    from course.benchmarking import interleaved
 
-    from course.collectives import all_reduce_max
-
-    times: dict[str, list[float]] = {name: [] for name in modes}
-    for name, mode in modes.items():
+    for mode in modes.values():
         for batch in batches[:warmup]:
             mode.train_step(batch)
-    for _ in range(repeats):
-        for name, mode in modes.items():
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            for batch in batches[warmup:warmup + steps]:
-                mode.train_step(batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = torch.tensor([time.perf_counter() - start], device=device)
-            times[name].append(float(all_reduce_max(elapsed, group=group)) / steps)
-    return times
+    timed = batches[warmup:warmup + steps]
+    variants = {name: (lambda mode=mode: [mode.train_step(batch) for batch in timed]) for name, mode in modes.items()}
+    return {name: [t / steps for t in times]
+            for name, times in interleaved(variants, repeats, warmup=0, device=device, group=group).items()}
 
 
 def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None = None,
@@ -252,13 +240,16 @@ def all_to_all_bytes_formula(tokens: float, top_k: int, hidden: int, num_experts
 
 
 def summarize_timings(step_seconds: dict[str, list[float]]) -> list[dict]:
-    """Median and min-max of each run's seconds per step, and its ratio to the first run's median."""
+    """Median and min-max of each run's seconds per step (:func:`course.benchmarking.summarise`), and its
+    median's ratio to the first run's median."""
+    from course.benchmarking import summarise
+
     rows, base = [], None
     for label, values in step_seconds.items():
-        median = statistics.median(values)
-        base = base or median
-        rows.append({"run": label, "median s/step": median, "min": min(values), "max": max(values),
-                     "repeats": len(values), "ratio to first": median / base})
+        stats = summarise(values)
+        base = base or stats["median"]
+        rows.append({"run": label, "median s/step": stats["median"], "min": stats["min"], "max": stats["max"],
+                     "repeats": stats["n"], "ratio to first": stats["median"] / base})
     return rows
 
 

@@ -216,7 +216,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
     for GPT-2 the last layer is the final layer norm and the LM head (the largest matrix
     of the model), so its cost belongs to the last stage (:func:`linear_partition`).
 
-    ``clock``: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (``time.process_time``: this
+    ``clock``: ``"wall"`` (:func:`course.measure.now`), ``"cpu"`` (:func:`course.measure.cpu_seconds`: this
     process's CPU seconds, which leave out the time it waited for a core while other ranks
     ran — the right cost when a machine runs more ranks than it has cores), or ``"auto"``:
     ``"cpu"`` on a CPU device with one thread per process (so CPU seconds are the compute's own
@@ -225,7 +225,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
     Raises:
         ValueError: ``repeats`` < 1; an unknown ``clock``.
     """
-    import time
+    from course.measure import cpu_seconds, now, synchronize
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -233,7 +233,13 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {clock!r}")
     if clock == "auto":
         clock = "cpu" if sample_input.device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
-    now = time.process_time if clock == "cpu" else time.perf_counter
+
+    def read(device) -> float:  # course.measure: on a GPU, once the device's queued work has run
+        if clock == "cpu":
+            synchronize(device)
+            return cpu_seconds()
+        return now(device)
+
     layers = list(layers)
     costs = []
     h = sample_input
@@ -241,18 +247,15 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         x = h.detach().requires_grad_() if h.is_floating_point() else h
         times = []
         for r in range(warmup + repeats):
-            if x.is_cuda:  # course.measure: the clock is read once the device's queued work has run
-                torch.cuda.synchronize(x.device)
-            start = now()
+            start = read(x.device)
             y = layer(x)
             if j == len(layers) - 1 and loss_fn is not None:
                 loss_fn(y).backward()
             elif y.requires_grad:
                 y.backward(torch.ones_like(y))
-            if y.is_cuda:
-                torch.cuda.synchronize(y.device)
+            end = read(y.device)
             if r >= warmup:
-                times.append(now() - start)
+                times.append(end - start)
         for p in layer.parameters():
             p.grad = None
         costs.append(min(times))

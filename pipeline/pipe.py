@@ -75,7 +75,7 @@ class Pipe(nn.Module):
             weakref.finalize(self, self._workers.close)
         self.in_queues, self.out_queues = self._workers.in_queues, self._workers.out_queues
         self._log = [] if self.record_timeline else None
-        self._workers.recorder.log = self._log
+        self._workers.task_log.log = self._log
 
     def _stop_workers(self) -> None:
         """Stop the workers (after an error: results of the failed clock cycle may still be queued)."""
@@ -126,14 +126,20 @@ class Pipe(nn.Module):
         # END ASSIGN5_2_2
 
     @property
+    def timeline_origin(self) -> float | None:
+        """When the first task of the last ``forward`` started (seconds, :func:`course.measure.now`'s clock)."""
+        return min(start for _, start, _ in self._log) if self._log else None
+
+    @property
     def timeline(self) -> list[tuple[int, str, int, float, float]]:
         """Stage tasks of the last ``forward`` when ``record_timeline`` is True:
-        ``[(stage, "F", micro-batch, start_s, end_s)]``, seconds since the first task started.
+        ``[(stage, "F", micro-batch, start_s, end_s)]``, seconds since the first task started
+        (:attr:`timeline_origin`; the clock of :func:`course.measure.now`, as every span of the course).
         A stage runs its micro-batches in order, so the n-th task of a stage is micro-batch n.
         """
         if not self._log:
             return []
-        origin = min(start for _, start, _ in self._log)
+        origin = self.timeline_origin
         seen = [0] * len(self.devices)
         events = []
         for stage, start, end in sorted(self._log, key=lambda e: e[1]):

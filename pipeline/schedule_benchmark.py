@@ -1,16 +1,20 @@
 """Benchmark (not a test): bubble fraction and tokens/s of GPipe, 1F1B, interleaved 1F1B and ZB-H1
 on real GPT-2 stages, count-balanced and measured-balanced, next to the theory.
 
-    python -m pipeline.schedule_benchmark --p 2 4 --m 4 8 16 --out results/schedule_benchmark.json
+    python -m pipeline.schedule_benchmark --pp 2 4 --micro_batches 4 8 16 --out results/schedule_benchmark.json
     torchrun --standalone --nproc_per_node=4 -m pipeline.schedule_benchmark --device cuda   # p = 4 GPUs
 
 Times are read with :func:`course.measure.now` (on a GPU after the device's queued work has run;
-``timer`` in the JSON). The replay from CPU seconds is the CPU's measure: on a GPU the events'
-wall time is what counts. Under torchrun ``--p`` is torchrun's world size and rank 0 writes the JSON.
+``timer`` in the JSON), the events are the stage runner's spans (:mod:`course.trace`), the CPU seconds
+:func:`course.measure.cpu_seconds`, the statistics and the machine description the benchmark harness's
+(:mod:`course.benchmarking`). The replay from CPU seconds is the CPU's measure: on a GPU the events'
+wall time is what counts. Under torchrun ``--pp`` is torchrun's world size and rank 0 writes the JSON.
+The options are named as in the run scripts (``--pp``, ``--micro_batches``, ``--virtual_stages``);
+the former ``--p``, ``--m``, ``--v`` still work, with a note.
 
-For every ``p`` and balance (``count``: blocks spread evenly, embeddings on the first and
+For every ``p`` (``--pp``) and balance (``count``: blocks spread evenly, embeddings on the first and
 the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance`) one
-launch of ``p`` processes runs every schedule and every ``m``: ``--warmup`` untimed steps,
+launch of ``p`` processes runs every schedule and every ``m`` (``--micro_batches``): ``--warmup`` untimed steps,
 then ``--repeats`` timed steps. A step's bubble fraction is
 :func:`pipeline.metrics.measured_bubble_fraction` of its timeline (idle share of
 ``p x`` step time); its tokens/s is the batch's tokens over the step's wall time (the
@@ -42,12 +46,7 @@ its head, 2·h·V flops per token, is about 5 of its 12 blocks' 24·h² each.)
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 
@@ -69,7 +68,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     import torch.distributed as dist
 
     from course.launch import context
-    from course.measure import now
+    from course.measure import cpu_seconds, now
     from course.mesh import Mesh
     from pipeline.gpt2 import gpt2_measured_balance
     from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
@@ -110,13 +109,13 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
                 for c in chunks:
                     c.zero_grad(set_to_none=True)
                 dist.barrier(group=group)
-                start, cpu_start = now(device), time.process_time()
+                start, cpu_start = now(device), cpu_seconds()
                 result = runner.run(actions, inputs if mesh.is_first_stage else None,
                                     targets if mesh.is_last_stage else None)
                 tied_start = now(device) - runner.origin
                 sync_tied(tied)  # the tied embedding / LM head gradient summed between the end stages
                 tied_event = [("AR", 0, tied_start, now(device) - runner.origin)] if tied is not None else []
-                cpu = time.process_time() - cpu_start  # this process's CPU seconds (all its threads)
+                cpu = cpu_seconds() - cpu_start  # this process's CPU seconds (all its threads)
                 dist.barrier(group=group)
                 wall = now(device) - start
                 if step >= cfg["warmup"]:
@@ -137,19 +136,22 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
     tied-embedding all-reduce as an ``"AR"`` event on the first and last rank (it is not
     counted in the bubble: the schedules are compared on their own work). ``device``: ``"cpu"``,
     ``"cuda"`` or ``"auto"`` (:func:`course.launch.resolve_device_backend`)."""
+    from course.benchmarking import machine, summarise
     from course.launch import launch_all
-    from course.measure import timer_name
+    from course.measure import now, timer_name
     from pipeline.metrics import measured_bubble_fraction, replay
     from pipeline.schedules import schedule_actions
+
+    info = machine(device if device != "auto" else None)  # the load average before the ranks start
 
     rows = []
     for p in p_values:
         for balance in balances:
             cfg = dict(balance=balance, v=v, m=list(m_values), schedules=list(schedules), repeats=repeats,
                        warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq, vocab=vocab)
-            t0 = time.time()
+            t0 = now()
             per_rank = launch_all(benchmark_worker, p, cfg, device=device, timeout=timeout, collective_timeout=600)
-            print(f"p={p} balance={balance}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            print(f"p={p} balance={balance}: {now() - t0:.0f} s", file=sys.stderr, flush=True)
             for schedule in schedules:
                 for m in m_values:
                     bubbles, dedicated, walls, cores_used = [], [], [], []
@@ -164,19 +166,20 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
                         cores_used.append(sum(per_rank[r][schedule][m][step].get("cpu_s", float("nan"))
                                               for r in range(p)) / walls[-1])
                     tokens = m * micro_batch_size * seq
-                    tps = [tokens / w for w in walls]
+                    tps = summarise([tokens / w for w in walls])
+                    bub, ded = summarise(bubbles), summarise(dedicated)
                     th = SCHEDULES[schedule].bubble(p, m, _chunks(schedule, v))
                     rows.append(dict(
                         p=p, balance=balance, schedule=schedule, m=m, v=_chunks(schedule, v),
                         layers_per_stage=per_rank[0]["balance"][str(_chunks(schedule, v))],
-                        bubble_median=statistics.median(bubbles), bubble_min=min(bubbles), bubble_max=max(bubbles),
-                        theory=th, ratio_to_theory=statistics.median(bubbles) / th if th else None,
-                        dedicated_bubble_median=statistics.median(dedicated), dedicated_bubble_min=min(dedicated),
-                        dedicated_bubble_max=max(dedicated),
-                        dedicated_ratio_to_theory=statistics.median(dedicated) / th if th else None,
+                        bubble_median=bub["median"], bubble_min=bub["min"], bubble_max=bub["max"],
+                        theory=th, ratio_to_theory=bub["median"] / th if th else None,
+                        dedicated_bubble_median=ded["median"], dedicated_bubble_min=ded["min"],
+                        dedicated_bubble_max=ded["max"],
+                        dedicated_ratio_to_theory=ded["median"] / th if th else None,
                         stage_cpu_s=[sum(per_rank[r][schedule][m][-1]["event_cpu_s"]) for r in range(p)],
-                        tokens_per_s_median=statistics.median(tps), tokens_per_s_min=min(tps),
-                        tokens_per_s_max=max(tps), cores_busy_median=statistics.median(cores_used),
+                        tokens_per_s_median=tps["median"], tokens_per_s_min=tps["min"],
+                        tokens_per_s_max=tps["max"], cores_busy_median=summarise(cores_used)["median"],
                         peak_in_flight=[per_rank[r][schedule][m][-1]["peak_in_flight"] for r in range(p)],
                         peak_activation_bytes=[per_rank[r][schedule][m][-1]["peak_activation_bytes"]
                                                for r in range(p)]))
@@ -186,9 +189,9 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
                                               + per_rank[r][schedule][m][k]["tied_events"] for r in range(p)]
     config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
                   repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
-                  vocab=vocab, cpu_count=__import__("os").cpu_count(), torch=torch.__version__, device=device,
+                  vocab=vocab, cpu_count=info["cores"], torch=torch.__version__, device=device,
                   timer=timer_name(device))
-    return {"config": config, "rows": rows}
+    return {"machine": info, "config": config, "rows": rows}
 
 
 def format_table(report: dict) -> str:
@@ -213,57 +216,57 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--p", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
-    parser.add_argument("--m", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
+def make_parser():
+    """The command line (:func:`course.benchmarking.parser` and this benchmark's own options)."""
+    from course import benchmarking
+
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out="results/schedule_benchmark.json", device="cpu",
+                                 timeout=1800.0)
+    parser.add_argument("--pp", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
+    parser.add_argument("--micro_batches", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
+    parser.add_argument("--virtual_stages", type=int, default=2, help="chunks per rank of the interleaved schedule")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
-    parser.add_argument("--v", type=int, default=2, help="chunks per rank of the interleaved schedule")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--n_layer", type=int, default=12)
-    parser.add_argument("--out", type=Path, default=Path("results/schedule_benchmark.json"))
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
-                        help="cuda: one GPU per stage with NCCL (auto: when there are enough)")
-    args = parser.parse_args(argv)
-    from course.launch import default_world_size, in_torchrun, resolve_device_backend
+    for old, new in (("--p", "--pp"), ("--m", "--micro_batches"), ("--v", "--virtual_stages")):
+        benchmarking.old_name(parser, old, new)
+    return parser
 
-    if in_torchrun():
-        if "--p" in (argv if argv is not None else sys.argv):
-            if args.p != [default_world_size(0)]:
-                parser.error(f"under torchrun --p is torchrun's WORLD_SIZE={default_world_size(0)}: leave it out")
-        args.p = [default_world_size(0)]
-    try:
-        args.device, _ = resolve_device_backend(args.device, "auto", max(args.p))
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.repeats < 3:
-        parser.error(f"--repeats {args.repeats}: use at least 3 timed repeats (median and min-max)")
-    if min(args.p) < 1 or min(args.m) < 1 or args.v < 1 or args.warmup < 0:
-        parser.error("--p, --m and --v must be >= 1 and --warmup >= 0")
-    if max(args.p) * args.v > args.n_layer:
-        parser.error(f"--p {max(args.p)} x --v {args.v} virtual stages need that many blocks; raise --n_layer")
+
+def parse_args(argv=None):
+    from course import benchmarking
     from pipeline.schedules import micro_batches_per_round
-    for p in args.p:
-        for m in args.m:
+
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    size = benchmarking.torchrun_size(parser, args.pp, "--pp", argv)
+    args.pp = [size] if size else args.pp
+    if min(args.pp) < 1 or min(args.micro_batches) < 1 or args.virtual_stages < 1:
+        parser.error("--pp, --micro_batches and --virtual_stages must be >= 1")
+    benchmarking.check(parser, args, max(args.pp))
+    if max(args.pp) * args.virtual_stages > args.n_layer:
+        parser.error(f"--pp {max(args.pp)} x --virtual_stages {args.virtual_stages} virtual stages need that many "
+                     "blocks; raise --n_layer")
+    for p in args.pp:
+        for m in args.micro_batches:
             try:
                 micro_batches_per_round(p, m)
             except ValueError as exc:
-                parser.error(f"--m {m} with --p {p}: {exc}")
+                parser.error(f"--micro_batches {m} with --pp {p}: {exc}")
     return args
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    report = run(args.p, args.m, args.schedules, args.balance, args.v, args.repeats, args.warmup, args.n_layer,
-                 device=args.device)
+    from course.benchmarking import describe, write_report
     from course.launch import reports_results
 
+    args = parse_args(argv)
+    report = run(args.pp, args.micro_batches, args.schedules, args.balance, args.virtual_stages, args.repeats,
+                 args.warmup, args.n_layer, device=args.device, timeout=args.timeout)
     if not reports_results():
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
+    print(describe(report["machine"]))
     print(format_table(report))
     print(f"written: {args.out}")
     return 0

@@ -89,7 +89,7 @@ def micro_batches_per_round(n_stages: int, n_micro: int) -> int:
     rounds = max(1, n_micro // n_stages)
     if n_micro % rounds:
         raise ValueError(f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of the "
-                         f"number of rounds max(1, m // p) = {rounds}; use an --n_chunk that is a multiple of "
+                         f"number of rounds max(1, m // p) = {rounds}; use a --micro_batches that is a multiple of "
                          f"the number of stages ({n_stages}) or smaller than it")
     return n_micro // rounds
 

@@ -45,13 +45,15 @@ optimizer step that follows would miss it.
 The runner also measures what the notebook draws: the start and end of every forward
 and backward (seconds since a common origin, :func:`common_clock_origin`; the time spent waiting
 for a neighbour is not inside these intervals), the micro-batches in flight (forwarded
-but not yet backwarded) and the bytes of activations saved for backward.
+but not yet backwarded) and the bytes of activations saved for backward
+(:class:`course.saved_tensors.SavedTensorBytes`). Each forward, backward and weight-gradient step is
+one span of the course's event recorder (:mod:`course.trace`, row ``compute``): the runner's
+``StepResult.events`` are those spans on the origin's scale, and any active recorder gets them too.
 
 Source: Narayanan et al. 2021, Megatron-LM, Sec. 2.2 (pipeline schedules) and 4.1.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,8 +61,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course import trace
 from course.collectives import global_rank, group_rank, group_size
-from course.measure import now, timer_name
+from course.measure import cpu_seconds, now, timer_name
+from course.saved_tensors import SavedTensorBytes
 from pipeline.metrics import communication_plan
 from pipeline.p2p import exchange_tensors
 
@@ -72,9 +76,10 @@ class StepResult:
     Attributes:
         losses: ``{micro-batch: loss}`` (last stage only; float values of ``loss_fn``).
         events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"``, ``"B"`` or ``"W"``,
-            seconds since the runner's common time origin.
+            seconds since the runner's common time origin (the spans the runner recorded,
+            :mod:`course.trace`).
         event_chunks: the chunk of each event (all 0 with one chunk per rank).
-        event_cpu_s: the CPU seconds this process spent in each event (``time.process_time``,
+        event_cpu_s: the CPU seconds this process spent in each event (:func:`course.measure.cpu_seconds`,
             all its threads): the event's cost without the time it waited for a core, which
             :func:`pipeline.metrics.replay` uses to rebuild the timeline on dedicated cores.
             On a GPU it counts only the host's share; use the events' wall time there.
@@ -145,7 +150,7 @@ class StageRunner:
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
-        self._param_storages = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
+        self._parameters = [p for c in self.chunks for p in c.parameters()]  # not activations
         self._kind, self._micro = "F", None
         self._plans: dict = {}
         self.origin = common_clock_origin(self.device, group)
@@ -252,23 +257,15 @@ class StageRunner:
 
     def compute_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The stage's forward of micro-batch ``i`` (timed); on the last stage, its loss instead."""
-        sizes: dict[int, int] = {}
-
-        def pack(t):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in self._param_storages:
-                sizes[ptr] = t.untyped_storage().nbytes()
-            return t
-
         start = self._start_timer()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with SavedTensorBytes(exclude=self._parameters) as saved:  # course.saved_tensors: by storage
             y = self.stage(x)
             if self.is_last:
                 y = self.loss_fn(y, self.targets[i])
         self._record("F", i, start)
         if self.is_last:
             self.result.losses[i] = float(y.detach())
-        self._activation_bytes[(self.chunk, i)] = sum(sizes.values())
+        self._activation_bytes[(self.chunk, i)] = saved.activation_bytes
         self._inputs[(self.chunk, i)] = x
         return y
 
@@ -319,14 +316,17 @@ class StageRunner:
 
     def _start_timer(self) -> float:
         start = now(self.device)  # course.measure: on a GPU, after the work queued before has run
-        self._cpu_start = time.process_time()
+        self._cpu_start = cpu_seconds()
         return start
 
     def _record(self, kind: str, i: int, start: float) -> None:
         end = now(self.device)  # ... and after this event's kernels have run
-        self.result.events.append((kind, i, start - self.origin, end - self.origin))
-        self.result.event_chunks.append(self.chunk or 0)
-        self.result.event_cpu_s.append(time.process_time() - self._cpu_start)
+        chunk, cpu = self.chunk or 0, cpu_seconds() - self._cpu_start
+        span = trace.record(f"{kind}{i}" if self.n_chunks == 1 else f"{kind}{i}.{chunk}", "compute", start, end,
+                            kind=kind, micro_batch=i, chunk=chunk, stage=self.virtual_stage, cpu_s=cpu)
+        self.result.events.append((kind, i, span.start - self.origin, span.end - self.origin))
+        self.result.event_chunks.append(chunk)
+        self.result.event_cpu_s.append(cpu)
 
     # ---- the two steps of a schedule ------------------------------------------------------
     def forward_step(self, i: int) -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from course import trace
 from course.collectives import global_rank
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.loss import count_target_tokens, lm_loss
@@ -111,7 +112,13 @@ class PipeTraining(PipelineMode):
                          for s, k, i, a, b in self.piped.pipe.timeline]
 
     def train_step(self, batch: dict) -> StepOutcome:
-        return supervised_step(self.piped, self.optimizer, batch, self.device, loss_fn=self._loss)
+        outcome = supervised_step(self.piped, self.optimizer, batch, self.device, loss_fn=self._loss)
+        if trace.active():  # course.trace: the stage threads' tasks of this step, a row per stage
+            pipe = self.piped.pipe
+            for stage, kind, i, start, end in pipe.timeline:
+                trace.record(f"{kind}{i}", f"stage {stage}", pipe.timeline_origin + start,
+                             pipe.timeline_origin + end, kind=kind, micro_batch=i, stage=stage)
+        return outcome
 
     @staticmethod
     def _loss(piped, batch):

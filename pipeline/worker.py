@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from queue import Queue
 from typing import Any, Callable
 
 import torch
+
+from course.measure import now
 
 
 class Task:
@@ -42,24 +43,24 @@ class Task:
             return self.fn()
 
 
-class Recorder:
-    """Where workers log ``(stage, start_s, end_s)`` (``time.perf_counter``) of each task; ``log=None``: off."""
+class TaskLog:
+    """Where workers log ``(stage, start_s, end_s)`` of each task on the course's clock
+    (:func:`course.measure.now`: on a GPU, once the device's queued work has run); ``log=None``: off."""
 
     def __init__(self):
         self.log: list | None = None
 
 
 def worker(in_queue: Queue, out_queue: Queue, device: torch.device, stage: int = 0,
-           recorder: Recorder | None = None) -> None:
+           task_log: TaskLog | None = None) -> None:
     """Run tasks from ``in_queue`` until it yields ``None``; report each outcome on ``out_queue``."""
     device = torch.device(device)
     while True:
         task = in_queue.get()
         if task is None:
             break
-        if device.type == "cuda" and recorder is not None and recorder.log is not None:
-            torch.cuda.synchronize(device)  # course.measure: read the clock once the queued work has run
-        start = time.perf_counter()
+        timed = task_log is not None and task_log.log is not None
+        start = now(device) if timed else None  # course.measure: the clock once the queued work has run
         try:
             if device.type == "cuda":
                 with torch.cuda.device(device):
@@ -69,11 +70,9 @@ def worker(in_queue: Queue, out_queue: Queue, device: torch.device, stage: int =
         except Exception:  # noqa: BLE001 - re-raised in the caller's thread
             out_queue.put((False, sys.exc_info()))
             continue
-        log = recorder.log if recorder is not None else None
-        if log is not None:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            log.append((stage, start, time.perf_counter()))
+        log = task_log.log if task_log is not None else None
+        if log is not None and start is not None:
+            log.append((stage, start, now(device)))
         out_queue.put((True, (task, output)))
 
 
@@ -87,8 +86,8 @@ class StageWorkers:
     def __init__(self, devices: list[torch.device]):
         self.in_queues: list[Queue] = [Queue() for _ in devices]
         self.out_queues: list[Queue] = [Queue() for _ in devices]
-        self.recorder = Recorder()
-        self.threads = [threading.Thread(target=worker, args=(inq, outq, dev, j, self.recorder), daemon=True,
+        self.task_log = TaskLog()
+        self.threads = [threading.Thread(target=worker, args=(inq, outq, dev, j, self.task_log), daemon=True,
                                          name=f"pipe-stage{j}")
                         for j, (inq, outq, dev) in enumerate(zip(self.in_queues, self.out_queues, devices))]
         for t in self.threads:

@@ -1,7 +1,7 @@
 """Communication benchmark: all-reduce latency and bus bandwidth, and data-parallel training tokens/s.
 
     python project/benchmark.py                               # 2 ranks, 1 KB .. 64 MB, 5 repeats
-    python project/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --json out.json
+    python project/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --out out.json
     torchrun --standalone --nproc_per_node=8 project/benchmark.py --device cuda   # 8 GPUs, NCCL
 
 Part 1, for each world size: ``dist.all_reduce`` (the back-end's own: gloo, or NCCL on GPUs),
@@ -11,28 +11,28 @@ size, taking turns in every repeat (interleaved), after a warm-up; the median an
 of the slowest rank's time, the bus bandwidth ``2 (p-1)/p N / t``, an alpha-beta line fitted
 per algorithm, and the ring-vs-tree crossover size.
 
-Part 2 (``--dp_world_size`` ranks): training tokens/s of GPT-2 (``--preset``, synthetic tokens)
+Part 2 (``--dp`` ranks): training tokens/s of GPT-2 (``--preset``, synthetic tokens)
 with ``average_gradients``, the bucketed overlapped reducer and torch DDP (same
-``--bucket_mb``), interleaved repeats, median and min-max, and the ratio to DDP.
+``--bucket_mb``), interleaved repeats, median and min-max, and the ratio to DDP
+(:func:`communication.experiments.dp_throughput_worker`).
 
-Prints tables and writes everything to ``--json`` (notebooks/04_communication.ipynb reads it), with
-the device and the clock it was measured with (``timer``: :mod:`course.measure`; on a GPU every time is
-read after the device's queued work has run). Under torchrun the world sizes are torchrun's, and rank 0
-prints and writes.
+The measuring — warm-up, interleaved repeats, median and min-max, the machine it ran on, the JSON,
+the shared options — is the course's one benchmark harness (:mod:`course.benchmarking`). Prints tables
+and writes everything to ``--out`` (notebooks/04_communication.ipynb reads it), with the device and the
+clock it was measured with (``timer``: :mod:`course.measure`; on a GPU every time is read after the
+device's queued work has run). Under torchrun the world sizes are torchrun's, and rank 0 prints and
+writes. Former option names (``--json``, ``--dp_world_size``) still work, with a note.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, default_world_size, in_torchrun, launch, reports_results  # noqa: E402
+from course.launch import RankFailure, default_world_size, launch, reports_results  # noqa: E402
 
 DEFAULT_SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -53,21 +53,19 @@ def human(n: float) -> str:
     return f"{int(n)}B"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def make_parser():
+    """The command line (:func:`course.benchmarking.parser` and this benchmark's own options)."""
+    from course import benchmarking
+
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out="workdir/benchmark_communication.json", repeats=5,
+                                 timeout=1800.0)
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (bytes, or with KB/MB/GB)")
     parser.add_argument("--world_sizes", nargs="+", type=int, default=[default_world_size(2)],
                         help="ranks of the all-reduce benchmark (under torchrun: its WORLD_SIZE)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                        help="auto: one GPU per rank with NCCL when there are enough, else the CPU with gloo")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per point (>= 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls / steps first")
-    parser.add_argument("--json", default="workdir/benchmark_communication.json", help="where the results go")
     parser.add_argument("--skip_allreduce", action="store_true", help="skip part 1")
     dp = parser.add_argument_group("data-parallel throughput (part 2)")
     dp.add_argument("--skip_dp", action="store_true", help="skip part 2")
-    dp.add_argument("--dp_world_size", type=int, default=default_world_size(2))
+    dp.add_argument("--dp", type=int, default=default_world_size(2), help="data-parallel ranks")
     dp.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
     dp.add_argument("--vocab_size", type=int, default=5000)
     dp.add_argument("--seq", type=int, default=64, help="tokens per sequence")
@@ -75,7 +73,16 @@ def parse_args(argv=None):
     dp.add_argument("--dp_steps", type=int, default=8, help="steps per timed repeat")
     dp.add_argument("--dp_repeats", type=int, default=7, help="timed repeats (interleaved)")
     dp.add_argument("--bucket_mb", type=float, default=1.0, help="bucket size of the bucketed reducer and of DDP (MB)")
-    dp.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of each launch (seconds)")
+    benchmarking.old_name(parser, "--json", "--out")
+    benchmarking.old_name(parser, "--dp_world_size", "--dp")
+    return parser
+
+
+def parse_args(argv=None):
+    from course import benchmarking
+    from course.model import PRESETS
+
+    parser = make_parser()
     args = parser.parse_args(argv)
     try:
         args.sizes_bytes = sorted({parse_size(s) for s in args.sizes})
@@ -83,23 +90,17 @@ def parse_args(argv=None):
         parser.error(f"--sizes: {exc}")
     if any(s < 4 for s in args.sizes_bytes):
         parser.error("--sizes: every size must be at least 4 bytes (one float32)")
-    if args.repeats < 3 or args.dp_repeats < 3:
-        parser.error("--repeats and --dp_repeats must be >= 3 (a median and a spread need three points)")
-    if any(w < 2 for w in args.world_sizes) or args.dp_world_size < 2:
-        parser.error("--world_sizes and --dp_world_size must be >= 2 (an all-reduce needs two ranks)")
+    if args.dp_repeats < benchmarking.MIN_REPEATS:
+        parser.error(f"--dp_repeats must be >= {benchmarking.MIN_REPEATS} (a median and a spread need three points)")
+    if any(w < 2 for w in args.world_sizes) or args.dp < 2:
+        parser.error("--world_sizes and --dp must be >= 2 (an all-reduce needs two ranks)")
     if args.bucket_mb <= 0:
         parser.error(f"--bucket_mb must be > 0, not {args.bucket_mb}")
-    if in_torchrun() and set(args.world_sizes + [args.dp_world_size]) != {default_world_size(0)}:
-        parser.error(f"under torchrun every world size is torchrun's WORLD_SIZE={default_world_size(0)}: leave "
-                     "--world_sizes and --dp_world_size out, or start torchrun with --nproc_per_node=<that size>")
-    from course.launch import resolve_device_backend
-
-    try:
-        args.device, _ = resolve_device_backend(args.device, "auto", max(args.world_sizes + [args.dp_world_size]))
-    except ValueError as exc:
-        parser.error(str(exc))
-    from course.model import PRESETS
-
+    size = benchmarking.torchrun_size(parser, args.world_sizes, "--world_sizes", argv)
+    if size is not None:
+        benchmarking.torchrun_size(parser, args.dp, "--dp", argv)
+        args.world_sizes, args.dp = [size], size
+    benchmarking.check(parser, args, max(args.world_sizes + [args.dp]))
     if args.preset not in PRESETS:
         parser.error(f"--preset must be one of {sorted(PRESETS)}, not {args.preset!r}")
     if len(args.sizes_bytes) < 2 and not args.skip_allreduce:
@@ -112,14 +113,11 @@ def _one(per_rank: dict):
     return per_rank[min(per_rank)]
 
 
-def summarise(times: list[float]) -> dict:
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
-
-
 def allreduce_part(args) -> dict:
-    from course.measure import timer_name
     from communication.alpha_beta import bus_bandwidth, crossover, fit_alpha_beta, measured_crossover
     from communication.experiments import ALGORITHMS, allreduce_bench_worker
+    from course.benchmarking import summarise
+    from course.measure import timer_name
 
     report = {}
     for p in args.world_sizes:
@@ -160,36 +158,42 @@ def allreduce_part(args) -> dict:
 
 
 def dp_part(args) -> dict:
-    from communication.experiments import dp_throughput_worker
+    from communication.experiments import DP_VARIANTS, dp_throughput_worker
+    from course.benchmarking import ratios, summarise
 
     cfg = {"preset": args.preset, "vocab_size": args.vocab_size, "seq": args.seq, "per_rank_batch": args.per_rank_batch,
-           "steps": args.dp_steps, "repeats": args.dp_repeats, "warmup": max(1, args.warmup), "bucket_mb": args.bucket_mb}
-    out = _one(launch(dp_throughput_worker, args.dp_world_size, cfg, device=args.device, timeout=args.timeout,
+           "steps": args.dp_steps, "repeats": args.dp_repeats, "warmup": max(1, args.warmup), "bucket_mb": args.bucket_mb,
+           "variants": list(DP_VARIANTS), "world_sizes": [args.dp]}
+    out = _one(launch(dp_throughput_worker, args.dp, cfg, device=args.device, timeout=args.timeout,
                       collective_timeout=300))
-    per = {name: summarise(v) for name, v in out["tokens_per_sec"].items()}
-    ddp = per["ddp"]["median"]
-    ratios = {}
-    for name in per:  # ratio per repeat (the variants ran side by side in each repeat), then its median
-        r = [a / b for a, b in zip(out["tokens_per_sec"][name], out["tokens_per_sec"]["ddp"])]
-        ratios[name] = summarise(r)
     if not reports_results():
         return {}
-    print(f"\ndata-parallel training, {args.dp_world_size} ranks on {args.device}, GPT-2 {args.preset}, "
+    runs = {name: [r["tokens_per_sec"] for r in sorted(out["rows"], key=lambda r: r["repeat"]) if r["variant"] == name]
+            for name in DP_VARIANTS}
+    per = {name: summarise(v) for name, v in runs.items()}
+    ddp = per["ddp"]["median"]
+    ratio = {name: ratios(runs[name], runs["ddp"]) for name in runs}  # per repeat (side by side), then the median
+    print(f"\ndata-parallel training, {args.dp} ranks on {args.device}, GPT-2 {args.preset}, "
           f"{args.per_rank_batch}x{args.seq} tokens per rank per step, buckets of {args.bucket_mb} MB "
           f"({out['n_buckets']} buckets); tokens/s of all ranks, median [min-max] of {args.dp_repeats} interleaved repeats")
     for name, s in per.items():
         print(f"  {name:>18}: {s['median']:9.0f} [{s['min']:.0f}-{s['max']:.0f}]   / ddp = "
-              f"{ratios[name]['median']:.3f} [{ratios[name]['min']:.3f}-{ratios[name]['max']:.3f}]")
-    return {"config": cfg, "world_size": args.dp_world_size, "tokens_per_sec": per, "ratio_to_ddp": ratios,
+              f"{ratio[name]['median']:.3f} [{ratio[name]['min']:.3f}-{ratio[name]['max']:.3f}]")
+    return {"config": cfg, "world_size": args.dp, "tokens_per_sec": per, "ratio_to_ddp": ratio,
             "ratio_of_medians_to_ddp": {n: per[n]["median"] / ddp for n in per}, "n_buckets": out["n_buckets"]}
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from course.benchmarking import describe, machine, write_report
     from course.measure import timer_name
 
-    result = {"sizes_bytes": args.sizes_bytes, "repeats": args.repeats, "device": args.device,
+    args = parse_args(argv)
+    info = machine(args.device)  # the load average before the ranks start
+    result = {"machine": info, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "sizes_bytes": args.sizes_bytes, "repeats": args.repeats, "device": args.device,
               "timer": timer_name(args.device)}
+    if reports_results():
+        print(describe(info))
     try:
         if not args.skip_allreduce:
             result["allreduce"] = allreduce_part(args)
@@ -200,10 +204,8 @@ def main(argv=None) -> int:
         return 1
     if not reports_results():
         return 0
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
-    print(f"\nresults: {path}")
+    write_report(args.out, result)
+    print(f"\nresults: {args.out}")
     return 0
 
 

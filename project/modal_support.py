@@ -31,10 +31,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"data": "project/run_data_parallel.py", "pipeline": "project/run_pipeline.py",
            "tensor": "project/run_tensor_parallel.py", "3d": "project/run_3d.py"}
 # The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
-# GPUs, and the option and file name of the JSON it writes.
-BENCHMARKS = {"benchmark": ("project/benchmark.py", ("--world_sizes", "--dp_world_size"),
-                            ("--json", "benchmark_communication.json")),
-              "schedule_benchmark": ("-m pipeline.schedule_benchmark", ("--p",), ("--out", "schedule_benchmark.json")),
+# GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
+# --timeout, the run scripts' mesh names).
+BENCHMARKS = {"benchmark": ("project/benchmark.py", ("--world_sizes", "--dp"), ("--out", "benchmark_communication.json")),
+              "schedule_benchmark": ("-m pipeline.schedule_benchmark", ("--pp",), ("--out", "schedule_benchmark.json")),
               "factorisation_benchmark": ("-m three_d.factorisation_benchmark", ("--world_size",),
                                           ("--out", "factorisation_benchmark.json"))}
 MODES = (*SCRIPTS, *BENCHMARKS)
@@ -237,7 +237,7 @@ def build_command(request: RunRequest, workdir: str, *, python: str = sys.execut
         if "preset" in request.options:
             args += ["--preset", str(request.options["preset"])]
         args += ["--device", "cuda", out_option, str(Path(workdir) / out_name)]
-        if timeout is not None and request.mode != "schedule_benchmark":
+        if timeout is not None:
             args += ["--timeout", str(int(timeout))]
     else:
         start = [str(Path(repo_root) / SCRIPTS[request.mode])]

@@ -177,6 +177,7 @@ def run_worker(rank: int, world_size: int, plan: dict) -> dict:
     import torch
     import torch.distributed as dist
 
+    from course import trace
     from course.collectives import CommCounter, name_group
     from course.launch import context
     from course.measure import Stopwatch
@@ -217,13 +218,14 @@ def run_worker(rank: int, world_size: int, plan: dict) -> dict:
     times, peak, waits = [], 0, []
     for step in range(1 + plan["steps"]):
         dist.barrier(group=dist.group.WORLD)
-        with CommCounter(timed=True) as counter, Stopwatch(device) as clock:
+        recorder = trace.Recorder(device)
+        with CommCounter() as counter, Stopwatch(device) as clock, trace.recording(recorder):
             out = three_d_step(stage, runner, mesh, ids, ids.clone(), plan["micro_batches"], plan["schedule"], None)
             optimizer.step()
         if step:
             times.append(clock.seconds)
             peak = max(peak, out["result"].peak_activation_bytes)
-            waits.append(counter.seconds_by_group())
+            waits.append(trace.communication_seconds_by_group(recorder.spans))
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=dist.group.WORLD)
     params = list(stage.parameters())

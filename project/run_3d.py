@@ -8,8 +8,10 @@ Starts ``dp * pp * tp`` processes (gloo on the CPU, NCCL with one GPU each) or j
 group torchrun made. Writes ``<workdir>/three_d_rank{r}_results_epoch{e}.json`` (timeline of
 the last batch, communication per group, peak activation memory, coordinates) and
 ``<workdir>/three_d_translations_epoch{e}.json``; ``--trace FILE`` writes a Chrome/Perfetto
-trace of every rank's forwards and backwards of the last batch and, on a second row, its
-communication (tp all-reduces, pp sends/receives, dp and tied all-reduces, with bytes).
+trace of the run (:mod:`course.trace`: every rank, named by its mesh coordinates, with its forwards
+and backwards, optimizer steps and, on a row of their own, its communication — tp all-reduces, pp
+sends/receives, dp and tied all-reduces, with bytes — on one clock), ``--profile`` a torch.profiler
+trace per rank (:mod:`course.profiler`).
 
 Checkpoints (``--checkpoint_every N``) load at another layout with the same tp and number of
 ranks: ``python project/run_3d.py --dp 1 --pp 4 --tp 2 --checkpoint_every 100`` then
@@ -27,7 +29,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.config import ConfigError, RunConfig, option  # noqa: E402
-from course.launch import RankFailure, in_torchrun, launch  # noqa: E402
+from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 from three_d.step import SCHEDULES  # noqa: E402
 
@@ -52,8 +54,6 @@ class ThreeDConfig(RunConfig):
     scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
                                          "group", group=THREE_D)
     max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
-    trace: str | None = option(None, "write a Chrome/Perfetto trace (chrome://tracing JSON) of the last batch of the "
-                                     "last epoch", group=THREE_D, metavar="FILE")
 
     def check(self) -> None:
         super().check()
@@ -102,7 +102,6 @@ def check_resume_layout(config: ThreeDConfig) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from three_d.trace import write_chrome_trace
     from three_d.training import run_3d
 
     world_size = args.world_size
@@ -116,8 +115,6 @@ def main(argv=None) -> int:
         print(f"run failed: {exc}", file=sys.stderr)
         return 1
     print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
-    if args.trace and not in_torchrun():
-        print(f"trace: {write_chrome_trace(args.workdir, args.n_epochs - 1, world_size, args.trace)}")
     return 0
 
 

@@ -240,9 +240,9 @@ def activation_memory(group, sequence_parallel: bool, batch_size: int = 4, seq: 
     (the tensor-parallel group, of size t; collective over it).
 
     Runs the forward pass of a tensor-parallel GPT-2 (dropout 0.1, so its masks are kept too)
-    under ``torch.autograd.graph.saved_tensors_hooks`` and adds up, per block, the storages of
-    the tensors autograd saves while inside the block — each storage once (a view saved twice
-    counts once), parameters excluded. Returns ``{"bytes_per_block": float (mean over blocks),
+    under :class:`course.saved_tensors.SavedTensorBytes` and adds up, per block, the storages of
+    the tensors autograd saves while inside the block — each storage once per block (a view saved
+    twice counts once), parameters excluded. Returns ``{"bytes_per_block": float (mean over blocks),
     "by_dtype": {dtype: bytes per block}, "block0_tensors": [{"shape", "dtype", "bytes"}] (each
     storage of the first block, with the shape of the tensor it was saved as), "s": seq, "b": batch_size, "h": n_embd, "a": n_head,
     "t": t, "sequence_parallel": bool}``.
@@ -254,34 +254,27 @@ def activation_memory(group, sequence_parallel: bool, batch_size: int = 4, seq: 
     """
     from course.collectives import group_size
     from course.model import build_gpt2
+    from course.saved_tensors import SavedTensorBytes
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
     hf = build_gpt2("tiny", 256, n_positions=seq, dropout=0.1, seed=0, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
     model = TensorParallelGPT2(hf, sequence_parallel=sequence_parallel, group=group)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current: list[int | None] = [None]
-    seen: dict[int, dict[int, tuple[int, str]]] = {i: {} for i in range(len(model.h))}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        if current[0] is not None and storage.data_ptr() not in params:
-            seen[current[0]][storage.data_ptr()] = (storage.nbytes(), str(t.dtype).replace("torch.", ""),
-                                                    tuple(t.shape))
-        return t
-
+    current: list[int | None] = [None]  # the block running (forward hooks), None between blocks
     for i, block in enumerate(model.h):
         block.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
         block.register_forward_hook(lambda m, a, o: current.__setitem__(0, None))
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 256, (batch_size, seq), generator=gen)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensorBytes(exclude=list(model.parameters()), key=lambda: current[0]) as saved:
         out = model(ids, torch.ones_like(ids), ids)
     out.loss.backward()
+    blocks = range(len(model.h))
     by_dtype: dict[str, float] = {}
-    for block in seen.values():
-        for nbytes, dtype, _ in block.values():
-            by_dtype[dtype] = by_dtype.get(dtype, 0.0) + nbytes / len(seen)
-    first = [{"shape": shape, "dtype": dtype, "bytes": nbytes} for nbytes, dtype, shape in seen[0].values()]
+    for (key, _), s in saved.storages.items():
+        if key is not None and not s.excluded:
+            by_dtype[s.dtype] = by_dtype.get(s.dtype, 0.0) + s.nbytes / len(blocks)
+    first = [{"shape": s.shape, "dtype": s.dtype, "bytes": s.nbytes} for (key, _), s in saved.storages.items()
+             if key == 0 and not s.excluded]
     return {"bytes_per_block": sum(by_dtype.values()), "by_dtype": by_dtype, "block0_tensors": first,
             "s": seq, "b": batch_size,
             "h": n_embd, "a": n_head, "t": group_size(group), "sequence_parallel": sequence_parallel}

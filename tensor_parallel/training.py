@@ -69,7 +69,7 @@ class TensorParallelTraining(TrainingMode):
         super().__init__(args, data, device, **kwargs)
         self.model, self.n_layer, self.mesh = model, n_layer, mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
+        self.counter = CommCounter()  # counts and bytes (it reads no clock: no GPU synchronisation)
 
     @property
     def checkpoint_key(self) -> str:
@@ -81,7 +81,7 @@ class TensorParallelTraining(TrainingMode):
         return loader, steps
 
     def training(self, epoch: int):
-        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
+        self.counter = CommCounter()  # counts and bytes (it reads no clock: no GPU synchronisation)
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:

@@ -13,14 +13,16 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     Returns:
         ``{"coordinates": (pp, dp, tp), "events": [(kind, i, start_s, end_s)] (shared clock),
         "event_cpu_s": this process's CPU seconds in each event (:class:`pipeline.StepResult`),
-        "comm": [(kind, group, start_s, end_s)] every communication call of the last step (same clock),
+        "spans": the last step's spans (:mod:`course.trace`, same clock: the step, its forwards and
+        backwards, every communication call with its kind, group and bytes — what
+        :func:`three_d.trace.time_breakdown` divides),
         "step_span": (start_s, end_s) of the last step,
         "by_group": {group: {kind: {count, bytes, traffic_bytes}}} of the last step,
         "busy_s": forward+backward seconds, "step_s": the step's wall time}``.
     """
+    from course import trace
     from course.collectives import CommCounter
     from course.launch import context
-    from course.measure import now
     from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
@@ -36,17 +38,18 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     g = torch.Generator().manual_seed(1 + mesh.dp_rank)
     ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g, device="cpu").to(device)
-    for _ in range(steps):
-        with CommCounter() as counter:
-            start = now(device)  # course.measure: the clock after the device's queued work
-            out = three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
-            step_s = now(device) - start
+    for _ in range(steps):  # course.trace: the step's spans on course.measure's clock
+        with CommCounter() as counter, trace.recording(trace.Recorder(device)) as recorder:
+            with recorder.span("3D step", "step"):
+                out = three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
+    whole, = recorder.select("step")
+    start, step_s = whole.start, whole.end - whole.start
     events = out["result"].events
     shift = runner.origin  # back to absolute seconds, comparable across pp groups
     return {"coordinates": (mesh.stage, mesh.dp_rank, mesh.tp_rank), "blocks": list(stage.blocks),
             "events": [(k, i, a + shift, b + shift) for k, i, a, b in events],
             "event_cpu_s": list(out["result"].event_cpu_s),
-            "comm": [(r.kind, r.group, r.start, r.end) for r in counter.records if r.start is not None],
+            "spans": recorder.export(),
             "step_span": (start, start + step_s),
             "by_group": counter.by_group(), "busy_s": sum(b - a for _, _, a, b in events), "step_s": step_s,
             "parameters": sum(p.numel() for p in stage.parameters()), "timer": out["result"].timer}

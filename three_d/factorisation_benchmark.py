@@ -6,15 +6,15 @@
 One launch of ``--world_size`` processes (gloo on the CPU) builds the mesh of every
 factorisation that the model allows (:class:`course.mesh.ParallelDims`: pp at most the number of
 blocks, tp dividing the heads and the MLP width) and trains the same global batch with each:
-``--batch`` rows of ``--seq`` random tokens, cut into micro-batches of ``--micro_batch``
-rows, so a dp rank pipelines ``batch / (dp x micro_batch)`` of them. A step is the 3D step
-(:func:`three_d.step.three_d_step`, 1F1B, clipping) plus AdamW. Each repeat runs every
-factorisation in turn (``--steps`` timed steps, after ``--warmup`` untimed ones in the first
-repeat: memory allocation and first-call costs are paid once), so a change in
-the machine's load touches all of them alike; the report gives each factorisation's median
-tokens/s over ``--repeats`` repeats with the min-max, its ratio to the fastest, the 1F1B
-bubble of its pipeline by the formula, and what it communicated per step, by group (kinds,
-messages, bytes — :class:`course.collectives.CommCounter`).
+``--batch_size`` rows of ``--seq`` random tokens, cut into micro-batches of ``--micro_batch_size``
+rows, so a dp rank pipelines ``batch_size / (dp x micro_batch_size)`` of them. A step is the 3D step
+(:func:`three_d.step.three_d_step`, 1F1B, clipping) plus AdamW. The one benchmark harness
+(:mod:`course.benchmarking`) times it: ``--warmup`` untimed steps of each factorisation, then
+``--repeats`` rounds in which every factorisation takes ``--steps`` timed steps in turn (the slowest
+rank's time), so a change in the machine's load touches all of them alike; the report gives each
+factorisation's median tokens/s with the min-max, its ratio to the fastest, the 1F1B bubble of its
+pipeline by the formula, and what it communicated per step, by group (kinds, messages, bytes —
+:class:`course.collectives.CommCounter`), with the machine it ran on.
 
 On one machine every byte goes through the loopback and all ranks share the cores, so the
 fastest factorisation here is the one with the least communication and the smallest bubble.
@@ -22,15 +22,13 @@ On a cluster the tp group sits inside a node (NVLink, hundreds of GB/s) and pp a
 nodes (InfiniBand, tens of GB/s): tp's frequent, large all-reduces are cheap there and costly
 across nodes, which is why Megatron-LM keeps tp within a node and scales with pp and dp
 across them (Narayanan et al. 2021, Sec. 3, first takeaway).
+
+Former option names (``--batch``, ``--micro_batch``, ``--vocab``) still work, with a note.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -54,13 +52,19 @@ def factorisations(world_size: int, n_layer: int, n_head: int, n_inner: int) -> 
 
 
 def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
-    """A worker for :func:`course.launch.launch`: per repeat and factorisation, this rank's step times
-    and the communication of the last step (rank 0 returns them all; the others ``[]``)."""
+    """A worker for :func:`course.launch.launch`: per repeat and factorisation, the seconds per step (the
+    slowest rank's, :func:`course.benchmarking.interleaved`) and the communication of a step summed over
+    the ranks (rank 0 returns them all; the others ``[]``).
+
+    ``cfg``: ``factorisations`` [(dp, pp, tp)], ``batch_size``, ``micro_batch_size``, ``seq``, ``vocab_size``,
+    ``warmup``, ``steps``, ``repeats``."""
+    import copy
+
     import torch.distributed as dist
 
+    from course.benchmarking import interleaved
     from course.collectives import CommCounter, name_group
     from course.launch import context
-    from course.measure import now
     from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
@@ -69,41 +73,37 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
 
     worker_env_quiet()
     device = context().device
-    runs = {}
-    for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
-        model = build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0)
-        ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
-        mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
-        rows = cfg["batch"] // dp
-        g = torch.Generator().manual_seed(1 + mesh.dp_rank)
-        ids = torch.randint(0, cfg["vocab"], (rows, cfg["seq"]), generator=g).to(device)
-        runs[(dp, pp, tp)] = (mesh, stage, runner, torch.optim.AdamW(stage.parameters(), lr=1e-4), ids,
-                              rows // cfg["micro_batch"])
     world = dist.group.WORLD
-    report = []
-    for repeat in range(cfg["repeats"]):
-        for key, (mesh, stage, runner, optimizer, ids, n_chunk) in runs.items():
+    variants, comm, micro = {}, {}, {}
+    for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
+        model = build_gpt2("tiny", cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
+        ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
+        rows = cfg["batch_size"] // dp
+        g = torch.Generator().manual_seed(1 + ranked.mesh.dp_rank)
+        ids = torch.randint(0, cfg["vocab_size"], (rows, cfg["seq"]), generator=g).to(device)
+        key = (dp, pp, tp)
+        micro[key] = rows // cfg["micro_batch_size"]
+
+        def step(key=key, ranked=ranked, ids=ids, optimizer=torch.optim.AdamW(ranked.stage.parameters(), lr=1e-4)):
+            mesh = ranked.mesh
             for name in ("dp", "pp", "tp"):  # a dimension spanning every rank is the world group, which
                 name_group(mesh.group(name), name)  # each mesh names anew: name it for this run's counts
             name_group(mesh.embedding_group, "embedding")
-            times = []
-            warmup = cfg["warmup"] if repeat == 0 else 0  # a factorisation warms up once, in the first round
-            for step in range(warmup + cfg["steps"]):
-                dist.barrier(group=world)
-                start = now(device)  # course.measure: the clock after the device's queued work
-                with CommCounter(timed=False) as counter:
-                    three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
-                optimizer.step()
-                dist.barrier(group=world)
-                if step >= warmup:
-                    times.append(now(device) - start)
-            report.append({"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "n_chunk": n_chunk,
-                           "step_s": statistics.median(times), "comm": counter.by_group()})
+            with CommCounter() as counter:
+                three_d_step(ranked.stage, ranked.runner, mesh, ids, ids.clone(), micro[key], "1f1b", 1.0)
+            optimizer.step()
+            comm[key] = counter.by_group()
+
+        variants[key] = step
+    times = interleaved(variants, cfg["repeats"], cfg["warmup"], device, group=world, inner=cfg["steps"])
+    report = [{"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "micro_batches": micro[key],
+               "step_s": seconds, "comm": copy.deepcopy(comm[key])}
+              for repeat in range(cfg["repeats"]) for key, per in times.items() for seconds in [per[repeat]]]
     gathered = [None] * world_size
     dist.all_gather_object(gathered, report, group=world)
     if rank != 0:
         return []
-    for r, rows in enumerate(gathered):  # communication summed over the ranks; time from rank 0
+    for r, rows in enumerate(gathered):  # communication summed over the ranks; times are the slowest rank's
         if r == 0:
             continue
         for mine, theirs in zip(report, rows):
@@ -117,19 +117,21 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
 
 
 def summarise(report: list[dict], cfg: dict) -> list[dict]:
-    """One row per factorisation: median and min-max tokens/s, ratio to the fastest, bubble, bytes per group."""
+    """One row per factorisation: median and min-max tokens/s (:func:`course.benchmarking.summarise`), ratio to
+    the fastest, bubble, bytes per group."""
+    from course.benchmarking import summarise as stats
     from pipeline import bubble_fraction
 
-    tokens = cfg["batch"] * cfg["seq"]
+    tokens = cfg["batch_size"] * cfg["seq"]
     rows = []
     for key in dict.fromkeys((r["dp"], r["pp"], r["tp"]) for r in report):
         mine = [r for r in report if (r["dp"], r["pp"], r["tp"]) == key]
-        tps = [tokens / r["step_s"] for r in mine]
+        tps = stats([tokens / r["step_s"] for r in mine])
         comm = mine[-1]["comm"]
-        rows.append({"dp": key[0], "pp": key[1], "tp": key[2], "micro_batches": mine[-1]["n_chunk"],
-                     "tokens_per_s_median": statistics.median(tps), "tokens_per_s_min": min(tps),
-                     "tokens_per_s_max": max(tps),
-                     "bubble_theory": bubble_fraction(key[1], mine[-1]["n_chunk"]),
+        rows.append({"dp": key[0], "pp": key[1], "tp": key[2], "micro_batches": mine[-1]["micro_batches"],
+                     "tokens_per_s_median": tps["median"], "tokens_per_s_min": tps["min"],
+                     "tokens_per_s_max": tps["max"], "repeats": tps["n"],
+                     "bubble_theory": bubble_fraction(key[1], mine[-1]["micro_batches"]),
                      "megabytes_per_step": {g: sum(v.get("bytes", 0) for v in kinds.values()) / 1e6
                                             for g, kinds in comm.items()},
                      "messages_per_step": {g: sum(v.get("count", 0) for v in kinds.values())
@@ -152,54 +154,51 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world_size", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=32, help="global batch (rows)")
-    parser.add_argument("--micro_batch", type=int, default=2, help="rows per micro-batch")
-    parser.add_argument("--seq", type=int, default=32, help="tokens per row")
-    parser.add_argument("--vocab", type=int, default=5000, help="vocabulary size (the course tokenizer's order)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per factorisation and repeat")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds before the run is stopped")
-    parser.add_argument("--out", type=Path, default=Path("results/factorisation_benchmark.json"))
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
-                        help="cuda: one GPU per rank with NCCL (auto: when there are enough)")
-    args = parser.parse_args(argv)
-    from course.launch import default_world_size, in_torchrun, resolve_device_backend
+def make_parser():
+    """The command line (:func:`course.benchmarking.parser` and this benchmark's own options)."""
+    from course import benchmarking
 
-    if in_torchrun():
-        if "--world_size" in (argv if argv is not None else sys.argv) and args.world_size != default_world_size(0):
-            parser.error(f"under torchrun --world_size is torchrun's WORLD_SIZE={default_world_size(0)}: leave it out")
-        args.world_size = default_world_size(0)
-    try:
-        args.device, _ = resolve_device_backend(args.device, "auto", args.world_size)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.repeats < 3:
-        parser.error(f"--repeats {args.repeats}: use at least 3 (median and min-max)")
-    if args.world_size < 1 or args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
-        parser.error("--world_size, --steps and --micro_batch must be >= 1, --warmup >= 0")
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out="results/factorisation_benchmark.json", device="cpu",
+                                 timeout=1200)
+    parser.add_argument("--world_size", type=int, default=8, help="ranks to factorise as dp x pp x tp")
+    parser.add_argument("--batch_size", type=int, default=32, help="global batch (rows)")
+    parser.add_argument("--micro_batch_size", type=int, default=2, help="rows per micro-batch")
+    parser.add_argument("--seq", type=int, default=32, help="tokens per row")
+    parser.add_argument("--vocab_size", type=int, default=5000, help="vocabulary size (the course tokenizer's order)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per factorisation and repeat")
+    for old, new in (("--batch", "--batch_size"), ("--micro_batch", "--micro_batch_size"), ("--vocab", "--vocab_size")):
+        benchmarking.old_name(parser, old, new)
+    return parser
+
+
+def parse_args(argv=None):
+    from course import benchmarking
     from course.model import PRESETS
 
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    args.world_size = benchmarking.torchrun_size(parser, args.world_size, "--world_size", argv) or args.world_size
+    if args.world_size < 1 or args.steps < 1 or args.micro_batch_size < 1:
+        parser.error("--world_size, --steps and --micro_batch_size must be >= 1")
+    benchmarking.check(parser, args, args.world_size)
     shape = PRESETS["tiny"]
     args.factorisations = factorisations(args.world_size, shape["n_layer"], shape["n_head"], 4 * shape["n_embd"])
-    bad = [f for f in args.factorisations if args.batch % (f[0] * args.micro_batch)]
+    bad = [f for f in args.factorisations if args.batch_size % (f[0] * args.micro_batch_size)]
     if bad:
-        parser.error(f"--batch {args.batch} must be divisible by dp x --micro_batch for every factorisation "
-                     f"(dp up to {max(f[0] for f in args.factorisations)}); try --batch "
-                     f"{args.world_size * args.micro_batch * 2}")
+        parser.error(f"--batch_size {args.batch_size} must be divisible by dp x --micro_batch_size for every "
+                     f"factorisation (dp up to {max(f[0] for f in args.factorisations)}); try --batch_size "
+                     f"{args.world_size * args.micro_batch_size * 2}")
     return args
 
 
 def main(argv=None) -> int:
+    from course.benchmarking import describe, machine, write_report
     from course.launch import launch, reports_results
-    from course.measure import timer_name
 
     args = parse_args(argv)
-    cfg = {k: getattr(args, k) for k in ("batch", "micro_batch", "seq", "vocab", "warmup", "steps", "repeats")}
+    info = machine(args.device)  # the load average before the ranks start
+    cfg = {k: getattr(args, k) for k in ("batch_size", "micro_batch_size", "seq", "vocab_size", "warmup", "steps",
+                                         "repeats")}
     cfg["factorisations"] = args.factorisations
     print(f"{len(args.factorisations)} factorisations of {args.world_size} ranks (dp, pp, tp): {args.factorisations}",
           file=sys.stderr, flush=True)
@@ -210,12 +209,9 @@ def main(argv=None) -> int:
         return 0
     report = report[0]  # rank 0 gathers every rank's communication (benchmark_worker)
     rows = summarise(report, cfg)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {**cfg, "world_size": args.world_size,
-                                               "cpu_count": __import__("os").cpu_count(),
-                                               "torch": torch.__version__, "device": args.device,
-                                               "timer": timer_name(args.device)},
-                                    "rows": rows, "report": report}, indent=1))
+    write_report(args.out, {"machine": info, "config": {**cfg, "world_size": args.world_size, "device": args.device},
+                            "rows": rows, "report": report})
+    print(describe(info))
     print(format_table(rows))
     print(f"{time.time() - started:.0f} s; written: {args.out}")
     return 0

@@ -14,9 +14,9 @@ out over the dp group.
 Results (``<workdir>/three_d_rank{r}_results_epoch{e}.json``) carry, besides the common
 entries: the timeline of the epoch's last full batch on this rank (F/B per micro-batch) and
 its communication (``comm_timeline``: every all-reduce, all-gather, send and receive with its
-group and bytes, measured with ``time.time()`` on the same clock),
-communication per group and kind (count, bytes, per step), peak activation bytes, the
-rank's coordinates and groups.
+group and bytes), both spans of the course's event recorder (:mod:`course.trace`, one clock,
+a recorder of the step's own), communication per group and kind (count, bytes, per step), peak
+activation bytes, the rank's coordinates and groups.
 
 Checkpoints (``--checkpoint_every N``, ``--resume DIR``; :mod:`course.checkpoint`) are
 layout-independent across dp and pp: :meth:`ThreeDTraining.checkpoint_state` keys every weight
@@ -32,7 +32,6 @@ losses before the resume are taken from whichever rank recorded them (:meth:`bat
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
@@ -40,6 +39,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 import tensor_parallel
+from course import trace
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
@@ -187,20 +187,21 @@ class ThreeDTraining(TrainingMode):
         share = self.args.batch_size // self.mesh.dims.dp
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
-        first, began = len(self.counter.records), time.time()
-        out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches, self.args.schedule,
-                           self.args.max_grad_norm)
-        self.optimizer.step()
-        self.step_span = (began - self.runner.origin, time.time() - self.runner.origin)
+        origin = self.runner.origin
+        with trace.recording(trace.Recorder(self.device)) as step, step.span("3D step", "step"):  # this step's spans
+            out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches,
+                               self.args.schedule, self.args.max_grad_norm)
+            self.optimizer.step()
+        whole, = step.select("step")
+        self.step_span = (whole.start - origin, whole.end - origin)
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
                          for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
-        origin = self.runner.origin
-        self.comm_timeline = [dict(stage=self.mesh.stage, kind=r.kind, group=r.group, bytes=r.bytes,
-                                   start=r.start - origin, end=r.end - origin)
-                              for r in self.counter.records[first:] if r.start is not None]
+        self.comm_timeline = [dict(stage=self.mesh.stage, kind=c.args["kind"], group=c.args["group"],
+                                   bytes=c.args["bytes"], start=c.start - origin, end=c.end - origin)
+                              for c in step.select("communication")]
         self.last_grad_norm = out["grad_norm"]
         return StepOutcome(out["loss"], int(batch["attention_mask"][rows].sum()))
 

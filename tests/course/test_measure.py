@@ -2,7 +2,7 @@
 
 On a GPU the same module synchronises the device before reading the clock, stamps CUDA events and
 reads ``torch.cuda.max_memory_allocated`` (checked by ``tests/gpu/test_measure_cuda.py``); here:
-the CPU's names and behaviour, the collectives' spans only while a timed counter is active, and the
+the CPU's names and behaviour, the collectives' spans only while an event recorder is active, and the
 epoch runner's results file naming its clock and memory measure.
 """
 from __future__ import annotations
@@ -44,23 +44,30 @@ def test_cpu_memory_meter_is_the_process_peak():
 
 
 def counted_spans(rank, world_size):
+    from unittest import mock
+
+    from course import measure, trace
     from course.collectives import CommCounter, all_reduce
 
     x = torch.ones(3, device="cpu")
-    with CommCounter(timed=False) as untimed:
+    with mock.patch.object(measure, "now", side_effect=AssertionError("a clock read with no recorder")), \
+            mock.patch.object(trace, "now", side_effect=AssertionError("a clock read with no recorder")):
+        with CommCounter() as counted:  # counts, reads no clock
+            all_reduce(x)
+    with CommCounter() as again, trace.recording(trace.Recorder("cpu")) as recorder:
         all_reduce(x)
-    with CommCounter() as timed:
-        all_reduce(x)
-    return [(r.kind, r.start, r.end) for r in untimed.records], [(r.kind, r.start, r.end) for r in timed.records]
+    return ([r.kind for r in counted.records], [r.kind for r in again.records],
+            [(s.name, s.row, s.start, s.end, s.args["bytes"]) for s in recorder.spans])
 
 
-def test_collective_spans_are_read_only_by_a_timed_counter():
+def test_collective_spans_are_read_only_while_a_recorder_is_active():
     from course.launch import launch
 
-    untimed, timed = launch(counted_spans, 2, timeout=120)[0]
-    assert untimed == [("all_reduce", None, None)]
-    (kind, start, end), = timed
-    assert kind == "all_reduce" and start <= end and abs(end - time.time()) < 120
+    counted, again, spans = launch(counted_spans, 2, timeout=120)[0]
+    assert counted == again == ["all_reduce"]
+    (name, row, start, end, nbytes), = spans
+    assert (name, row, nbytes) == ("all_reduce world", "communication", 12)
+    assert start <= end and abs(end - time.time()) < 120
 
 
 def test_results_file_names_its_clock_and_memory_measure(tmp_path):
@@ -90,7 +97,8 @@ def test_results_file_names_its_clock_and_memory_measure(tmp_path):
             return Evaluation(self.model, self.device)
 
     args = SimpleNamespace(n_epochs=1, workdir=str(tmp_path), n_bleu=0, checkpoint_every=None, resume=None,
-                           max_val_batches=None, model_max_length=8, quiet=True)
+                           max_val_batches=None, model_max_length=8, quiet=True, trace=None, trace_steps=20,
+                           profile=False)
     data = SimpleNamespace(validation=examples, collate=collate, tokenizer=None, test=[])
     written = run_epochs(Mode(args, data, "cpu", show_progress=False))
     result = json.loads(open(written[0]).read())

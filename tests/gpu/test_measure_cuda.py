@@ -1,6 +1,7 @@
 """GPU tier: course.measure on a GPU — the stopwatch includes the kernels a block queued (a host clock
 read without synchronising would not), stamps keep their order without waiting, and the memory meter
-reports the device's peak allocation of the block, reset for each measurement."""
+reports the device's peak allocation of the block, reset for each measurement; the event recorder's spans
+wait for the kernels too, and a profile holds the CUDA kernels."""
 import pytest
 import torch
 
@@ -51,3 +52,39 @@ def test_memory_meter_reports_the_device_peak_of_the_block():
         del x
     assert m.measure.startswith("torch.cuda.max_memory_allocated")
     assert 16 * 2**20 <= m.peak_bytes - m.start_bytes < 64 * 2**20
+
+
+def test_recorded_spans_wait_for_the_queued_kernels():
+    """course.trace on a GPU: a span (and an optimizer step's span) ends after the kernels it queued."""
+    from course import trace
+
+    need_gpus(1)
+    device = torch.device("cuda", 0)
+    cycles = int(0.2 * torch.cuda.get_device_properties(device).clock_rate * 1e3)
+    weight = torch.zeros(4, device=device, requires_grad=True)
+    weight.grad = torch.ones(4, device=device)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    with trace.recording(trace.Recorder(device)) as recorder:
+        with trace.span("spin", "compute"):
+            torch.cuda._sleep(cycles)
+        torch.cuda._sleep(cycles)  # queued before the optimizer step: its span starts once this has run
+        optimizer.step()
+    spin, = [s for s in recorder.spans if s.name == "spin"]
+    step, = [s for s in recorder.spans if s.name == "optimizer"]
+    assert spin.end - spin.start > 0.1 and step.start - spin.end > 0.1 and recorder.timer == "host-clock+cuda-sync"
+
+
+def test_a_profile_on_a_gpu_holds_its_kernels(tmp_path):
+    from course.profiler import StepProfiler
+
+    need_gpus(1)
+    device = torch.device("cuda", 0)
+    x = torch.randn(256, 256, device=device)
+    with StepProfiler(tmp_path / "p.json", 3, device, "rank 0") as prof:
+        for _ in range(3):
+            (x @ x).sum().item()
+            prof.step()
+    import json
+
+    events = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events), "CUDA kernels recorded"

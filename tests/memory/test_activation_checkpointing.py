@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memory.accounting import SavedTensorBytes
+from course.saved_tensors import SavedTensorBytes
 from tests.support.memory import PER_RANK, batch, lm_loss, make_model
 
 pytestmark = pytest.mark.a5_5_4

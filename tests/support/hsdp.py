@@ -34,7 +34,7 @@ def hsdp_worker(rank: int, world_size: int, replicas: int, steps: int) -> dict:
     out = {"shard_numel": {u.name: u.shard.numel() for u in hsdp.units},
            "padded": {u.name: u.padded for u in hsdp.units}, "steps": [],
            "fsdp2_placements": [str(p.placements) for p in twin.parameters()][:1]}
-    with CommCounter(timed=False) as counter:
+    with CommCounter() as counter:
         for step in range(steps):
             ids = shard_of(batch(step, world_size), rank)
             opt.zero_grad()

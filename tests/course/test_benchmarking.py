@@ -1,0 +1,87 @@
+"""Ungraded: the one benchmark harness (course.benchmarking) — its statistics, the warm-up and interleaving
+of repeats, the machine description, the report and the shared command line (no process started)."""
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+
+from course import benchmarking
+
+
+def test_summarise_gives_the_median_and_the_spread():
+    assert benchmarking.summarise([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3,
+                                                        "all": [3.0, 1.0, 2.0]}
+    assert benchmarking.summarise([4, 1, 3, 2])["median"] == 2.5  # the mean of the middle two
+    with pytest.raises(ValueError, match="no repeat"):
+        benchmarking.summarise([])
+    r = benchmarking.ratios([2.0, 4.0, 9.0], [1.0, 2.0, 3.0])  # per repeat, side by side: 2, 2, 3
+    assert (r["median"], r["min"], r["max"]) == (2.0, 2.0, 3.0)
+    with pytest.raises(ValueError, match="side by side"):
+        benchmarking.ratios([1.0], [1.0, 2.0])
+    assert benchmarking.apart({"min": 3, "max": 4}, {"min": 1, "max": 2.5})
+    assert not benchmarking.apart({"min": 2, "max": 4}, {"min": 1, "max": 2.5})
+
+
+def test_interleaved_warms_up_then_takes_turns_and_times_each_call_on_the_clock():
+    calls, clock = [], iter(float(t) for t in range(100))
+    variants = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    with mock.patch.object(benchmarking, "now", side_effect=lambda device=None: next(clock)):
+        times = benchmarking.interleaved(variants, repeats=3, warmup=2, inner=2)
+    assert calls[:4] == ["a", "a", "b", "b"], "warm-up: each variant, untimed"
+    assert calls[4:] == ["a", "a", "b", "b"] * 3, "then the variants take turns in every repeat"
+    assert times == {"a": [0.5] * 3, "b": [0.5] * 3}, "seconds per call: one clock tick over inner=2 calls"
+
+
+def test_machine_describes_cores_cpu_device_versions_and_load():
+    import torch
+
+    info = benchmarking.machine("cpu")
+    assert info["cores"] >= 1 and info["usable_cores"] >= 1 and info["cpu_model"]
+    assert info["device"] == "cpu" and info["torch"] == torch.__version__ and info["timer"] == "host-clock"
+    assert len(info["load_average"]) == 3 and "gpu" not in info
+    assert f"{info['cores']} cores" in benchmarking.describe(info)
+
+
+def test_report_holds_the_machine_and_the_options(tmp_path):
+    with pytest.raises(ValueError, match="machine"):
+        benchmarking.write_report(tmp_path / "r.json", {"config": {}})
+    path = benchmarking.write_report(tmp_path / "r.json", {"machine": benchmarking.machine(), "config": {"a": 1},
+                                                            "rows": [1]})
+    assert json.loads(path.read_text())["rows"] == [1]
+
+
+def test_the_shared_command_line_checks_repeats_and_keeps_old_names(capsys):
+    parser = benchmarking.parser("demo", out="x.json", timeout=10.0)
+    parser.add_argument("--pp", type=int, nargs="+", default=[2])
+    benchmarking.old_name(parser, "--p", "--pp")
+    args = parser.parse_args(["--p", "3", "4", "--repeats", "3"])
+    assert args.pp == [3, 4] and str(args.out) == "x.json" and args.timeout == 10.0
+    assert "--p is now --pp" in capsys.readouterr().err
+    assert benchmarking.check(parser, args, 2).device == "cpu"  # the test suite pins the CPU
+    for argv, message in ((["--repeats", "2"], "--repeats must be >= 3"), (["--warmup", "-1"], "--warmup must be >= 0")):
+        with pytest.raises(SystemExit):
+            benchmarking.check(parser, parser.parse_args(argv), 2)
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module,argv,message", [
+    ("pipeline.schedule_benchmark", ["--p", "2", "--m", "4", "--repeats", "3"], "--p is now --pp"),
+    ("pipeline.schedule_benchmark", ["--pp", "2", "--micro_batches", "5"], "--micro_batches 5 with --pp 2"),
+    ("three_d.factorisation_benchmark", ["--batch", "30"], "--batch is now --batch_size"),
+    ("three_d.factorisation_benchmark", ["--batch_size", "30"], "--batch_size 30 must be divisible"),
+    ("project.benchmark", ["--json", "x.json", "--dp_world_size", "1"], "--json is now --out"),
+    ("project.benchmark", ["--dp", "1"], "--world_sizes and --dp must be >= 2"),
+])
+def test_every_benchmark_takes_the_run_configurations_names(module, argv, message, capsys):
+    import importlib
+
+    parse = importlib.import_module(module).parse_args
+    try:
+        args = parse(argv)
+    except SystemExit:
+        args = None
+    assert message in capsys.readouterr().err
+    if args is not None:
+        assert args.pp == [2] and args.micro_batches == [4]
