@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from course.loss import model_loss
-from memory.accounting import SavedTensorBytes, optimizer_state_tensors, storage_bytes
+from course.saved_tensors import SavedTensorBytes, storage_bytes
+from memory.accounting import optimizer_state_tensors
 
 
 def mixed_precision_state_bytes(model, batch: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:

@@ -45,7 +45,8 @@ def hsdp_benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     from course.measure import now
     from course.mesh import Mesh
     from course.model import build_gpt2
-    from memory.accounting import optimizer_state_tensors, storage_bytes
+    from course.saved_tensors import storage_bytes
+    from memory.accounting import optimizer_state_tensors
     from memory.hsdp import HybridShardedModel
     from memory.training import model_blocks
 

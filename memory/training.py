@@ -26,7 +26,7 @@ from course.loss import model_loss
 from memory.checkpointing import apply_activation_checkpointing
 from memory.fsdp import FullyShardedModel
 from memory.hsdp import HybridShardedModel
-from memory.accounting import storage_bytes
+from course.saved_tensors import storage_bytes
 from memory.sharded_checkpoint import ZERO_FLAT, ZERO_UNITS, check_names, flat_state, gather_flat
 from memory.zero import ZeroOptimizer, unique_parameters
 

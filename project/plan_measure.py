@@ -166,7 +166,8 @@ def cpu_hardware(config, block: dict, group_sizes: list[int]):
 # ---- the run ----------------------------------------------------------------------------------------
 
 def _held(params, grads, optimizer) -> dict:
-    from memory.accounting import optimizer_state_tensors, storage_bytes
+    from course.saved_tensors import storage_bytes
+    from memory.accounting import optimizer_state_tensors
 
     return {"params": storage_bytes(params), "grads": storage_bytes(grads),
             "optimizer": storage_bytes(optimizer_state_tensors(optimizer))}

@@ -37,14 +37,16 @@ def cp_groups(rank: int, world_size: int) -> dict:
     return {cp: Mesh.build(dp=world_size // cp, cp=cp).cp_group for cp in (2, 4)}
 
 
-def _records(counter) -> list[dict]:
-    return [{"kind": r.kind, "peer": r.peer, "bytes": r.bytes, "start": r.start, "end": r.end,
-             "traffic": r.traffic_bytes, "group": r.group} for r in counter.records]
+def _records(recorder) -> list[dict]:
+    """The communication an active ``course.trace.Recorder`` saw: one span per call, on course.measure's clock."""
+    return [{"kind": s.args["kind"], "peer": s.args["peer"], "bytes": s.args["bytes"], "start": s.start, "end": s.end,
+             "traffic": s.args["traffic_bytes"], "group": s.args["group"]} for s in recorder.select("communication")]
 
 
 def _ring_case(group, layout_kind: str, causal: bool) -> dict:
     from context_parallel import SequenceLayout, ring_attention
-    from course.collectives import CommCounter, group_rank, group_size
+    from course import trace
+    from course.collectives import group_rank, group_size
 
     p, r = group_size(group), group_rank(group)
     q, k, v, grad = global_inputs()
@@ -52,12 +54,13 @@ def _ring_case(group, layout_kind: str, causal: bool) -> dict:
     layout = SequenceLayout(layout_kind, p, q.size(2))
     leaves = [layout.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
     stats: dict = {}
-    with CommCounter() as counter:
+    recorder = trace.Recorder()
+    with trace.recording(recorder):
         out = ring_attention(*leaves, layout, group, causal, BLOCK, stats=stats)
-        forward = _records(counter)
-        counter.reset()
+        forward = _records(recorder)
+        recorder.clear()
         out.backward(layout.shard(grad, 2, r))
-        backward = _records(counter)
+        backward = _records(recorder)
     return {"out": out.detach(), "ref": layout.shard(ref, 2, r),
             "grads": [t.grad for t in leaves], "ref_grads": [layout.shard(g, 2, r) for g in ref_grads],
             "forward_comm": forward, "backward_comm": backward,
@@ -154,19 +157,21 @@ class GivenLayout:
 
 def _ulysses_case(group, layout_kind: str, causal: bool) -> dict:
     from context_parallel import ulysses_attention
-    from course.collectives import CommCounter, group_rank, group_size
+    from course import trace
+    from course.collectives import group_rank, group_size
 
     p, r = group_size(group), group_rank(group)
     q, k, v, grad = global_inputs((2, 4, 24, 8), seed=1)  # 4 heads: divisible by cp = 2 and 4
     ref, ref_grads = reference(q, k, v, grad, causal)
     layout = GivenLayout(layout_kind, p, q.size(2))
     leaves = [layout.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
-    with CommCounter() as counter:
+    recorder = trace.Recorder()
+    with trace.recording(recorder):
         out = ulysses_attention(*leaves, group, causal, layout=None if layout_kind == "contiguous" else layout)
-        forward = _records(counter)
-        counter.reset()
+        forward = _records(recorder)
+        recorder.clear()
         out.backward(layout.shard(grad, 2, r))
-        backward = _records(counter)
+        backward = _records(recorder)
     return {"out": out.detach(), "ref": layout.shard(ref, 2, r), "grads": [t.grad for t in leaves],
             "ref_grads": [layout.shard(g, 2, r) for g in ref_grads], "forward_comm": forward,
             "backward_comm": backward, "local_bytes": leaves[0].numel() * 4}
