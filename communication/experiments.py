@@ -255,7 +255,8 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
     ``powersgd_rank``, ``batches`` (a list of global batches, dicts of (B, T) tensors; rank r
     takes its rows). Variants: ``none`` (average_gradients), ``topk`` (:class:`TopKReducer`),
     ``powersgd`` (:class:`PowerSGDReducer`), ``torch_powersgd`` (DDP with torch's
-    ``powerSGD_hook``, same rank, compression from the first step, no minimum compression rate).
+    ``powerSGD_hook``, same rank, uncompressed for its first two steps (``start_powerSGD_iter=2``, the least
+    torch allows with error feedback), no minimum compression rate).
 
     Returns ``{variant: {"losses": [per step, mean over ranks], "bytes_sent": per step per rank,
     "dense_bytes": ...}}``.
