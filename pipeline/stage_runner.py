@@ -6,7 +6,16 @@ stage (an ``nn.Module``) and a :class:`StageRunner`, then for every training ste
 :meth:`StageRunner.run` with its action list (:mod:`pipeline.schedules`). Activations
 go forward to stage s + 1 and their gradients back to stage s - 1 by point-to-point
 send/recv in the ``pp`` group (:mod:`pipeline.p2p`); a neighbour is addressed by its
-global rank, ``dist.get_global_rank(pp_group, s ± 1)``. Gradients accumulate in the
+global rank, ``dist.get_global_rank(pp_group, s ± 1)``.
+
+**When messages travel.** A step's :meth:`send` does not send at once, and :meth:`recv` does not
+wait: the runner gathers every rank's action list, lays them out on a common clock of unit steps
+(:func:`pipeline.metrics.communication_plan`) and, between actions, carries out the batches of
+that plan — every message leaves in one batch with the other messages of its step, and the rank
+that consumes it receives it in its batch of the same step. That lock-step is what makes the
+pipeline safe under NCCL's point-to-point rules (docs/architecture.md, "Point-to-point under
+NCCL's rules"); a send that posted at once, followed by a blocking receive from the same
+neighbour, would wait forever on GPUs where both neighbours do it. Gradients accumulate in the
 stage's parameters over the micro-batches, exactly as in single-process training of the
 same micro-batches, so the optimizer step after :meth:`run` is the same.
 
@@ -16,15 +25,16 @@ runner a list of ``v`` modules; chunk ``c`` of the rank at stage ``s`` is virtua
 Before each step the runner makes that chunk current: :attr:`stage`, :attr:`is_first`,
 :attr:`is_last` and :attr:`in_flight` then refer to it, and :meth:`send` / :meth:`recv`
 address the neighbouring *virtual* stage (stage ``s ± 1`` taken modulo ``p``: the last
-rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Each message carries a tag
-naming its kind (activation or gradient) and the virtual stage it is for, so the
-activations and gradients of several chunks that travel between the same two ranks
+rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Messages are named by what consumes
+them — ``("F", i, s)``, the input of micro-batch ``i`` on virtual stage ``s``; ``("B", i, s)``, the
+gradient of that stage's output — and matched by their order in the plan's batches (NCCL has no
+tags), so the activations and gradients of several chunks that travel between the same two ranks
 cannot be mixed up.
 
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
 ``torch.autograd.grad(output, input, grad, retain_graph=True)`` — the graph is kept — and
-sends it upstream at once; ``("W", i)`` later computes the weight gradients,
+hands it upstream at the end of its step; ``("W", i)`` later computes the weight gradients,
 ``torch.autograd.backward(output, grad, inputs=parameters)``, and frees the graph. This
 simple split re-traverses the stage's graph in ``W`` (the weight gradients of a layer
 need the gradient of its output), so ``W`` costs about a whole backward here; torch's

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    from instructor.release import INSTRUCTOR_ONLY, _enclosing_functions, course_files, find_blocks
+    from instructor.release import INSTRUCTOR_ONLY, INSTRUCTOR_ONLY_DIRS, _enclosing_functions, course_files, find_blocks
 except ImportError as exc:  # the student release leaves the release tool out
     raise ImportError("the course's site is built from the instructor's tree: it needs instructor/release.py "
                       "(left out of the student release) to find the reference blocks") from exc
@@ -37,8 +37,8 @@ def _cell_source(cell: dict) -> str:
 def _chunks(root: Path):
     """(file, cell index or None, text, is code) for every text file of the release's course files."""
     for name in course_files(root):
-        if name in INSTRUCTOR_ONLY:
-            continue
+        if name in INSTRUCTOR_ONLY or name.startswith(INSTRUCTOR_ONLY_DIRS):
+            continue  # left out of the release, never published
         try:
             text = (root / name).read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
