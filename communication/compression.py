@@ -102,7 +102,8 @@ class TopKReducer:
 
 
 def _orthogonalize(m: torch.Tensor) -> torch.Tensor:
-    """Orthonormal columns spanning ``m`` (n x r), by Gram-Schmidt as torch's hook does."""
+    """Orthonormal columns spanning ``m`` (n x r), by QR (``torch.linalg.qr``). torch's hook uses Gram-Schmidt
+    at rank <= 2 and QR above: the same columns up to sign and rounding."""
     q, _ = torch.linalg.qr(m, mode="reduced")
     return q
 

@@ -11,6 +11,7 @@ Their repeated measurements go through the course's one benchmark harness (:mod:
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -19,6 +20,8 @@ import torch.distributed as dist
 from course.measure import seconds, stamp
 
 ALGORITHMS = ("dist.all_reduce", "ring", "tree")
+INNER_SECONDS = 2e-3  # a timed repeat of allreduce_bench_worker lasts at least this long (up to MAX_INNER calls)
+MAX_INNER = 64
 
 
 def ring_trace_worker(rank: int, world_size: int, numel: int = 10) -> dict:
@@ -38,12 +41,14 @@ def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], r
     (:func:`course.benchmarking.interleaved`: ``warmup`` untimed calls, then ``repeats`` rounds in which
     the three take turns, the slowest rank's time, the clock read after the device's queued work).
 
-    Small messages are timed over several calls (``inner`` = up to 64 calls, fewer as the
-    message grows to 1 MB) so that the timer's resolution does not dominate. Returns
-    ``{algorithm: {size: [seconds per call, one per repeat]}}``.
+    A repeat times ``inner`` calls in a row and divides, so that the timer and the barrier before it do not
+    dominate a short call: one timed probe call per algorithm (also a warm-up) gives the slowest one's time
+    t, and ``inner = min(64, ceil(INNER_SECONDS / t))`` — the same on every rank (the probe is the
+    slowest rank's), so a fast link (NCCL: microseconds) repeats up to 64 times and a slow or loaded
+    machine once. Returns ``{algorithm: {size: [seconds per call, one per repeat]}, "inner": {size: inner}}``.
     """
     from communication.ring import ring_all_reduce, tree_all_reduce
-    from course.benchmarking import interleaved
+    from course.benchmarking import interleaved, timed
     from course.launch import context
     from course.task import worker_env_quiet
 
@@ -54,13 +59,16 @@ def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], r
            "ring": lambda t: ring_all_reduce(t, group=group),
            "tree": lambda t: tree_all_reduce(t, group=group)}
     out: dict = {a: {} for a in ALGORITHMS}
+    out["inner"] = {}
     for size in sizes_bytes:
         tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        inner = max(1, min(64, (1 << 20) // max(size, 1)))
-        times = interleaved({name: (lambda f=fns[name]: f(tensor)) for name in ALGORITHMS}, repeats, warmup, device,
-                            group, inner=inner)
+        variants = {name: (lambda f=fns[name]: f(tensor)) for name in ALGORITHMS}
+        probe = max(timed(fn, device, group) for fn in variants.values())
+        inner = max(1, min(MAX_INNER, math.ceil(INNER_SECONDS / max(probe, 1e-9))))
+        times = interleaved(variants, repeats, warmup, device, group, inner=inner)
         for name in ALGORITHMS:
             out[name][size] = times[name]
+        out["inner"][size] = inner
     return out
 
 
@@ -247,7 +255,8 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
     ``powersgd_rank``, ``batches`` (a list of global batches, dicts of (B, T) tensors; rank r
     takes its rows). Variants: ``none`` (average_gradients), ``topk`` (:class:`TopKReducer`),
     ``powersgd`` (:class:`PowerSGDReducer`), ``torch_powersgd`` (DDP with torch's
-    ``powerSGD_hook``, same rank, compression from the first step, no minimum compression rate).
+    ``powerSGD_hook``, same rank, uncompressed for its first two steps (``start_powerSGD_iter=2``, the least
+    torch allows with error feedback), no minimum compression rate).
 
     Returns ``{variant: {"losses": [per step, mean over ranks], "bytes_sent": per step per rank,
     "dense_bytes": ...}}``.

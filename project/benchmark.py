@@ -131,7 +131,7 @@ def allreduce_part(args) -> dict:
             alpha, beta = fit_alpha_beta(args.sizes_bytes, [points[s]["median"] for s in args.sizes_bytes])
             per[name] = {"points": {str(k): v for k, v in points.items()}, "alpha": alpha, "beta": beta}
         med = {n: [per[n]["points"][str(s)]["median"] for s in args.sizes_bytes] for n in ALGORITHMS}
-        report[str(p)] = {"algorithms": per,
+        report[str(p)] = {"algorithms": per, "inner": {str(k): v for k, v in raw["inner"].items()},
                           "crossover_ring_tree_fit": crossover((per["ring"]["alpha"], per["ring"]["beta"]),
                                                                (per["tree"]["alpha"], per["tree"]["beta"])),
                           "crossover_ring_tree_measured": measured_crossover(args.sizes_bytes, med["ring"], med["tree"])}

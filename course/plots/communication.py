@@ -99,6 +99,44 @@ def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = 
     return fig
 
 
+def plot_alpha_beta_fit(fits: dict, title: str = "All-reduce: measured medians and the alpha-beta model"):
+    """Left: time per all-reduce against message size (log-log), the measured medians with min-max bars and
+    the model's lines, one colour per world size, one marker per algorithm; right: the residuals as
+    measured / model (log scale; 1 = the model is exact).
+
+    ``fits``: ``{p: {"sizes": [bytes], "algorithms": {name: {"median", "min", "max", "model", "ratio"}},
+    "fitted": name of the algorithm the model was fitted to}}`` (seconds), as
+    ``communication.cost_model.fit_benchmark`` returns (its ``"fitted"`` defaults to ``"ring"``)."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.9))
+    colours = plt.get_cmap("tab10")
+    markers = ["o", "s", "^", "D"]
+    for i, (p, fit) in enumerate(sorted(fits.items())):
+        sizes = fit["sizes"]
+        fitted = fit.get("fitted", "ring")
+        for j, (name, per) in enumerate(fit["algorithms"].items()):
+            med = [t * 1e6 for t in per["median"]]
+            err = [[m - lo * 1e6 for m, lo in zip(med, per["min"])], [hi * 1e6 - m for m, hi in zip(med, per["max"])]]
+            ax1.errorbar(sizes, med, yerr=err, fmt=markers[j % 4], ms=4, capsize=2, color=colours(i),
+                         label=f"p={p} {name} (measured)")
+            how = "fit" if name == fitted else "predicted"
+            ax1.plot(sizes, [t * 1e6 for t in per["model"]], "-" if name == fitted else "--", color=colours(i), lw=1,
+                     label=f"p={p} {name} (model, {how})")
+            ax2.plot(sizes, per["ratio"], markers[j % 4] + ("-" if name == fitted else "--"), ms=4, color=colours(i),
+                     label=f"p={p} {name}")
+    ax1.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per all-reduce (µs)",
+            title="medians (min-max bars) and model")
+    ax2.axhline(1.0, color="0.5", lw=1)
+    ax2.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="measured / model",
+            title="residuals (1 = exact)")
+    ax1.legend(fontsize=6, ncol=2)
+    ax2.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def plot_overlap_timeline(timelines: dict, title: str = "Bucket all-reduces and the backward pass"):
     """One row per (run, rank): the backward pass as a grey bar, each bucket's all-reduce as a bar
     from its launch to the end of its wait, and the end of ``finish()``.

@@ -1,0 +1,32 @@
+"""communication.checks: each exercise check accepts the right answer and refuses the plausible wrong ones."""
+import pytest
+
+from communication import checks
+
+
+def test_bus_bandwidth(capsys):
+    assert checks.check_bus_bandwidth(256, 448)
+    assert "right" in capsys.readouterr().out
+    assert not checks.check_bus_bandwidth(256, 224)      # (p-1)/p: the reduce-scatter factor
+    assert not checks.check_bus_bandwidth(256, 256)      # busbw taken for algbw
+    assert not checks.check_bus_bandwidth(0.256, 0.448)  # MB/ms read as GB/s by a factor 1000
+    assert "hint" in capsys.readouterr().out
+
+
+def test_crossover():
+    assert checks.check_crossover(2.2e6)
+    assert not checks.check_crossover(8 * 10e-6 * 25e9)  # the p = 4 formula 8 alpha / beta
+    assert not checks.check_crossover(10e-6 * 25e9)      # alpha / beta
+    assert not checks.check_crossover("two megabytes")
+
+
+def test_gpt2_allreduce():
+    assert checks.check_gpt2_allreduce(9.7535)
+    assert not checks.check_gpt2_allreduce(2 * 9.33)   # fp32 bytes
+    assert not checks.check_gpt2_allreduce(9.33)       # latency term left out: 0.42 ms is 4 % of the answer
+    assert not checks.check_gpt2_allreduce(10.375)     # bytes factor 2 instead of 2(p-1)/p
+
+
+@pytest.mark.parametrize("alpha, bw, ok", [(20, 50, True), (120, 50, False), (20, 33.3, False), (20, 75, False)])
+def test_two_point_fit(alpha, bw, ok):
+    assert checks.check_two_point_fit(alpha, bw) is ok
