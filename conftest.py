@@ -27,6 +27,11 @@ def pytest_configure(config):
     import os
 
     os.environ["LLMSYS_DEVICE"] = "cpu"
+    # The notebooks run with their quick sizes here (course/notebook_run.py); their committed outputs come
+    # from full runs (project/execute_notebooks.py).
+    from course.notebook_run import QUICK_ENV
+
+    os.environ.setdefault(QUICK_ENV, "1")
     config.addinivalue_line("markers", "fresh_processes: the test's runs start processes of their own (launcher "
                                        "tests: kills, hangs, restarts, process counts) instead of reusing pooled ranks")
     from course import launch_pool

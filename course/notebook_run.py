@@ -1,0 +1,41 @@
+"""How big a notebook's runs are: full (what the committed outputs show) or quick (the test suite).
+
+The notebooks are executed twice over their lives: once with their full sizes by
+``python project/execute_notebooks.py``, whose outputs are committed (what a reader sees on the
+repository's page and the course's site), and on every test run (``pytest`` executes each notebook
+top to bottom with nbmake) to prove that its cells still run. The second only has to show that the
+code runs, and the whole suite has a time budget, so the test suite sets ``LLMSYS_NOTEBOOK_QUICK=1``
+(``conftest.py``) and a notebook asks for its sizes with :func:`sized`::
+
+    STEPS = sized(full=60, quick=8)      # training steps of section 3
+
+The prose of a notebook is written so that it stays true for any outcome (it prints its comparisons
+from the numbers), so a quick run's smaller, noisier numbers never contradict it. A learner running
+a notebook by hand gets the full sizes (the variable is unset).
+"""
+from __future__ import annotations
+
+import os
+from typing import TypeVar
+
+QUICK_ENV = "LLMSYS_NOTEBOOK_QUICK"
+
+T = TypeVar("T")
+
+
+def quick() -> bool:
+    """Whether this process runs the notebooks' quick sizes (``LLMSYS_NOTEBOOK_QUICK=1``)."""
+    return os.environ.get(QUICK_ENV, "") == "1"
+
+
+def sized(full: T, quick: T) -> T:
+    """``quick`` in the test suite's quick runs, else ``full`` (see the module docstring)."""
+    return quick if globals()["quick"]() else full
+
+
+def describe() -> str:
+    """One line a notebook prints at its top: which sizes this run uses."""
+    if quick():
+        return ("quick run (LLMSYS_NOTEBOOK_QUICK=1, as the test suite runs it): sizes reduced, numbers noisier than "
+                "the committed outputs'")
+    return "full run: the sizes of the committed outputs"
