@@ -289,12 +289,20 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
             if status == "error":
                 head, report = f"rank {rank} raised", ""
                 if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
-                    where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
+                    waited = _timed_out_too(results, rank)
+                    where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items()
+                             if r not in waited}
                     absent = sorted(r for r, w in where.items() if not w.in_collective)
                     if absent:
                         head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
                                 f"rank {rank} raised")
+                    elif waited:
+                        head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
+                                f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
+                                f"raised")
                     report = "\n" + hang_report(where) if where else ""
+                    report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
+                                      for r, v in sorted(waited.items()))
                 raise RankFailure(rank, f"{head}:\n{value}{report}")
             outputs[rank] = pickle.loads(value)
         for p in procs:
@@ -306,6 +314,28 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
         os.rmdir(stack_dir)
+
+
+def _timed_out_too(results, rank: int, wait: float = 1.0) -> dict[int, str]:
+    """The other ranks whose own waits timed out (or lost their peer) around the same time as ``rank``'s:
+    ``{rank: traceback}`` of the reports that arrive within ``wait`` seconds. Those ranks were waiting
+    too, so they are not among the ones that never arrived."""
+    found, deadline = {}, time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            other, status, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue_module.Empty:
+            break
+        if other != rank and status == "error" and _TIMED_OUT.search(value):
+            found[other] = value
+    return found
+
+
+def _innermost_frame(traceback_text: str) -> str:
+    """``path:line in function`` of the innermost frame of a traceback outside torch (the caller's wait)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
+    own = [f for f in frames if "/torch/" not in f[0] and "/course/" not in f[0]] or frames
+    return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else "(no traceback)"
 
 
 def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:

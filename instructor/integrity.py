@@ -37,7 +37,8 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
 
 from course.data import resolve_data_dir  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
-from instructor.release import BEGIN, course_files, make_release  # noqa: E402
+from instructor.blocks import BEGIN, course_files  # noqa: E402
+from instructor.release import make_release  # noqa: E402
 
 PACKAGES = ("course", "project", "instructor", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "tests")
 GRADED = " or ".join(KEYS)

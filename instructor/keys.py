@@ -17,7 +17,9 @@ class Key:
     topic: str
     notebook: str
     points: int
-    depends_on: tuple[str, ...] = field(default=())  # keys whose stubs may also make this key's tests fail
+    # keys whose code this key's tests also run: their stubs make this key's tests fail too, and this
+    # key's grading copy keeps their reference solutions (instructor/submission.py)
+    depends_on: tuple[str, ...] = field(default=())
 
     @property
     def number(self) -> str:
@@ -77,6 +79,17 @@ def marker_lines() -> list[str]:
     """The ``name: description`` lines pytest registers (``config.addinivalue_line("markers", ...)``)."""
     return ([f"{k.key}: Assignment {k.number} {k.topic}" for k in KEYS.values()]
             + [f"{name}: {text}" for name, text in OTHER_MARKERS.items()])
+
+
+def requirements(key: str) -> set[str]:
+    """The keys ``key`` depends on, directly or through other keys (``depends_on``, followed to the end)."""
+    found, todo = set(), list(KEYS[key].depends_on)
+    while todo:
+        k = todo.pop()
+        if k not in found:
+            found.add(k)
+            todo += KEYS[k].depends_on
+    return found
 
 
 def key_of_marker(name: str) -> Key | None:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.launch import launch
+from tests.support.launching import launch_once
 
 pytestmark = pytest.mark.a5_4_2
 
@@ -98,7 +98,7 @@ def equality_worker(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_bucketed_equals_average_gradients_and_ddp_step_for_step(world_size):
-    outputs = launch(equality_worker, world_size, timeout=150, collective_timeout=30)
+    outputs = launch_once(equality_worker, world_size, timeout=150)
     for rank, out in outputs.items():
         assert "unused.weight" in out["average_gradients"]["grads_none"]
         for variant in ("overlap", "no_overlap"):
@@ -149,7 +149,7 @@ _OVERLAP = {}
 def overlap_runs():
     """One launch for both overlap tests."""
     if not _OVERLAP:
-        _OVERLAP.update(launch(overlap_worker, 2, timeout=90, collective_timeout=30))
+        _OVERLAP.update(launch_once(overlap_worker, 2, timeout=90))
     return _OVERLAP
 
 

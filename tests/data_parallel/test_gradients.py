@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.launch import launch
+from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT, launch_once
 
 pytestmark = pytest.mark.a5_1_2
 
@@ -70,7 +71,7 @@ def setup_worker(rank, world_size, bogus_ports):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_averaged_gradients_equal_single_process_gradients(world_size):
-    outputs = launch(grad_worker, world_size, timeout=120, collective_timeout=60)
+    outputs = launch_once(grad_worker, world_size, timeout=120)
 
     model = make_model()
     x, y = global_batch(world_size)
@@ -96,7 +97,7 @@ def test_averaged_gradients_equal_single_process_gradients(world_size):
 def test_setup_joins_the_group_at_the_given_address_and_cleanup_leaves_it():
     from course.launch import free_port
 
-    outputs = launch(setup_worker, 2, [free_port(), free_port()], timeout=90, collective_timeout=30,
+    outputs = launch(setup_worker, 2, [free_port(), free_port()], timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT,
                      init_process_group=False)
     for rank, (joined, total, still_initialized) in outputs.items():
         assert joined == (True, rank, 2)

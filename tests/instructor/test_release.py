@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from instructor.release import ReleaseError, find_blocks, make_release, stub_notebook, stub_source
+from instructor.blocks import ReleaseError, find_blocks, stub_notebook, stub_source
+from instructor.release import make_release
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from course.launch import launch
+from tests.support.launching import launch_once
 from tests.support.memory import fsdp_worker, reference_named_run
 
 pytestmark = pytest.mark.a5_5_3
@@ -24,7 +24,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 @functools.lru_cache(maxsize=None)
 def run(world_size, with_fsdp2):
-    return launch(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150, collective_timeout=60)
+    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -12,7 +12,7 @@ import functools
 import pytest
 import torch
 
-from course.launch import launch
+from tests.support.launching import launch_once
 from tests.support.memory import make_model, reference_run, zero_worker
 
 STEPS = 3
@@ -21,7 +21,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 @functools.lru_cache(maxsize=None)
 def run(stage, world_size):
-    return launch(zero_worker, world_size, stage, STEPS, timeout=120, collective_timeout=60)
+    return launch_once(zero_worker, world_size, stage, STEPS, timeout=120)
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,8 +20,9 @@ CASES = {"peer": dict(dp=1, pp=2, tp=2, n_chunk=N_CHUNK, step=False, scatter_gat
 @pytest.fixture(scope="module")
 def runs():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    out = launch(layouts_worker, 4, list(CASES.values()), timeout=150)
+    out = launch(layouts_worker, 4, list(CASES.values()), timeout=150, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     return {name: {rank: r[i] for rank, r in out.items()} for i, name in enumerate(CASES)}
 
 
