@@ -108,6 +108,7 @@ def zero_worker(rank, world_size, stage, steps):
         lm_loss(model, ids).backward()
         opt.reduce_gradients()
         rec = {"shard_grad": opt.shard.grad.detach().clone(),
+               "shard_grad_storage_bytes": opt.shard.grad.untyped_storage().nbytes(),
                "full_grads_held": sum(p.grad.numel() for p in opt.params if p.grad is not None)}
         opt.step()
         rec["params"] = flat(opt.params)
@@ -172,6 +173,25 @@ def fsdp_worker(rank, world_size, steps, with_fsdp2):
             rec["fsdp2_params"] = {n: p.full_tensor().detach().clone() for n, p in twin.named_parameters()}
         out["steps"].append(rec)
     return out
+
+
+def fsdp_accumulation_worker(rank, world_size):
+    """ZeRO-3, one optimizer step after two micro-steps (backward on each half of this rank's shard, the
+    loss halved): the full mean gradients before the step and the full parameters after it."""
+    from memory.fsdp import FullyShardedModel
+
+    model = make_model()
+    fsdp = FullyShardedModel(model, model.blocks, group=None)
+    opt = torch.optim.Adam(fsdp.shard_parameters(), **ADAM)
+    ids = shard_of(batch(0, world_size), rank)
+    opt.zero_grad()
+    half = PER_RANK // 2
+    for micro in (ids[:half], ids[half:]):
+        (lm_loss(model, micro) / 2).backward()
+        fsdp.finish_backward()
+    grads = fsdp.full_gradients()
+    opt.step()
+    return {"grads": grads, "params": fsdp.full_state()}
 
 
 def reference_named_run(world_size: int, steps: int):
