@@ -138,8 +138,10 @@ def pytest_runtest_makereport(item, call):
     if excinfo is None or not report.failed or excinfo.typename != "RankFailure":
         return
     message = str(excinfo.value)
-    entry = next((e for e in reversed(excinfo.traceback) if Path(str(e.path)).resolve().is_relative_to(ROOT / "tests")),
-                 None)
+    tests = [e for e in excinfo.traceback if Path(str(e.path)).resolve().is_relative_to(ROOT / "tests")]
+    support = ROOT / "tests" / "support"
+    entry = next((e for e in reversed(tests) if not Path(str(e.path)).resolve().is_relative_to(support)),
+                 tests[-1] if tests else None)
     launched = f"\n\n(the ranks were launched by {Path(str(entry.path)).relative_to(ROOT)}:{entry.lineno + 1})" \
         if entry is not None else ""
     report.longrepr = f"{rank_failure_summary(message)}\n\n{message}{launched}"

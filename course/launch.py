@@ -334,7 +334,8 @@ def _timed_out_too(results, rank: int, wait: float = 1.0) -> dict[int, str]:
 def _innermost_frame(traceback_text: str) -> str:
     """``path:line in function`` of the innermost frame of a traceback outside torch (the caller's wait)."""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
-    own = [f for f in frames if "/torch/" not in f[0] and "/course/" not in f[0]] or frames
+    library = re.compile(r"/site-packages/|/torch/|(^|/)course/[^/]+\.py$")  # torch's and the course library's
+    own = [f for f in frames if not library.search(f[0]) or "/tests/" in f[0]] or frames
     return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else "(no traceback)"
 
 

@@ -57,6 +57,7 @@ import ctypes
 import hashlib
 import json
 import os
+import resource
 import secrets
 import signal
 import subprocess
@@ -101,6 +102,7 @@ class KeyResult:
     output: str
     failures: list = field(default_factory=list)  # TestFeedback of each test that did not pass
     review: list = field(default_factory=list)    # what the instructor should look at (policy, tampering, leaks)
+    cpu_seconds: float = 0.0                      # CPU time of the key's pytest and every process it started
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -285,7 +287,10 @@ def grade_key(key: str, timeout: float = DEFAULT_TIMEOUT, root: Path = ROOT, sub
         except SubmissionError as exc:
             return zero(f"your code for {spec.number} could not be taken from the submission: {exc}")
         before = _digest(tmp / "tree")
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = _run_pytest(tmp / "tree", key, tmp / "record.jsonl", timeout)
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
         if result["timed_out"]:
             return zero(f"timed out after {timeout:.0f} s (a hung worker or an endless loop?); scored 0")
         finish = result["finish"]
@@ -325,7 +330,7 @@ def grade_key(key: str, timeout: float = DEFAULT_TIMEOUT, root: Path = ROOT, sub
     if any(f.name.endswith("::<collection>") for f in failures):
         passed = 0
     return _withheld(KeyResult(key, spec.topic, passed, total, round(spec.points * passed / total, 2), spec.points,
-                               time.monotonic() - start, "", failures), references)
+                               time.monotonic() - start, "", failures, cpu_seconds=cpu), references)
 
 
 def _withheld(result: KeyResult, references: ReferenceLines) -> KeyResult:
@@ -371,12 +376,12 @@ def gradescope(results: list[KeyResult]) -> dict:
 
 
 def print_table(results: list[KeyResult]) -> None:
-    print(f"{'key':<8} {'topic':<58} {'tests':>7} {'points':>9} {'time':>6}")
+    print(f"{'key':<8} {'topic':<52} {'tests':>7} {'points':>9} {'cpu':>6} {'time':>6}")
     for r in results:
-        print(f"{r.key:<8} {r.topic[:58]:<58} {f'{r.passed}/{r.total}':>7} {f'{r.points:g}/{r.max_points}':>9} "
-              f"{r.seconds:>5.0f}s")
+        print(f"{r.key:<8} {r.topic[:52]:<52} {f'{r.passed}/{r.total}':>7} {f'{r.points:g}/{r.max_points}':>9} "
+              f"{r.cpu_seconds:>5.0f}s {r.seconds:>5.0f}s")
     total, best = sum(r.points for r in results), sum(r.max_points for r in results)
-    print(f"{'total':<8} {'':<58} {'':>7} {f'{total:g}/{best}':>9}")
+    print(f"{'total':<8} {'':<52} {'':>7} {f'{total:g}/{best}':>9}")
     for r in results:
         if r.passed < r.total or r.total == 0:
             print(f"\n{r.key}: {r.output}")

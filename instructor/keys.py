@@ -44,7 +44,7 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_2_1", "clock-cycle schedule _clock_cycles and module splitting _split_module", PP, 10),
     Key("a5_2_2", "Pipe.forward / Pipe.compute over per-stage workers", PP, 10, ("a5_2_1",)),
     Key("a5_2_3", "GPT-2 pipeline preparation (tied embedding / LM head included)", PP, 10, ("a5_2_1", "a5_2_2")),
-    Key("a5_2_4", "multi-process pipeline with GPipe and 1F1B schedules", PP, 10),
+    Key("a5_2_4", "multi-process pipeline with GPipe and 1F1B schedules", PP, 10, ("a5_2_3",)),  # rendezvous: GPT-2
     Key("a5_2_5", "interleaved 1F1B: virtual stages, Megatron's action order", PP, 10, ("a5_2_3", "a5_2_4")),
     Key("a5_2_6", "zero-bubble ZB-H1: backward split into input and weight gradients", PP, 10, ("a5_2_3", "a5_2_4")),
     Key("a5_3_1", "Megatron conjugate operators f and g, scatter/gather", TP, 10),

@@ -145,14 +145,17 @@ class WorkSpy:
 
 
 def overlap_worker(rank, world_size):
-    return {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
+    """The overlap runs (with and without) and the bucket-order run, in one launch."""
+    out = {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
+    out["order"] = _order_run(rank, world_size)
+    return out
 
 
 _OVERLAP = {}
 
 
 def overlap_runs():
-    """One launch for both overlap tests."""
+    """One launch for the overlap tests and the bucket-order test."""
     if not _OVERLAP:
         _OVERLAP.update(launch_once(overlap_worker, 2, timeout=90))
     return _OVERLAP
@@ -206,7 +209,7 @@ class Reversed(nn.Module):
         return self.layers[0](torch.tanh(self.layers[1](torch.tanh(self.layers[2](h)))))
 
 
-def order_worker(rank, world_size):
+def _order_run(rank, world_size):
     from communication.buckets import BucketedReducer
 
     torch.manual_seed(0)
@@ -231,7 +234,7 @@ def order_worker(rank, world_size):
 
 
 def test_buckets_start_in_bucket_order_on_every_rank_whatever_order_they_fill_in():
-    outputs = launch_once(order_worker, 2, timeout=90)
+    outputs = {rank: out["order"] for rank, out in overlap_runs().items()}
     for rank, out in outputs.items():
         assert out["launched"] == list(range(out["n_buckets"])), (
             f"rank {rank} started the buckets' all-reduces in the order {out['launched']}: ranks match all-reduces by "

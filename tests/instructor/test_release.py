@@ -98,6 +98,12 @@ def test_release_of_this_repository_parses_has_only_stubs_and_keeps_instructor_f
     # The stubbed packages still import.
     code = "import data_parallel, data_parallel.training, course.launch"
     subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
+    # The grader ships whole: its --help runs from the release alone (-S: no installed copy of the course
+    # can fill in a module the release lacks) and says what it does there.
+    done = subprocess.run([sys.executable, "-S", "instructor/grade.py", "--help"], cwd=release, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "block policy" in done.stdout and "in a student's copy, the student's own code" in " ".join(done.stdout.split())
 
 
 def test_notebook_cells_that_need_an_assignment_get_its_guard_in_the_release():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.support.launching import launch_once
-from tests.support.memory import fsdp_accumulation_worker, fsdp_worker, reference_named_run
+from tests.support.memory import fsdp_worker, reference_named_run
 
 pytestmark = pytest.mark.a5_5_3
 
@@ -64,7 +64,7 @@ def test_zero3_equals_data_parallel_adam_and_frees_full_parameters(world_size):
 def test_two_accumulated_micro_steps_equal_one_step_on_the_joined_batch():
     """The slices' gradients add up over micro-steps (a reduction that overwrites ``shard.grad`` keeps only
     the last micro-step's half)."""
-    outputs = launch_once(fsdp_accumulation_worker, 2, timeout=150)
+    outputs = {rank: out["accumulation"] for rank, out in run(2, True).items()}  # the 2-rank launch
     grads, params = reference_named_run(2, 1)[0]
     for rank, out in outputs.items():
         for name in grads:

@@ -128,7 +128,8 @@ def zero_worker(rank, world_size, stage, steps):
 def fsdp_worker(rank, world_size, steps, with_fsdp2):
     """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
     (gathered), the full-parameter bytes held after the step and the most held at once during it, the
-    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it."""
+    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it, and
+    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch."""
     from memory.fsdp import FullyShardedModel
 
     model = make_model()
@@ -172,6 +173,8 @@ def fsdp_worker(rank, world_size, steps, with_fsdp2):
             twin_opt.step()
             rec["fsdp2_params"] = {n: p.full_tensor().detach().clone() for n, p in twin.named_parameters()}
         out["steps"].append(rec)
+    if with_fsdp2:
+        out["accumulation"] = fsdp_accumulation_worker(rank, world_size)
     return out
 
 
