@@ -1,5 +1,6 @@
 """Repository-wide pytest set-up: markers from the one table of keys, longer time limits for notebooks,
-a fast path for selecting assignments (``pytest -k a5_1_1``), and a failed rank's error shown first."""
+a fast path for selecting assignments (``pytest -k a5_1_1``), a failed rank's error shown first, and ranks
+reused between tests (:mod:`course.launch_pool`; a test marked ``fresh_processes`` gets processes of its own)."""
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +23,36 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     for line in marker_lines():
         config.addinivalue_line("markers", line)
+    # The GPU tier (tests/gpu: NCCL on CUDA GPUs against gloo) runs with `pytest -m gpu` only (tests/gpu/conftest.py).
+    config.addinivalue_line("markers", "gpu: the GPU tier, NCCL on CUDA GPUs (run with pytest -m gpu)")
+    # Every process the tests start — launcher workers, run scripts, notebook kernels — takes --device auto
+    # as the CPU (course/launch.py, resolve_device_backend): the suite runs the same on a GPU machine.
+    import os
+
+    os.environ["LLMSYS_DEVICE"] = "cpu"
+    config.addinivalue_line("markers", "fresh_processes: the test's runs start processes of their own (launcher "
+                                       "tests: kills, hangs, restarts, process counts) instead of reusing pooled ranks")
+    from course import launch_pool
+
+    launch_pool.enable()
+
+
+def pytest_unconfigure(config):
+    from course import launch_pool
+
+    launch_pool.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _pooled_or_fresh_processes(request):
+    """Runs of a test marked ``fresh_processes`` start their own processes; others reuse pooled ranks."""
+    from course import launch_pool
+
+    if request.node.get_closest_marker("fresh_processes") is None:
+        yield
+        return
+    with launch_pool.disabled():
+        yield
 
 
 def selected_keys(config) -> set[str] | None:

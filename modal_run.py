@@ -1,11 +1,16 @@
 """Run the course scripts on cloud GPUs with Modal (modal.com).
 
     modal run modal_run.py --world-size 2 --n-epochs 5                 # data parallel on 2 GPUs
+    modal run modal_run.py --world-size 4 --zero 3 --precision bf16 --activation-checkpointing
+    modal run modal_run.py --world-size 4 --bucket-mb 25 --overlap     # or --compression topk|powersgd
     modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --n-chunk 8
     modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
-    modal run modal_run.py --grade                                     # the graded tests, on GPUs
+    modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2
+    modal run modal_run.py --mode benchmark --world-size 8             # also schedule_benchmark, factorisation_benchmark
+    modal run modal_run.py --gpu-tests --world-size 8                  # the GPU test tier (NCCL vs gloo), its summary
+    modal run modal_run.py --grade                                     # the graded tests (pinned to the CPU)
 
-One container gets ``--world-size`` GPUs of type ``--gpu`` (default L4); the script runs
+One container gets ``--world-size`` GPUs of type ``--gpu`` (default L4); the script or benchmark runs
 there with NCCL, one process per GPU (``--launcher spawn``, the script's own launcher, or
 ``--launcher torchrun``, ``torchrun --standalone``). Results land on the Modal volume
 ``llmsys-parallel-course`` under ``runs/<run name>/``, come back to
@@ -29,14 +34,15 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (DEFAULT_GPU, GRADE_JSON, make_request, options_from_argv,  # noqa: E402
-                                   print_grade, remote_run, run_name, save_files, summarize)
+from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, make_request,  # noqa: E402
+                                   options_from_argv, print_grade, remote_run, run_name, save_files, summarize,
+                                   summarize_gpu_tier)
 
 APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
 VOLUME_PATH = "/vol"
 TIMEOUT = 4 * 60 * 60  # seconds one remote run may take
-PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "project",
+PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe", "project",
             "instructor")
 
 
@@ -70,18 +76,25 @@ def train(request: dict, name: str) -> dict:
 def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
          batch_size: Optional[int] = None, preset: Optional[str] = None, n_chunk: Optional[int] = None,
          tp_size: Optional[int] = None, model_parallel_mode: Optional[str] = None,
+         dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None, schedule: Optional[str] = None,
+         zero: Optional[int] = None, precision: Optional[str] = None, activation_checkpointing: bool = False,
+         bucket_mb: Optional[float] = None, overlap: bool = False, compression: Optional[str] = None,
          max_batches: Optional[int] = None, dataset: Optional[str] = None, launcher: str = "spawn",
-         extra: str = "", grade: bool = False, results_dir: str = "workdir/modal"):
-    """Train with --mode data|pipeline|tensor on --world-size GPUs of type --gpu (or --grade)."""
+         extra: str = "", grade: bool = False, gpu_tests: bool = False, results_dir: str = "workdir/modal"):
+    """Run --mode data|pipeline|tensor|3d|benchmark|schedule_benchmark|factorisation_benchmark on
+    --world-size GPUs of type --gpu (or --grade, or --gpu-tests)."""
     try:
         request = make_request(mode=mode, world_size=world_size, gpu=gpu, launcher=launcher, extra=extra,
-                               grade=grade, n_epochs=n_epochs, batch_size=batch_size, preset=preset,
-                               n_chunk=n_chunk, tp_size=tp_size, model_parallel_mode=model_parallel_mode,
-                               max_batches=max_batches, dataset=dataset)
+                               grade=grade, gpu_tests=gpu_tests, n_epochs=n_epochs, batch_size=batch_size,
+                               preset=preset, n_chunk=n_chunk, tp_size=tp_size, model_parallel_mode=model_parallel_mode,
+                               dp=dp, pp=pp, tp=tp, schedule=schedule, zero=zero, precision=precision,
+                               activation_checkpointing=activation_checkpointing, bucket_mb=bucket_mb, overlap=overlap,
+                               compression=compression, max_batches=max_batches, dataset=dataset)
     except ValueError as exc:
         raise SystemExit(f"modal_run.py: {exc}")
     name = run_name(request)
-    print(f"{name}: {'graded tests' if grade else mode} on {request.gpu_spec} (launcher {request.launcher})")
+    what = "graded tests" if grade else "GPU test tier" if gpu_tests else mode
+    print(f"{name}: {what} on {request.gpu_spec} (launcher {request.launcher})")
     remote = train.with_options(gpu=request.gpu_spec, cpu=float(max(4, 2 * request.world_size)),
                                 memory=max(16384, 6144 * request.world_size))
     result = remote.remote(asdict(request), name)
@@ -91,7 +104,9 @@ def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epoc
           f"runs/{name}), copied to {folder}")
     if grade and GRADE_JSON in result["files"]:
         print_grade(result["files"][GRADE_JSON])
-    elif grade:
+    elif gpu_tests and GPU_TIER_XML in result["files"]:
+        print(summarize_gpu_tier(result["files"][GPU_TIER_XML]))
+    elif grade or gpu_tests or request.mode in BENCHMARKS:
         print("\n".join(result["log_tail"]))
     else:
         print(summarize(result["files"]))

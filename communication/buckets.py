@@ -33,10 +33,10 @@ keep such parameters out of the model, or accept the lost overlap.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
+
+from course.measure import stamp
 
 MB = 1024 * 1024
 
@@ -90,8 +90,9 @@ class BucketedReducer:
         bucket_mb: bucket capacity in MB (2**20 bytes; DDP's ``bucket_cap_mb``, default 25).
         overlap: True: start a bucket's all-reduce as soon as it is full (during the backward
             pass); False: start every bucket in :meth:`finish` (after it).
-        record: keep ``self.events``, ``(time.perf_counter(), "grad"|"launch"|"wait", bucket)``
-            for timelines.
+        record: keep ``self.events``, ``(stamp, "grad"|"launch"|"wait", bucket)`` for timelines
+            (``course.measure.stamp``: taken without waiting for the GPU; ``course.measure.seconds(stamp)``
+            gives its wall-clock time once the step has run).
 
     Attributes:
         buckets: lists of parameter indices (into ``self.params``), in launch order.
@@ -149,7 +150,7 @@ class BucketedReducer:
 
     def _launch(self, b: int) -> None:
         if self.record:
-            self.events.append((time.perf_counter(), "launch", b))
+            self.events.append((stamp(self.buffers[b].device), "launch", b))
         self.works[b] = dist.all_reduce(self.buffers[b], op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def before_backward(self) -> None:
@@ -160,7 +161,7 @@ class BucketedReducer:
     def grad_ready(self, i: int, grad: torch.Tensor) -> None:
         """Parameter ``self.params[i]`` has its gradient ``grad`` (called from its hook)."""
         if self.record:
-            self.events.append((time.perf_counter(), "grad", self.bucket_of[i]))
+            self.events.append((stamp(grad.device), "grad", self.bucket_of[i]))
         # BEGIN ASSIGN5_4_2
         b = self.bucket_of[i]
         self._slot(i).copy_(grad.reshape(-1))
@@ -189,7 +190,7 @@ class BucketedReducer:
         for b, work in enumerate(self.works):
             work.wait()
             if self.record:
-                self.events.append((time.perf_counter(), "wait", b))
+                self.events.append((stamp(self.buffers[b].device), "wait", b))
         for i, p in enumerate(self.params):
             if float(self.buffers[self.bucket_of[i]][self._flag_index(i)]) == 0:
                 continue                                   # no rank used it

@@ -130,8 +130,10 @@ class PowerSGDReducer:
         self.error, self.q = {}, {}
         for i, p in enumerate(self.params):
             if p.dim() >= 2 and min(p.shape[0], p[0].numel()) > rank:
-                self.error[i] = torch.zeros(p.shape[0], p[0].numel(), dtype=p.dtype)
-                self.q[i] = torch.randn(p[0].numel(), rank, generator=g, dtype=p.dtype)
+                # On the parameter's device (NCCL all-reduces P and Q); Q drawn on the host from the seeded
+                # generator, so every rank and every device starts from the same numbers.
+                self.error[i] = torch.zeros(p.shape[0], p[0].numel(), dtype=p.dtype, device=p.device)
+                self.q[i] = torch.randn(p[0].numel(), rank, generator=g, dtype=p.dtype, device="cpu").to(p.device)
         self.bytes_sent = self.dense_bytes = 0
 
     def before_backward(self) -> None:
@@ -174,7 +176,7 @@ def build_grad_sync(args, model: torch.nn.Module, group):
     """
     from communication.buckets import BucketedReducer
 
-    compression = getattr(args, "compression", "none")
+    compression = args.compression
     if compression == "topk":
         return TopKReducer(model, group=group, ratio=args.topk_ratio)
     if compression == "powersgd":

@@ -9,10 +9,11 @@
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
+
+from course.measure import now, seconds, stamp
 
 ALGORITHMS = ("dist.all_reduce", "ring", "tree")
 
@@ -21,19 +22,23 @@ def ring_trace_worker(rank: int, world_size: int, numel: int = 10) -> dict:
     """Ring all-reduce of ``[rank * 100 + i]`` (``numel`` int64 entries); the messages this rank sent and the result."""
     from communication.ring import ring_all_reduce
 
+    from course.launch import context
+
     trace: list = []
-    t = torch.arange(numel, dtype=torch.int64) + 100 * rank
+    t = torch.arange(numel, dtype=torch.int64, device=context().device) + 100 * rank
     ring_all_reduce(t, group=None, trace=trace)
     return {"trace": trace, "result": t.tolist(), "chunks": [len(c) for c in torch.tensor_split(t, world_size)]}
 
 
 def _timed(fn, tensor, inner: int, group) -> float:
-    """Seconds per call of ``fn(tensor)``, over ``inner`` calls, the slowest rank's time."""
+    """Seconds per call of ``fn(tensor)``, over ``inner`` calls, the slowest rank's time (the clock read
+    after the device's queued work, :func:`course.measure.now`: on a GPU, the calls to their completion)."""
     dist.barrier(group=group)
-    t0 = time.perf_counter()
+    t0 = now(tensor.device)
     for _ in range(inner):
         fn(tensor)
-    elapsed = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64)
+    # a timing: a host tensor, reduced over the group's gloo back-end
+    elapsed = torch.tensor([(now(tensor.device) - t0) / inner], dtype=torch.float64, device="cpu")
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return float(elapsed)
 
@@ -46,16 +51,18 @@ def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], r
     ``{algorithm: {size: [seconds per call, one per repeat]}}`` (the slowest rank's time).
     """
     from communication.ring import ring_all_reduce, tree_all_reduce
+    from course.launch import context
     from course.task import worker_env_quiet
 
     worker_env_quiet()
+    device = context().device  # NCCL on GPUs: the message lives on the GPU
     group = None  # the benchmark's ranks form one group
     fns = {"dist.all_reduce": lambda t: dist.all_reduce(t, group=group),
            "ring": lambda t: ring_all_reduce(t, group=group),
            "tree": lambda t: tree_all_reduce(t, group=group)}
     out: dict = {a: {} for a in ALGORITHMS}
     for size in sizes_bytes:
-        tensor = torch.ones(max(1, size // 4), dtype=torch.float32)
+        tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         inner = max(1, min(64, (1 << 20) // max(size, 1)))
         for name in ALGORITHMS:
             for _ in range(warmup):
@@ -66,9 +73,9 @@ def allreduce_bench_worker(rank: int, world_size: int, sizes_bytes: list[int], r
     return out
 
 
-def _synthetic_batch(seed: int, batch: int, seq: int, vocab_size: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab_size, (batch, seq), generator=g)
+def _synthetic_batch(seed: int, batch: int, seq: int, vocab_size: int, device="cpu") -> dict:
+    g = torch.Generator().manual_seed(seed)  # drawn on the host: the same tokens on every device
+    ids = torch.randint(0, vocab_size, (batch, seq), generator=g, device="cpu").to(device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
@@ -87,15 +94,17 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
     from communication.buckets import BucketedReducer
     from course.loss import model_loss
+    from course.launch import context
     from course.model import build_gpt2, parameter_fingerprint
     from course.task import worker_env_quiet
     from data_parallel import average_gradients
 
     worker_env_quiet()
+    device = context().device
     group = None
     variants = {}
     for name in ("average_gradients", "bucketed", "ddp"):
-        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
+        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         if name == "ddp":
             forward = DistributedDataParallel(model, bucket_cap_mb=cfg["bucket_mb"], process_group=group)
@@ -119,7 +128,7 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
         opt.step()
 
     tokens = cfg["per_rank_batch"] * cfg["seq"] * world_size
-    batches = [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"])
+    batches = [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
                for i in range(cfg["steps"])]
     for name in variants:
         for i in range(cfg["warmup"]):
@@ -128,10 +137,10 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
     for _ in range(cfg["repeats"]):
         for name in variants:
             dist.barrier(group=group)
-            t0 = time.perf_counter()
+            t0 = now(device)
             for batch in batches:
                 step(name, batch)
-            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            elapsed = torch.tensor([now(device) - t0], dtype=torch.float64, device="cpu")  # a timing: host, gloo
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
             out[name].append(tokens * len(batches) / float(elapsed))
     return {"tokens_per_sec": out, "param_sha": {n: parameter_fingerprint(v[0]) for n, v in variants.items()},
@@ -147,13 +156,15 @@ def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
     "n_buckets": int}``.
     """
     from communication.buckets import BucketedReducer
+    from course.launch import context
     from course.loss import model_loss
     from course.model import build_gpt2
     from course.task import worker_env_quiet
 
     worker_env_quiet()
-    model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
-    batch = _synthetic_batch(rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"])
+    device = context().device
+    model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
+    batch = _synthetic_batch(rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
     out = {}
     for label, overlap in (("overlap", True), ("after backward", False)):
         reducer = BucketedReducer(model, group=None, bucket_mb=cfg["bucket_mb"], overlap=overlap, record=True)
@@ -163,13 +174,14 @@ def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
             reducer.before_backward()
             loss = model_loss(model, batch)
             dist.barrier(group=None)
-            t0 = time.perf_counter()
+            t0 = stamp(device)  # course.measure.stamp: no waiting, so the all-reduces keep overlapping
             loss.backward()
-            t1 = time.perf_counter()
+            t1 = stamp(device)
             reducer.finish()
-            t2 = time.perf_counter()
+            t2 = stamp(device)
         reducer.remove()
-        ms = lambda t: 1000 * (t - t0)  # noqa: E731
+        t0 = seconds(t0)
+        ms = lambda t: 1000 * (seconds(t) - t0)  # noqa: E731
         out[label] = {"backward": (0.0, ms(t1)), "finish_end": ms(t2),
                       "grads": [(ms(t), b) for t, kind, b in reducer.events if kind == "grad"],
                       "launches": {b: ms(t) for t, kind, b in reducer.events if kind == "launch"},
@@ -194,16 +206,19 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     from communication.compression import PowerSGDReducer, TopKReducer
+    from course.epoch_runner import to_device
+    from course.launch import context
     from course.loss import model_loss
     from course.model import build_gpt2
     from course.task import worker_env_quiet
     from data_parallel import average_gradients
 
     worker_env_quiet()
+    device = context().device
     group = None
     out = {}
     for variant in ("none", "topk", "powersgd", "torch_powersgd"):
-        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
+        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.get("learning_rate", 1e-3))
         forward, sync = model, None
         if variant == "topk":
@@ -223,7 +238,7 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
         losses, sent = [], []
         for batch in cfg["batches"]:
             per = batch["input_ids"].shape[0] // world_size
-            mine = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
+            mine = to_device({k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}, device)
             opt.zero_grad(set_to_none=True)
             loss = model_loss(forward, mine)
             loss.backward()

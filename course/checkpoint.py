@@ -134,6 +134,33 @@ def load_checkpoint(path: Path, state: dict, *, group=None) -> dict:
     return state
 
 
+def save_final_weights(state: dict, path: Path, *, rank: int = 0, group=None) -> Path:
+    """Write ``state`` (e.g. a model's ``state_dict()``, full weights on every rank) as one ``torch.save``
+    file at ``path``, made from a ``torch.distributed.checkpoint`` folder — the course's one checkpoint
+    format: DCP writes the state (each tensor once), then rank 0 converts the folder with
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` and renames the file into place.
+    Collective over ``group``. Returns ``path``."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(path)
+    folder = path.with_name(f"{path.name}.dcp.tmp")
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    _barrier(group)
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(folder), process_group=group if dist.is_initialized() else None)
+    _barrier(group)
+    if rank == 0:
+        tmp = path.with_name(f"{path.name}.tmp")
+        dcp_to_torch_save(str(folder), str(tmp))
+        os.replace(tmp, path)
+        shutil.rmtree(folder, ignore_errors=True)
+    _barrier(group)
+    return path
+
+
 def estimate_bytes(n_parameters: int, bytes_per_parameter: int = 4 + 8) -> int:
     """Bytes of one checkpoint of a model trained with Adam in fp32: weights (4) + two moments (8)."""
     return n_parameters * bytes_per_parameter

@@ -1,7 +1,7 @@
 """Counted communication: collectives and point-to-point transfers that name their group.
 
 The parts call :func:`all_reduce`, :func:`all_gather`, :func:`reduce_scatter`,
-:func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
+:func:`all_to_all_single`, :func:`isend` and :func:`recv` from here instead of ``torch.distributed`` directly, for
 two reasons:
 
 * **every call takes its process group** (``group``; ``None`` means the whole world, which
@@ -16,6 +16,8 @@ two reasons:
 
   * all-reduce of N bytes: ``2 (p-1)/p N`` (a reduce-scatter followed by an all-gather),
   * all-gather to N bytes, reduce-scatter from N bytes: ``(p-1)/p N`` each,
+  * all-to-all of N bytes (this rank's input): the bytes of the chunks that go to the other
+    ranks, ``(p-1)/p N`` when the splits are equal (a chunk to itself is not sent),
   * send of N bytes: N (a receive sends nothing).
 
   This is why sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) costs the same
@@ -28,9 +30,11 @@ in: forward scopes are set with :func:`region`, backward scopes by :func:`mark_b
 markers placed in the forward pass (autograd runs them when the backward pass reaches
 that point).
 
-Each record also carries the ``start`` and ``end`` of the call (``time.time()``, seconds, the
-clock of ``pipeline.StageRunner``'s timelines), so a run can draw its communication next to its
-computation. The operations of an :func:`exchange` span the whole batch, waiting included; a
+Each record also carries the ``start`` and ``end`` of the call (:func:`course.measure.now`: the wall
+clock, seconds, read after the device's queued work has run — on a GPU a span is the communication to
+its completion, not the time to queue it; the clock of ``pipeline.StageRunner``'s timelines), so a run
+can draw its communication next to its computation. A ``CommCounter(timed=False)`` counts without
+reading the clock (and without synchronising the GPU). The operations of an :func:`exchange` span the whole batch, waiting included; a
 plain :func:`isend`'s span is its posting only.
 
 Point-to-point follows NCCL's rules (docs/architecture.md, "Point-to-point under NCCL's rules"):
@@ -42,12 +46,13 @@ Without a process group (one process) the collectives are identities and nothing
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from course.measure import now
 
 _ACTIVE: list["CommCounter"] = []
 _SCOPE: list[tuple[str | None, str | None]] = [(None, None)]  # (scope, phase) now
@@ -105,15 +110,15 @@ def global_rank(group, group_rank_: int) -> int:
 class CommRecord:
     """One communication call as seen by one rank (bytes in bytes, not elements)."""
 
-    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "send" or "recv"
-    bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter input / sent)
+    kind: str             # "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send" or "recv"
+    bytes: int            # size of the full tensor (all-reduced / gathered output / reduce-scatter or all-to-all input / sent)
     traffic_bytes: float  # bytes this rank sends (ring algorithm for collectives)
     scope: str | None
     phase: str | None
     shape: tuple
     group: str = "world"  # name of the group it ran in (see group_name)
     peer: int | None = None  # send/recv: the other rank (global rank)
-    start: float | None = None  # time.time() (seconds) when the call began (see _record) ...
+    start: float | None = None  # course.measure.now() (seconds) when the call began (see _record) ...
     end: float | None = None    # ... and returned (an isend returns once posted: it finishes later)
 
 
@@ -125,8 +130,9 @@ class CommCounter:
     ``reset()`` forgets them.
     """
 
-    def __init__(self):
+    def __init__(self, timed: bool = True):
         self.records: list[CommRecord] = []
+        self.timed = timed  # read the clock (course.measure.now: synchronises a GPU) at each call's start and end
 
     def __enter__(self) -> "CommCounter":
         _ACTIVE.append(self)
@@ -161,14 +167,22 @@ class CommCounter:
         return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
 
 
-def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None) -> None:
+def _clock(x: torch.Tensor) -> float | None:
+    """The start or end of a counted call: :func:`course.measure.now` on ``x``'s device while a timed
+    :class:`CommCounter` is active (None otherwise: no clock read, no synchronisation)."""
+    return now(x.device) if any(c.timed for c in _ACTIVE) else None
+
+
+def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None,
+            traffic: float | None = None) -> None:
     if not _ACTIVE:
         return
-    end = time.time()
+    end = _clock(full)
     nbytes = full.numel() * full.element_size()
     p = group_size(group)
     share = (p - 1) / p
-    traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
+    if traffic is None:
+        traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
     scope, phase = _SCOPE[-1]
     rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer,
                      end if start is None else start, end)
@@ -221,7 +235,7 @@ def all_reduce(x: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.Tenso
     if group_size(group) == 1:
         return x
     out = x.contiguous().clone()
-    start = time.time()
+    start = _clock(out)
     dist.all_reduce(out, op=op, group=group)
     _record("all_reduce", out, group, start=start)
     return out
@@ -239,7 +253,7 @@ def all_gather(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(p)]
-    start = time.time()
+    start = _clock(x)
     dist.all_gather(parts, x, group=group)
     out = torch.cat(parts, dim=dim)
     _record("all_gather", out, group, start=start)
@@ -257,11 +271,47 @@ def reduce_scatter(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
         return x
     if x.size(dim) % p:
         raise ValueError(f"reduce_scatter: size {x.size(dim)} of dim {dim} is not divisible by the group size {p}")
-    start = time.time()
+    start = _clock(x)
     chunks = [c.contiguous() for c in x.chunk(p, dim=dim)]
     out = torch.empty_like(chunks[0])
     dist.reduce_scatter(out, chunks, op=dist.ReduceOp.SUM, group=group)
     _record("reduce_scatter", x, group, start=start)
+    return out
+
+
+def all_to_all_single(x: torch.Tensor, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group=None) -> torch.Tensor:
+    """All-to-all along dim 0: chunk j of ``x`` (``input_split_sizes[j]`` rows; equal chunks if None) goes
+    to group rank j, and the result holds, in group-rank order, the chunk every rank sent here
+    (``output_split_sizes[i]`` rows from group rank i). A new tensor; ``x`` unchanged.
+
+    The split sizes are Python ints that every pair of ranks must agree on (what i sends to j is
+    what j expects from i): exchange them first when they are known only at run time. Under NCCL
+    ``x`` must be on this rank's GPU. Recorded as ``all_to_all`` with the bytes of ``x`` and, as
+    traffic, the bytes of the chunks sent to the other ranks.
+
+    Raises:
+        ValueError: a split list whose length is not the group size, or whose sum is not ``x``'s rows.
+    """
+    p = group_size(group)
+    rows = x.shape[0]
+    for name, splits in (("input_split_sizes", input_split_sizes), ("output_split_sizes", output_split_sizes)):
+        if splits is not None and len(splits) != p:
+            raise ValueError(f"all_to_all_single: {name} has {len(splits)} entries for a group of {p} ranks")
+    if input_split_sizes is not None and sum(input_split_sizes) != rows:
+        raise ValueError(f"all_to_all_single: input_split_sizes {input_split_sizes} sum to {sum(input_split_sizes)}, "
+                         f"but the input has {rows} rows")
+    if p == 1:
+        return x.clone()
+    x = x.contiguous()
+    out_rows = sum(output_split_sizes) if output_split_sizes is not None else rows
+    out = x.new_empty((out_rows, *x.shape[1:]))
+    start = _clock(x)
+    dist.all_to_all_single(out, x, output_split_sizes, input_split_sizes, group=group)
+    mine = group_rank(group)
+    row_bytes = x[0].numel() * x.element_size() if rows else 0
+    own = (input_split_sizes[mine] if input_split_sizes is not None else rows // p) * row_bytes
+    _record("all_to_all", x, group, start=start, traffic=float(x.numel() * x.element_size() - own))
     return out
 
 
@@ -271,7 +321,7 @@ def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True):
     Safe under NCCL only when the peer's matching receive cannot be stuck behind a send of its own
     to this rank: an exchange between two ranks goes through :func:`send_recv` or :func:`exchange`.
     Messages between two ranks are matched by order (NCCL has no tags)."""
-    start = time.time()
+    start = _clock(tensor)
     work = dist.isend(tensor, dst, group=group)
     if counted:
         _record("send", tensor, group, dst, start=start)
@@ -281,7 +331,7 @@ def isend(tensor: torch.Tensor, dst: int, group=None, counted: bool = True):
 def recv(tensor: torch.Tensor, src: int, group=None, counted: bool = True) -> torch.Tensor:
     """Receive into ``tensor`` from global rank ``src`` (a member of ``group``), blocking; returns ``tensor``.
     It meets the next message ``src`` sends to this rank in ``group`` (matched by order)."""
-    start = time.time()
+    start = _clock(tensor)
     dist.recv(tensor, src, group=group)
     if counted:
         _record("recv", tensor, group, src, start=start)
@@ -317,7 +367,7 @@ def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
         if op.kind not in ("send", "recv"):
             raise ValueError(f"a P2P kind is 'send' or 'recv', not {op.kind!r}")
         p2p.append(dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer, group))
-    start = time.time()
+    start = _clock(ops[0].tensor)
     for work in dist.batch_isend_irecv(p2p):
         work.wait()
     if counted:

@@ -18,7 +18,6 @@ communicate — lives in the part's ``training.py`` as a :class:`TrainingMode` s
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -30,6 +29,7 @@ from torch.utils.data import DataLoader, Subset
 from course.collectives import group_rank, group_size
 from course.decoding import corpus_bleu, translate
 from course.loss import count_target_tokens, lm_loss, model_loss
+from course.measure import MemoryMeter, now, timer_name
 from course.results import write_json, write_results
 
 
@@ -81,10 +81,12 @@ def _progress(batches, total, desc, show):
 
 def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps: int, *, desc: str = "train",
                 show_progress: bool = True, done: dict | None = None, before_first: Callable | None = None,
-                after_step: Callable[[int, dict], None] | None = None) -> dict:
+                after_step: Callable[[int, dict], None] | None = None, device=None) -> dict:
     """Run ``step(batch)`` on the first ``n_steps`` batches of ``batches``.
 
     Args:
+        device: the device the steps run on: its clock is read after its queued work has run
+            (:func:`course.measure.now`), so ``time`` is the steps' own on a GPU too.
         done: resuming: ``{"steps", "losses", "tokens", "time"}`` of this epoch's steps already
             taken; their batches are skipped (the iterator is advanced past them).
         before_first: called once, after the skip, before the first step is run (where a resumed
@@ -102,7 +104,7 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
     bar = _progress(batches, n_steps, desc, show_progress)
     if skip and show_progress:
         bar.update(skip)
-    start, paused = time.perf_counter(), 0.0  # paused: seconds spent in after_step (checkpoints), not training
+    start, paused = now(device), 0.0  # paused: seconds spent in after_step (checkpoints), not training
     for n, batch in zip(range(n_steps), bar):
         if n < skip:
             continue
@@ -111,17 +113,17 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
         outcome = step(batch)
         losses.append(outcome.loss)
         tokens += outcome.tokens
-        elapsed = earlier + time.perf_counter() - start - paused
+        elapsed = earlier + now(device) - start - paused
         if show_progress:
             shown = {} if outcome.loss is None else {"loss": f"{outcome.loss:.3f}"}
             bar.set_postfix(**shown, tok_s=f"{tokens / elapsed:.0f}")
         if after_step is not None:
-            began = time.perf_counter()
+            began = now(device)
             after_step(n + 1, {"steps": n + 1, "losses": losses, "tokens": tokens, "time": elapsed})
-            paused += time.perf_counter() - began
+            paused += now(device) - began
     if show_progress and hasattr(bar, "close"):
         bar.close()
-    elapsed = earlier + time.perf_counter() - start - paused
+    elapsed = earlier + now(device) - start - paused
     seen = [x for x in losses if x is not None]
     return {"loss": sum(seen) / max(1, len(seen)), "losses": losses, "tokens": tokens,
             "steps": len(losses), "time": elapsed}
@@ -130,7 +132,9 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
 def _reduce(values: list[float], group, op) -> list[float]:
     if group is None or not dist.is_initialized() or group_size(group) == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64)
+    # Sums and maxima of a few floats the host already holds: a host tensor, reduced over the group's gloo
+    # back-end (docs/architecture.md, "Devices and back-ends"), with no copy to a GPU and back.
+    t = torch.tensor(values, dtype=torch.float64, device="cpu")
     dist.all_reduce(t, op=op, group=group)
     return t.tolist()
 
@@ -181,7 +185,7 @@ class TrainingMode:
     """One kind of training run, as the epoch runner sees it. Subclasses live in the parts.
 
     Args:
-        args: the run script's options (:func:`course.cli.add_common_args` and its own).
+        args: the run's configuration (a :class:`course.config.RunConfig`).
         data: :class:`course.task.Data`.
         device: this rank's device.
         rank: this process's global rank (0 in a single process): it names the results file.
@@ -200,7 +204,7 @@ class TrainingMode:
                  show_progress: bool = True):
         self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
         self.world_group, self.throughput_group = world_group, throughput_group
-        self.show_progress = show_progress and not getattr(args, "quiet", False)
+        self.show_progress = show_progress and not args.quiet
 
     def epoch_batches(self, epoch: int) -> tuple[Iterable, int]:
         """The epoch's batches and how many steps to run."""
@@ -275,7 +279,7 @@ class _Checkpoints:
         from course.checkpoint import checkpoint_root
 
         self.mode = mode
-        self.every = getattr(mode.args, "checkpoint_every", None)
+        self.every = mode.args.checkpoint_every
         self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
         self.save_seconds: list[float] = []  # each checkpoint written by this run (not counted as training)
         self.load_seconds: float | None = None
@@ -293,10 +297,10 @@ class _Checkpoints:
         from course.checkpoint import save_checkpoint
 
         if self.every and global_step % self.every == 0:
-            began = time.perf_counter()
+            began = now(self.mode.device)
             save_checkpoint(self.root, global_step, self._state(epoch, global_step, stats), rank=self.mode.rank,
                             group=self.mode.world_group)
-            self.save_seconds.append(time.perf_counter() - began)
+            self.save_seconds.append(now(self.mode.device) - began)
 
     def extra(self) -> dict:
         """What the results file records about checkpoints (seconds to write and to load one)."""
@@ -312,14 +316,14 @@ class _Checkpoints:
         checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start."""
         from course.checkpoint import load_checkpoint, resolve_resume, set_rng_state
 
-        path = resolve_resume(getattr(self.mode.args, "resume", None), self.root)
+        path = resolve_resume(self.mode.args.resume, self.root)
         if path is None:
             return 0, 0, None, None
         rank = self.mode.rank
         empty = {"steps": 0, "losses": [], "tokens": 0, "time": 0.0}
-        began = time.perf_counter()
+        began = now(self.mode.device)
         state = load_checkpoint(path, self._state(0, 0, empty), group=self.mode.world_group)
-        self.load_seconds = time.perf_counter() - began
+        self.load_seconds = now(self.mode.device) - began
         self.mode.load_checkpoint_state(state)
         progress, rng = state["progress"], state[f"rng_rank{rank}"]
         if rank == 0:
@@ -350,18 +354,18 @@ def run_epochs(mode: TrainingMode) -> list[str]:
     for epoch in range(first_epoch, args.n_epochs):
         batches, n_steps = mode.epoch_batches(epoch)
         mode.train_mode()
-        with mode.training(epoch):
+        with mode.training(epoch), MemoryMeter(mode.device) as memory:
             stats = train_epoch(mode.train_step, batches, n_steps, desc=mode.progress_desc(epoch),
                                 show_progress=mode.show_progress, done=done, before_first=restore_rng,
                                 after_step=lambda n, so_far, e=epoch, base=steps_before:
-                                checkpoints.maybe_save(e, base + n, so_far))
+                                checkpoints.maybe_save(e, base + n, so_far), device=mode.device)
         done = restore_rng = None
         steps_before += n_steps
         losses = mode.batch_losses(stats["losses"])
         ev = mode.evaluation()
         loader = validation_loader(data.validation, ev.group, collate=data.collate)
         validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
-                                        max_batches=getattr(args, "max_val_batches", None))
+                                        max_batches=args.max_val_batches)
         bleu, translations = float("nan"), []
         if args.n_bleu:
             sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device, ev.group,
@@ -380,6 +384,8 @@ def run_epochs(mode: TrainingMode) -> list[str]:
             "train_losses": losses,
             "steps": stats["steps"],
             "tokens": stats["tokens"],
+            "timer": timer_name(mode.device),  # how training_time was read (course.measure)
+            "peak_memory_bytes": memory.peak_bytes, "memory": memory.measure,
             **mode.epoch_extra(epoch, stats),
             **checkpoints.extra(),
             "config": mode.config(),

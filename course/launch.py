@@ -4,12 +4,18 @@
 ``world_size`` processes that form one ``torch.distributed`` process group:
 
 * **spawn mode** (the default): it starts the processes itself on 127.0.0.1 with a
-  free port; gloo and one CPU thread-share each on CPU, NCCL and one GPU each
-  (``cuda:rank``) on GPUs.
+  free port; gloo and one CPU thread-share each on CPU, one GPU each (``cuda:rank``) on GPUs.
 * **torchrun mode**: when ``RANK`` and ``WORLD_SIZE`` are already in the
   environment (``torchrun``, ``srun``), it joins that group (``env://``, which reads
-  ``MASTER_ADDR``/``MASTER_PORT``) and runs the worker in this process only. This is
-  the multi-node path.
+  ``MASTER_ADDR``/``MASTER_PORT``) and runs the worker in this process only, on GPU
+  ``cuda:LOCAL_RANK``. This is the multi-node path.
+
+**One place decides the device and the back-end** (:func:`resolve_device_backend`; docs/architecture.md,
+"Devices and back-ends"). On CPU the group is gloo. On GPUs it is ``"cpu:gloo,cuda:nccl"``, formed
+eagerly with ``device_id=cuda:LOCAL_RANK``: CUDA tensors travel over NCCL, small host tensors
+(counts, flags, pickled objects) over gloo, and PyTorch runs each group's point-to-point traffic on
+that group's own communicator. ``LLMSYS_DEVICE`` (e.g. ``cpu``, set by the test suite's
+``conftest.py``) decides what ``--device auto`` means.
 
 Every wait is bounded: the process group has a collective timeout, and the whole run a
 wall-clock limit. If a rank raises, the run ends with that rank's traceback
@@ -23,6 +29,7 @@ attempt forms its group in a store namespace of its own.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import queue as queue_module
@@ -41,11 +48,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course.rank_watch import die_with_parent, enable_stack_dumps, hang_report, where_ranks_are
+from course.rank_watch import death_report, die_with_parent, enable_stack_dumps, hang_report, where_ranks_are
 
 # Collective timeout of the process group (seconds): a rank blocked this long in a
 # collective raises instead of waiting forever.
 DEFAULT_COLLECTIVE_TIMEOUT = 120.0
+# What ``--device auto`` means when set (the test suite sets "cpu": its workers never pick NCCL by themselves).
+DEVICE_ENV = "LLMSYS_DEVICE"
+# NCCL's watchdog (a thread of every rank) ends a rank whose collective outlived the group's timeout or
+# failed: 1 = abort the communicator, then tear the process down (SIGABRT). Set only where the user has not.
+NCCL_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 _TIMED_OUT = re.compile(r"timed? ?out|timeout|connection closed by peer", re.I)
 
 
@@ -59,13 +71,17 @@ class RankFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class DistContext:
-    """What a worker may ask about the run it is part of (see :func:`context`)."""
+    """What a worker may ask about the run it is part of (see :func:`context`).
+
+    ``backend`` names the back-end of the device (``"gloo"`` or ``"nccl"``); ``group_backend`` is what
+    the process group was formed with (``"gloo"``, or ``"cpu:gloo,cuda:nccl"`` on GPUs)."""
 
     rank: int
     world_size: int
     local_rank: int
     backend: str
     device: torch.device
+    group_backend: str = "gloo"
 
 
 _CONTEXT: DistContext | None = None
@@ -90,16 +106,84 @@ def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def resolve_device_backend(device: str | None = "auto", backend: str | None = "auto",
-                           world_size: int = 1) -> tuple[str, str]:
-    """Choose ``(device_type, backend)``.
+def process_group_backend(device_type: str, backend: str) -> str:
+    """The back-end string a run's process group is formed with: ``"gloo"`` on CPU, and on CUDA
+    ``"cpu:gloo,cuda:nccl"`` (NCCL for CUDA tensors, gloo for host tensors; docs/architecture.md,
+    "Devices and back-ends")."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" and backend == "nccl" else backend
 
-    ``device`` is ``"auto"``, ``"cpu"`` or ``"cuda"``; ``backend`` is ``"auto"``,
-    ``"gloo"`` or ``"nccl"``. ``auto`` picks CUDA + NCCL when enough GPUs are visible for
-    one per local rank, else CPU + gloo.
+
+def visible_gpus() -> int:
+    """Number of CUDA GPUs this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _one_gpu_per_process(visible: int) -> bool:
+    """True when this process of a torchrun/srun job was given one GPU of its own (Slurm
+    ``--gpus-per-task=1``, ``--gpu-bind``, or a ``CUDA_VISIBLE_DEVICES`` of one GPU per rank). If the
+    GPU is in fact shared, NCCL refuses the group ("Duplicate GPU detected") when it forms."""
+    names = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return in_torchrun() and visible == 1 and len(names) == 1
+
+
+def local_ranks(world_size: int) -> int:
+    """Ranks on this node: torchrun's ``LOCAL_WORLD_SIZE`` (or Slurm's ``SLURM_NTASKS_PER_NODE``)
+    under torchrun/srun, else ``world_size`` (spawn mode starts every rank here)."""
+    if in_torchrun():
+        for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+            if os.environ.get(name, "").isdigit():
+                return int(os.environ[name])
+    return world_size
+
+
+def local_rank_from_env(rank: int, world_size: int) -> int:
+    """This process's rank on its node: ``LOCAL_RANK`` (torchrun), ``SLURM_LOCALID`` (srun), or the
+    global rank when every rank is on this node.
 
     Raises:
-        ValueError: unknown names, NCCL on CPU, or CUDA asked for but not available.
+        ValueError: several nodes and no local rank in the environment (the global rank is not a GPU index).
+    """
+    for name in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    if local_ranks(world_size) == world_size:
+        return rank
+    raise ValueError(f"rank {rank}: LOCAL_RANK is not set and the run spans several nodes, so the GPU index is "
+                     "unknown (the global rank is not one); start the ranks with torchrun, which sets it")
+
+
+def gpu_index(local_rank: int, n_local: int, visible: int) -> int:
+    """The CUDA device of the rank with ``local_rank`` of ``n_local`` ranks on a node whose process sees
+    ``visible`` GPUs: ``local_rank`` when the node's GPUs are all visible, 0 when this process was given
+    one GPU of its own (``CUDA_VISIBLE_DEVICES`` narrowed per rank).
+
+    Raises:
+        ValueError: more ranks on the node than GPUs for them.
+    """
+    if _one_gpu_per_process(visible):
+        return 0
+    if n_local > visible:
+        raise ValueError(f"{n_local} ranks on this node need {n_local} GPUs (one each), but {visible} "
+                         f"{'is' if visible == 1 else 'are'} visible; start at most {visible} ranks per node "
+                         "(torchrun --nproc_per_node, --world_size) or use --device cpu")
+    if not 0 <= local_rank < n_local:
+        raise ValueError(f"LOCAL_RANK {local_rank} is outside 0..{n_local - 1}")
+    return local_rank
+
+
+def resolve_device_backend(device: str | None = "auto", backend: str | None = "auto",
+                           world_size: int = 1) -> tuple[str, str]:
+    """Choose ``(device_type, backend)`` — the one place a run's device and back-end are decided.
+
+    ``device`` is ``"auto"``, ``"cpu"`` or ``"cuda"``; ``backend`` is ``"auto"``, ``"gloo"`` or
+    ``"nccl"``. ``auto`` means ``$LLMSYS_DEVICE`` when set (the test suite pins ``cpu``); else
+    CUDA + NCCL when this node has a GPU for each of its ranks (:func:`local_ranks`; a process given
+    one GPU of its own counts as one for it), else CPU + gloo. On CUDA the process group is
+    ``"cpu:gloo,cuda:nccl"`` (:func:`process_group_backend`).
+
+    Raises:
+        ValueError: unknown names; NCCL on CPU; gloo on CUDA (gloo cannot send CUDA tensors); CUDA asked
+            for but not available; more ranks on this node than GPUs.
     """
     device = device or "auto"
     backend = backend or "auto"
@@ -107,32 +191,47 @@ def resolve_device_backend(device: str | None = "auto", backend: str | None = "a
         raise ValueError(f"--device must be auto, cpu or cuda, not {device!r}")
     if backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"--backend must be auto, gloo or nccl, not {backend!r}")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if device == "auto" and os.environ.get(DEVICE_ENV):
+        device = os.environ[DEVICE_ENV]
+        if device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"${DEVICE_ENV} must be cpu, cuda or auto, not {device!r}")
+    visible, n_local = visible_gpus(), local_ranks(world_size)
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= local else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if visible and (visible >= n_local or _one_gpu_per_process(visible)) else "cpu"
+    if device == "cuda" and not visible:
         raise ValueError("--device cuda was asked for, but no CUDA GPU is visible; use --device cpu")
+    if device == "cuda":
+        gpu_index(0, n_local, visible)  # more ranks than GPUs on this node: refused here, before anything starts
     if backend == "auto":
         backend = "nccl" if device == "cuda" else "gloo"
     if backend == "nccl" and device != "cuda":
         raise ValueError("the nccl backend needs --device cuda; use --backend gloo on CPU")
+    if backend == "gloo" and device == "cuda":
+        raise ValueError("--backend gloo cannot send or receive CUDA tensors; on --device cuda use --backend nccl "
+                         "(the run's group also carries host tensors over gloo), or run on --device cpu")
     return device, backend
 
 
 def _setup_worker(rank: int, world_size: int, local_rank: int, device_type: str, backend: str,
                   init_method: str | None, collective_timeout: float, store=None) -> DistContext:
     global _CONTEXT
+    group_backend = process_group_backend(device_type, backend)
+    device_id = None
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        for name, value in NCCL_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        device = torch.device("cuda", gpu_index(local_rank, local_ranks(world_size), visible_gpus()))
+        torch.cuda.set_device(device)
+        device_id = device  # eager: every group's NCCL communicator exists before its first call
     else:
         device = torch.device("cpu")
         # Share the cores between the local ranks instead of oversubscribing them.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
-    dist.init_process_group(backend=backend, init_method=None if store is not None else init_method, store=store,
-                            rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout))
-    _CONTEXT = DistContext(rank, world_size, local_rank, backend, device)
+    dist.init_process_group(backend=group_backend, init_method=None if store is not None else init_method, store=store,
+                            rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout),
+                            device_id=device_id)
+    _CONTEXT = DistContext(rank, world_size, local_rank, backend, device, group_backend)
     from course import nccl_rules
 
     if nccl_rules.enabled():  # tests named *rendezvous*: gloo held to NCCL's point-to-point rules
@@ -154,7 +253,7 @@ def _spawned_entry(rank, world_size, init_method, device_type, backend, collecti
                    worker, args, results, init_group, parent_pid, stack_dir, attempt):
     die_with_parent(parent_pid)
     enable_stack_dumps(Path(stack_dir) / f"rank{rank}.stack")
-    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(world_size), str(rank)
     os.environ["LLMSYS_RESTART_COUNT"] = str(attempt)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
     try:
@@ -228,16 +327,18 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
             raise ValueError("init_process_group=False is for spawn mode; under torchrun the group exists")
         return _join_torchrun(worker, world_size, args, device, backend, collective_timeout)
 
-    device_type, backend = resolve_device_backend(device, backend, world_size)
-    if device_type == "cuda" and torch.cuda.device_count() < world_size:
-        raise ValueError(f"world_size {world_size} needs {world_size} GPUs, "
-                         f"but {torch.cuda.device_count()} are visible")
+    device_type, backend = resolve_device_backend(device, backend, world_size)  # also: a GPU for each rank
     module = getattr(worker, "__module__", None)
     if module == "__main__":
         import __main__
         if not getattr(__main__, "__file__", None):
             raise ValueError(f"{worker.__name__} is defined in a notebook cell or interactive session; "
                              "spawned processes cannot import it. Move it into a module (a .py file).")
+    from course import launch_pool
+
+    if launch_pool.active() and init_process_group and not max_restarts and module != "__main__":
+        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout,
+                               sys.modules[__name__])
     for attempt in range(max_restarts + 1):
         try:
             return _run_attempt(worker, world_size, args, device_type, backend, timeout, collective_timeout,
@@ -261,50 +362,10 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
                          args=(rank, world_size, init_method, device_type, backend, collective_timeout,
                                worker, args, results, init_group, os.getpid(), stack_dir, attempt))
              for rank in range(world_size)]
-    outputs: dict[int, Any] = {}
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for p in procs:
             p.start()
-        while len(outputs) < world_size:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue_module.Empty:
-                for rank, p in enumerate(procs):
-                    # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
-                    if rank not in outputs and not p.is_alive() and results.empty():
-                        time.sleep(0.5)  # let a report still in the pipe arrive
-                        if results.empty():
-                            where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
-                            raise RankFailure(rank, f"rank {rank} died with exit code {p.exitcode} "
-                                                    "without reporting a result"
-                                                    + ("\n" + hang_report(where) if where else ""))
-                if deadline is not None and time.monotonic() > deadline:
-                    running = [r for r in range(world_size) if r not in outputs]
-                    where = where_ranks_are({r: procs[r].pid for r in running}, Path(stack_dir))
-                    raise RankFailure(running[0], f"rank(s) {running} did not finish within {timeout:.0f} s "
-                                                  f"(hung in a collective?); ranks {sorted(outputs)} finished. "
-                                                  f"{hang_report(where)}\nAll processes were stopped.")
-                continue
-            if status == "error":
-                head, report = f"rank {rank} raised", ""
-                if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
-                    waited = _timed_out_too(results, rank)
-                    where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items()
-                             if r not in waited}
-                    absent = sorted(r for r, w in where.items() if not w.in_collective)
-                    if absent:
-                        head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
-                                f"rank {rank} raised")
-                    elif waited:
-                        head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
-                                f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
-                                f"raised")
-                    report = "\n" + hang_report(where) if where else ""
-                    report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
-                                      for r, v in sorted(waited.items()))
-                raise RankFailure(rank, f"{head}:\n{value}{report}")
-            outputs[rank] = pickle.loads(value)
+        outputs = collect_results(procs, results, Path(stack_dir), timeout)
         for p in procs:
             p.join(timeout=30)
         return outputs
@@ -314,6 +375,73 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
         os.rmdir(stack_dir)
+
+
+def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> dict[int, Any]:
+    """Wait for every rank's ``(rank, "ok"|"error", payload)`` on ``results``: ``{rank: value}``.
+
+    Raises:
+        RankFailure: a rank raised (its traceback; if it timed out waiting, the ranks that never
+            came are named), died without reporting, or the run passed ``timeout`` seconds.
+    """
+    world_size = len(procs)
+    outputs: dict[int, Any] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while len(outputs) < world_size:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+        except queue_module.Empty:
+            for rank, p in enumerate(procs):
+                # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
+                if rank not in outputs and not p.is_alive() and results.empty():
+                    time.sleep(0.5)  # let a report still in the pipe arrive
+                    if results.empty():
+                        where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
+                        raise RankFailure(rank, death_report(rank, p.exitcode, Path(stack_dir) / f"rank{rank}.stack")
+                                          + ("\n" + hang_report(where) if where else ""))
+            if deadline is not None and time.monotonic() > deadline:
+                running = [r for r in range(world_size) if r not in outputs]
+                where = where_ranks_are({r: procs[r].pid for r in running}, stack_dir)
+                raise RankFailure(running[0], f"rank(s) {running} did not finish within {timeout:.0f} s "
+                                              f"(hung in a collective?); ranks {sorted(outputs)} finished. "
+                                              f"{hang_report(where)}\nAll processes were stopped.")
+            continue
+        if status == "error":
+            head, report = f"rank {rank} raised", ""
+            died = _died(procs, outputs, exclude=rank) if _TIMED_OUT.search(value) else None
+            if died is not None:  # its peer died (SIGABRT of NCCL's watchdog, a crash): that is the cause
+                raise RankFailure(died, death_report(died, procs[died].exitcode, Path(stack_dir) / f"rank{died}.stack")
+                                  + f"\nrank {rank} then raised (its peer was gone):\n{value}")
+            if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
+                waited = _timed_out_too(results, rank)
+                where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items()
+                         if r not in waited}
+                absent = sorted(r for r, w in where.items() if not w.in_collective)
+                if absent:
+                    head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
+                            f"rank {rank} raised")
+                elif waited:
+                    head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
+                            f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
+                            f"raised")
+                report = "\n" + hang_report(where) if where else ""
+                report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
+                                  for r, v in sorted(waited.items()))
+            raise RankFailure(rank, f"{head}:\n{value}{report}")
+        outputs[rank] = pickle.loads(value)
+    return outputs
+
+
+def _died(procs, outputs, exclude: int, wait: float = 1.0) -> int | None:
+    """The first rank (other than ``exclude``) whose process ended without reporting — killed by a signal
+    or exited with an error code — within ``wait`` seconds; None if every other rank is alive or done."""
+    deadline = time.monotonic() + wait
+    while True:
+        dead = [r for r, p in enumerate(procs) if r != exclude and r not in outputs and not p.is_alive()
+                and p.exitcode not in (0, None)]
+        if dead or time.monotonic() > deadline:
+            return dead[0] if dead else None
+        time.sleep(0.1)
 
 
 def _timed_out_too(results, rank: int, wait: float = 1.0) -> dict[int, str]:
@@ -345,12 +473,18 @@ def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:
     return where_ranks_are(running, Path(stack_dir)) if running else {}
 
 
+_JOINS = [0]  # groups this process has joined under torchrun (a script may launch several times)
+
+
 def _attempt_store(rank: int, world_size: int, timeout: float):
     """The store this torchrun attempt forms its group in: torchrun's store, under a prefix of the
-    attempt (``TORCHELASTIC_RESTART_COUNT``). After a restart, a plain ``env://`` group would read
-    the previous attempt's keys in the same store and hang or fail to connect; a fresh namespace
-    per attempt comes up cleanly."""
+    attempt (``TORCHELASTIC_RESTART_COUNT``) and of the launch within it (a benchmark launches once
+    per configuration; every rank launches the same number of times). After a restart, a plain
+    ``env://`` group would read the previous attempt's keys in the same store and hang or fail to
+    connect; a fresh namespace per attempt and launch comes up cleanly."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    _JOINS[0] += 1
+    attempt = f"{attempt}_launch{_JOINS[0]}"
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                           is_master=not agent_hosts and rank == 0, timeout=datetime.timedelta(seconds=timeout))
@@ -372,8 +506,11 @@ def _join_torchrun(worker, world_size, args, device, backend, collective_timeout
         raise ValueError(f"world_size {world_size} does not match torchrun's WORLD_SIZE={env_world}; "
                          "leave --world_size out or make them agree")
     rank = int(os.environ["RANK"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = local_rank_from_env(rank, world_size)
     die_with_parent(os.getppid())  # the torchrun agent
+    # A rank killed by a fatal signal (SIGABRT from NCCL's watchdog) prints its Python stack; torchrun's
+    # summary then names the rank and the signal.
+    faulthandler.enable(all_threads=True)
     # When torchrun stops the other workers after one failed, they leave quietly: the failing
     # rank's own report stays the first thing printed.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
@@ -387,6 +524,29 @@ def _join_torchrun(worker, world_size, args, device, backend, collective_timeout
         raise
     finally:
         _teardown_worker()
+
+
+def _gathered(rank: int, world_size: int, worker, *args):
+    value = worker(rank, world_size, *args)
+    if world_size == 1:
+        return [value]
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, value)  # pickled objects: over gloo on the host
+    return everyone
+
+
+def launch_all(worker: Callable[..., Any], world_size: int, *args: Any, **options: Any) -> dict[int, Any]:
+    """:func:`launch`, returning ``{rank: worker's value}`` of **every** rank in every process — also
+    under torchrun, where each process runs only its own rank (the values are gathered in the world
+    group, ``all_gather_object``). For benchmarks whose report needs every rank's measurements.
+    Options and errors as :func:`launch`."""
+    out = launch(_gathered, world_size, worker, *args, **options)
+    return dict(enumerate(next(iter(out.values()))))
+
+
+def reports_results() -> bool:
+    """Whether this process prints and writes a run's report: always in spawn mode, rank 0 under torchrun."""
+    return not in_torchrun() or os.environ.get("RANK") == "0"
 
 
 def default_world_size(fallback: int) -> int:

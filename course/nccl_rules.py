@@ -88,7 +88,7 @@ class _Op:
 
     def run(self) -> None:
         """Carry out the operation over gloo (blocking; called on the unit's thread)."""
-        token = torch.zeros(2, dtype=torch.int64)
+        token = torch.zeros(2, dtype=torch.int64, device="cpu")  # this mode runs on gloo, on the CPU
         if self.kind == "recv":
             token[0], token[1] = self.tensor.numel(), _code(self.tensor.dtype)
             self.state = "ready sent, waiting for the data"

@@ -48,9 +48,35 @@ def die_with_parent(parent_pid: int) -> str:
 
 
 def enable_stack_dumps(path: Path) -> None:
-    """On SIGUSR1, write every thread's Python stack to ``path`` (``faulthandler``)."""
+    """On SIGUSR1, write every thread's Python stack to ``path`` (``faulthandler``); on a fatal signal
+    (SIGABRT from NCCL's watchdog, SIGSEGV, ...) append it there too, so the launcher can say where the
+    rank was when it died (:func:`death_report`)."""
     handle = open(path, "w")  # kept open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True, chain=False)
+    faulthandler.enable(file=handle, all_threads=True)
+
+
+def death_report(rank: int, exitcode: int | None, stack_path: Path | None = None) -> str:
+    """``rank R failed: killed by SIGABRT ...``: what is known of a rank that ended without reporting,
+    from its exit code and the stack ``faulthandler`` wrote when a fatal signal hit it."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = f"killed by {name}"
+        if name == "SIGABRT":
+            cause += (" (on GPUs: NCCL's watchdog ends a rank this way when a collective outlives the group's "
+                      "timeout or NCCL reports an error; its log above names the operation, WorkNCCL(SeqNum=..., "
+                      "OpType=...))")
+        elif name == "SIGKILL":
+            cause += " (out of memory? the kernel's OOM killer sends SIGKILL)"
+    else:
+        cause = f"exited with code {exitcode} without reporting a result"
+    text = stack_path.read_text(errors="replace").replace("\0", "") if stack_path and stack_path.is_file() else ""
+    fatal = text[text.rfind("Fatal Python error"):] if "Fatal Python error" in text else ""
+    where = _analyse(rank, fatal).frame if fatal else ""
+    return f"rank {rank} failed: {cause}" + (f"\n  at {where}" if where else "")
 
 
 @dataclass

@@ -29,11 +29,15 @@ class Data:
 def prepare_data(args) -> Data:
     """Load the corpus, get the (cached) tokenizer and encode every split.
 
-    ``args`` holds the options of :func:`course.cli.add_common_args`.
+    ``args`` is the run's configuration (:class:`course.config.RunConfig`).
     """
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     corpus = load_translation_dataset(args.dataset, args.data_dir, args.src_lang, args.tgt_lang)
-    tokenizer = get_tokenizer(corpus, args.workdir, args.vocab_size, args.src_lang, args.tgt_lang, args.dataset)
+    first = args.max_train_examples
+    if first is not None and first < len(corpus["train"]):  # quick runs and tests: a slice of the training pairs
+        corpus["train"] = corpus["train"].select(range(first))
+    tokenizer = get_tokenizer(corpus, args.workdir, args.vocab_size, args.src_lang, args.tgt_lang, args.dataset,
+                              train_examples=first)
     splits = {name: encode_pairs(corpus[name], tokenizer, args.src_lang, args.tgt_lang)
               for name in ("train", "validation", "test")}
     return Data(tokenizer, splits["train"], splits["validation"], splits["test"],

@@ -72,9 +72,11 @@ def train_tokenizer(texts, vocab_size: int, src_lang: str, tgt_lang: str, path: 
     return path
 
 
-def tokenizer_path(workdir: str | os.PathLike, dataset: str, vocab_size: int, src_lang: str, tgt_lang: str) -> Path:
-    """Where the tokenizer for this corpus and vocabulary size is cached."""
-    name = dataset.replace("/", "_")
+def tokenizer_path(workdir: str | os.PathLike, dataset: str, vocab_size: int, src_lang: str, tgt_lang: str,
+                   train_examples: int | None = None) -> Path:
+    """Where the tokenizer for this corpus and vocabulary size is cached (one trained on the first
+    ``train_examples`` pairs only has a name that says so)."""
+    name = dataset.replace("/", "_") + (f"_first{train_examples}" if train_examples is not None else "")
     return Path(workdir) / f"tokenizer_{name}_{src_lang}-{tgt_lang}_{vocab_size}.json"
 
 
@@ -95,7 +97,7 @@ def verify_cached_tokenizer(path: Path, src_lang: str, tgt_lang: str) -> None:
 
 
 def get_tokenizer(dataset_dict, workdir: str | os.PathLike, vocab_size: int = 5000, src_lang: str = "de",
-                  tgt_lang: str = "en", dataset: str = "multi30k") -> CourseTokenizer:
+                  tgt_lang: str = "en", dataset: str = "multi30k", train_examples: int | None = None) -> CourseTokenizer:
     """The cached tokenizer for this corpus, trained on its ``train`` split if missing.
 
     In a process group only rank 0 trains; every rank waits at a barrier, then loads
@@ -106,7 +108,7 @@ def get_tokenizer(dataset_dict, workdir: str | os.PathLike, vocab_size: int = 50
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level BPE (use >= 300)")
-    path = tokenizer_path(workdir, dataset, vocab_size, src_lang, tgt_lang)
+    path = tokenizer_path(workdir, dataset, vocab_size, src_lang, tgt_lang, train_examples)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not path.is_file():
         pairs = dataset_dict["train"]["translation"]

@@ -13,7 +13,7 @@ def all_reduce_demo(rank: int, world_size: int) -> dict:
     from course.mesh import Mesh
 
     dp_group = Mesh.build(dp=world_size).dp_group
-    before = torch.tensor([rank + 1.0, 10.0 * (rank + 1)])
+    before = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], device="cpu")  # a demonstration on the host (gloo)
     after = before.clone()
     dist.all_reduce(after, op=dist.ReduceOp.SUM, group=dp_group)
     return {"before": before.tolist(), "after": after.tolist()}
@@ -64,7 +64,7 @@ def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, v
     model = build_gpt2("tiny", vocab_size, dropout=0.0, seed=0)
     per_rank = batch["input_ids"].shape[0] // world_size
     mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
-    tokens = torch.tensor([count_target_tokens(mine["labels"])], dtype=torch.float64)
+    tokens = torch.tensor([count_target_tokens(mine["labels"])], dtype=torch.float64, device="cpu")  # a count
     global_tokens = tokens.clone()
     dist.all_reduce(global_tokens, op=dist.ReduceOp.SUM, group=dp_group)
     logits = model(input_ids=mine["input_ids"], attention_mask=mine["attention_mask"]).logits

@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from course.cli import run_config
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.launch import context
 from course.mesh import Mesh
@@ -29,7 +28,8 @@ from data_parallel.partition import partition_dataset
 def common_steps(n_batches: int, max_batches: int | None = None, group=None) -> int:
     """Batches every rank of ``group`` can run: the fewest any rank has (ranks must step
     together, or the all-reduce of the rank with one more batch waits forever)."""
-    t = torch.tensor([n_batches if max_batches is None else min(n_batches, max_batches)])
+    # a count: a host tensor, over the group's gloo back-end (docs/architecture.md, "Devices and back-ends")
+    t = torch.tensor([n_batches if max_batches is None else min(n_batches, max_batches)], device="cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     return int(t)
 
@@ -104,7 +104,7 @@ class DataParallelTraining(TrainingMode):
         return {"param_sha256": self.fingerprint(), "initial_param_sha256": self.initial_sha}
 
     def config(self) -> dict:
-        return {**run_config(self.args), "world_size": self.dp_size, "mode": self.mode,
+        return {**self.args.record(), "world_size": self.dp_size, "mode": self.mode,
                 "per_rank_batch_size": self.args.batch_size // self.dp_size,
                 "grad_sync": "average_gradients" if self.grad_sync is None else type(self.grad_sync).__name__,
                 **(self.sharding.config() if self.sharding is not None else {})}
@@ -117,7 +117,8 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     """Train ``args.n_epochs`` epochs data-parallel; write ``rank{r}_results_epoch{e}.json``.
 
     Args:
-        args: the options of ``project/run_data_parallel.py`` (``batch_size`` is global).
+        args: the run's configuration (``project/run_data_parallel.py``'s ``DataParallelConfig``;
+            ``batch_size`` is global).
         grad_sync_factory: None, or ``factory(args, model, dp_group)`` returning the
             ``grad_sync`` of :class:`DataParallelTraining` (a module-level function: it is
             pickled to the ranks).
@@ -125,8 +126,8 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     In epoch e, rank r trains on ``partition_dataset(r, world_size, train, batch_size,
     collate, seed=args.seed + e)`` — a new shuffle each epoch, the same on every rank —
     for the number of batches every rank has, averaging gradients after each backward.
-    With ``args.save_checkpoint``, rank 0 saves the final weights to
-    ``<workdir>/checkpoint_data_parallel.pt``.
+    With ``args.save_checkpoint``, the final weights go to ``<workdir>/checkpoint_data_parallel.pt``
+    (a ``torch.save`` file made from a DCP checkpoint, :func:`course.checkpoint.save_final_weights`).
 
     ``make_sharding(model, args, dp_group)`` (optional, picklable) builds the object that does
     the training step instead (:class:`DataParallelTraining`'s ``sharding``); its ``optimizer``
@@ -153,8 +154,9 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     written = run_epochs(mode)
     final_sha = mode.fingerprint()
     if args.save_checkpoint:
+        from course.checkpoint import save_final_weights
+
         with sharding.summon_full_params() if sharding is not None else contextlib.nullcontext():
-            if rank == 0:
-                torch.save({k: v.clone() for k, v in model.state_dict().items()},
-                           Path(args.workdir) / "checkpoint_data_parallel.pt")
+            save_final_weights({k: v.detach().clone() for k, v in model.state_dict().items()},
+                               Path(args.workdir) / "checkpoint_data_parallel.pt", rank=rank, group=mesh.dp_group)
     return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}

@@ -28,8 +28,11 @@ pytest's internals after the run, and withholds feedback that quotes reference c
   objects reach ``ctypes``, files and source printing: ``array.ctypes``, ``np.load``,
   ``np.info``), ``typing`` (``ForwardRef`` and ``get_type_hints`` evaluate strings as code, and so
   does ``functools.singledispatch`` through them), ``operator`` (``attrgetter`` walks attributes by
-  a string built at run time), ``contextlib``/``warnings`` (global state the tests rely on),
-  ``string`` (``Formatter`` reads attributes by name);
+  a string built at run time), ``contextlib``/``warnings`` (global state the tests rely on:
+  ``redirect_stdout``, ``chdir``, filters), ``string`` (``Formatter`` reads attributes by name);
+* allowed from a refused module, by the file's own import only (:data:`ALLOWED_FROM_REFUSED`):
+  ``contextlib.ExitStack`` and ``contextlib.nullcontext``, which enter only the context managers the
+  block could enter itself (5.5.4's recomputation enters one autocast per device type);
 * ``os`` only as ``os.environ`` (reading any variable, setting the rendezvous ones), because
   PyTorch's own tutorial sets ``MASTER_ADDR``/``MASTER_PORT`` that way.
 """
@@ -121,6 +124,9 @@ REFUSED_ROOTS = frozenset({"os", "sys", "gc", "inspect", "ctypes", "builtins", "
                            "typing", "numpy", "transformers", "datasets", "tokenizers", "nbformat", "nbclient", "course.launch",
                            "course.data", "course.checkpoint", "course.results", "course.tree", "course.assignments",
                            "course.rank_watch", "course.cli", "instructor", "project", "tests"})
+# Names of a refused module a block may still use through the file's own import of the module: they reach
+# nothing the block could not reach itself (each is a whole dotted name; their dunder attributes stay refused).
+ALLOWED_FROM_REFUSED = frozenset({"contextlib.ExitStack", "contextlib.nullcontext"})
 REFUSED_BUILTINS = frozenset({"__import__", "eval", "exec", "compile", "open", "input", "breakpoint", "globals",
                               "locals", "vars", "dir", "help", "exit", "quit", "memoryview", "copyright", "credits",
                               "license"})
@@ -285,6 +291,8 @@ class _Checker(ast.NodeVisitor):
         target = self.bindings[root]
         if target == "os" or target.startswith("os."):
             self.check_environ(name, target, attrs)
+            return
+        if ".".join([target, *attrs[:1]]) in ALLOWED_FROM_REFUSED and len(attrs) == 1:
             return
         if _root_refused(target):
             self.refuse("refused-module", name, f"'{root}' is {target}")

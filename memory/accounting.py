@@ -6,7 +6,8 @@ parameter that is a view of a flat buffer, a tied embedding and LM head) count o
 the storage's full size (the padding of a flat buffer included), and a freed storage
 (resized to 0 bytes) counts 0. Activations are what autograd saves for the backward pass,
 counted by :class:`SavedTensorBytes` (``torch.autograd.graph.saved_tensors_hooks``). The
-process's peak resident set size (``resource.getrusage``) is reported beside them: it
+process's peak resident set size (``resource.getrusage``, :func:`course.measure.peak_rss_bytes`; on a GPU
+``torch.cuda.max_memory_allocated``, :class:`course.measure.MemoryMeter`) is reported beside them: it
 includes the Python interpreter, the libraries and the allocator's caches, so it is an upper
 bound that moves with the categories but never equals their sum.
 
@@ -19,10 +20,9 @@ state per parameter (mixed-precision Adam: 2 + 2 + 12; fp32 Adam as in this cour
 """
 from __future__ import annotations
 
-import resource
-import sys
-
 import torch
+
+from course.measure import peak_rss_bytes  # noqa: F401 (the CPU's memory measure, course.measure)
 
 
 def storage_bytes(tensors) -> int:
@@ -39,12 +39,6 @@ def storage_bytes(tensors) -> int:
         seen.add(key)
         total += s.nbytes()
     return total
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size in bytes (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 class SavedTensorBytes:

@@ -16,6 +16,7 @@ block plus one block's worth at a time.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -26,24 +27,30 @@ class CheckpointFunction(torch.autograd.Function):
     """``outputs = run(*inputs)`` computed without saving the intermediate tensors; recomputed in backward.
 
     ``forward(ctx, run, *inputs)``: saves only the tensor ``inputs`` (``ctx.save_for_backward``),
-    the CPU random-number state (and CUDA's, when CUDA is initialised) and the autocast state,
-    and runs ``run(*inputs)`` under ``torch.no_grad()``. ``run`` returns a tensor or a tuple of
-    tensors (None allowed).
+    the random-number state of the CPU and of every GPU the inputs live on (a GPU's generator
+    draws its dropout masks), the autocast state of the inputs' device type and of the CPU, and
+    runs ``run(*inputs)`` under ``torch.no_grad()``. ``run`` returns a tensor or a tuple of tensors
+    (None allowed).
 
-    ``backward(ctx, *grad_outputs)``: restores the random state (leaving the caller's untouched,
-    ``torch.random.fork_rng``) and the autocast state, re-runs ``run`` with gradients enabled on
-    detached copies of the inputs, back-propagates ``grad_outputs`` through it and returns the
-    inputs' gradients (None for ``run`` and for inputs that need none).
+    ``backward(ctx, *grad_outputs)``: restores those random states (leaving the caller's untouched,
+    ``torch.random.fork_rng``) and that autocast state — so the recomputation draws the same
+    dropout masks and runs in the same precision as the forward pass, on CPU and on GPU alike —
+    re-runs ``run`` with gradients enabled on detached copies of the inputs, back-propagates
+    ``grad_outputs`` through it and returns the inputs' gradients (None for ``run`` and for
+    inputs that need none). ``torch.utils.checkpoint.checkpoint`` does the same (its
+    ``preserve_rng_state`` and its device and CPU autocast replay).
     """
 
     @staticmethod
     def forward(ctx, run, *inputs):
         # BEGIN ASSIGN5_5_4
         ctx.run = run
+        gpus = sorted({x.device.index for x in inputs if torch.is_tensor(x) and x.device.type == "cuda"})
+        ctx.gpus = gpus
         ctx.cpu_rng = torch.get_rng_state()
-        ctx.cuda = torch.cuda.is_initialized()
-        ctx.cuda_rng = torch.cuda.get_rng_state_all() if ctx.cuda else None
-        ctx.autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        ctx.gpu_rng = [torch.cuda.get_rng_state(g) for g in gpus]
+        device_type = "cuda" if gpus else next((x.device.type for x in inputs if torch.is_tensor(x)), "cpu")
+        ctx.autocast = {t: (torch.is_autocast_enabled(t), torch.get_autocast_dtype(t)) for t in {device_type, "cpu"}}
         ctx.save_for_backward(*inputs)
         with torch.no_grad():
             return run(*inputs)
@@ -53,12 +60,13 @@ class CheckpointFunction(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         # BEGIN ASSIGN5_5_4
         inputs = [x.detach().requires_grad_(x.requires_grad) if torch.is_tensor(x) else x for x in ctx.saved_tensors]
-        devices = list(range(torch.cuda.device_count())) if ctx.cuda else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=ctx.gpus):
             torch.set_rng_state(ctx.cpu_rng)
-            if ctx.cuda:
-                torch.cuda.set_rng_state_all(ctx.cuda_rng)
-            with torch.enable_grad(), torch.autocast("cpu", dtype=ctx.autocast[1], enabled=ctx.autocast[0]):
+            for gpu, state in zip(ctx.gpus, ctx.gpu_rng):
+                torch.cuda.set_rng_state(state, gpu)
+            with torch.enable_grad(), contextlib.ExitStack() as replay:
+                for device_type, (enabled, dtype) in ctx.autocast.items():
+                    replay.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
                 outputs = ctx.run(*inputs)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs)

@@ -9,25 +9,40 @@ each rank:
   (:func:`memory.accounting.storage_bytes`), next to the ZeRO formulas;
 * the activation bytes autograd saved in the forward pass (:class:`memory.accounting.SavedTensorBytes`);
 * the communication per step and rank (:class:`course.collectives.CommCounter`, ring traffic);
-* the step time (median, min, max over the timed steps after one warm-up step) and the
-  process's peak RSS.
+* the step time (median, min, max over the timed steps after one warm-up step; the clock read after the
+  device's queued work, :func:`course.measure.now`) and the peak memory of the timed steps
+  (:class:`course.measure.MemoryMeter`: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak
+  RSS on the CPU; ``timer`` and ``memory`` in the result name them).
+
+The model and the batches live on the rank's device (``course.launch.context().device``; the CPU in a
+single process).
 """
 from __future__ import annotations
-
-import time
 
 import torch
 
 from course.collectives import CommCounter
+from course.measure import MemoryMeter, Stopwatch
 from memory.accounting import SavedTensorBytes, peak_rss_bytes, storage_bytes, zero_formula_bytes  # noqa: F401 (notebook)
 from course.loss import model_loss
 from memory.training import ShardedStep, autocast
 
 
-def random_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, dp_rank: int = 0) -> dict:
-    """A batch of random tokens in the course's batch format (``input_ids``, ``attention_mask``, ``labels``)."""
+def _device():
+    """The rank's device inside a launched worker, else the CPU."""
+    from course.launch import context
+
+    try:
+        return context().device
+    except RuntimeError:
+        return torch.device("cpu")
+
+
+def random_batch(step: int, batch_size: int, seq_len: int, vocab_size: int, dp_rank: int = 0, device="cpu") -> dict:
+    """A batch of random tokens in the course's batch format (``input_ids``, ``attention_mask``, ``labels``),
+    drawn on the host (the same tokens on every device) and put on ``device``."""
     g = torch.Generator().manual_seed(1000 * step + dp_rank)
-    ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g)
+    ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g, device="cpu").to(device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
@@ -45,26 +60,29 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
     from course.collectives import group_rank, group_size
 
     dp, rank = group_size(group), group_rank(group)
+    device = next(model.parameters()).device
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     sharded = ShardedStep(model, zero, group, torch.optim.Adam, activation_checkpointing=checkpointing,
                           precision=precision, lr=lr)
     params_ = [p for p in model.parameters()]
-    times, held, saved, losses = [], None, None, []
-    with CommCounter() as counter:
+    times, held, saved, losses, peak = [], None, None, [], 0
+    with CommCounter(timed=False) as counter:
         for step in range(steps + 1):
-            batch = random_batch(step, batch_size, seq_len, vocab_size, rank)
+            batch = random_batch(step, batch_size, seq_len, vocab_size, rank, device)
             counter.reset()
-            t0 = time.perf_counter()
-            sharded.end_evaluation()
-            sharded.optimizer.zero_grad(set_to_none=True)
-            with SavedTensorBytes(exclude=params_ + list(sharded.category_tensors()["params"])) as s:
-                with autocast("cpu", precision):
-                    loss = model_loss(model, batch)
-            loss.backward()
-            sharded.reduce_gradients()
-            held = {k: storage_bytes(v) for k, v in sharded.category_tensors().items()}
-            sharded.optimizer.step()
-            times.append(time.perf_counter() - t0)
+            with Stopwatch(device) as clock, MemoryMeter(device) as memory:
+                sharded.end_evaluation()
+                sharded.optimizer.zero_grad(set_to_none=True)
+                with SavedTensorBytes(exclude=params_ + list(sharded.category_tensors()["params"])) as s:
+                    with autocast(device, precision):
+                        loss = model_loss(model, batch)
+                loss.backward()
+                sharded.reduce_gradients()
+                held = {k: storage_bytes(v) for k, v in sharded.category_tensors().items()}
+                sharded.optimizer.step()
+            times.append(clock.seconds)
+            if step:  # the timed steps
+                peak = max(peak, memory.peak_bytes)
             losses.append(loss.item())
             saved = s.activation_bytes
             comm = counter.summary()
@@ -76,8 +94,8 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
             "activation_bytes": saved, "comm": comm,
             "comm_traffic_bytes": sum(v["traffic_bytes"] for v in comm.values()),
             "step_time_median": timed[len(timed) // 2], "step_time_min": timed[0], "step_time_max": timed[-1],
-            "peak_rss_bytes": peak_rss_bytes(), "losses": losses, "checkpointing": checkpointing,
-            "precision": precision}
+            "peak_rss_bytes": peak_rss_bytes(), "peak_memory_bytes": peak, "memory": memory.measure,
+            "timer": clock.timer, "losses": losses, "checkpointing": checkpointing, "precision": precision}
 
 
 def memory_breakdown(rank: int, world_size: int, stages=(0, 1, 2, 3), steps: int = 3, preset: str = "tiny",
@@ -91,7 +109,7 @@ def memory_breakdown(rank: int, world_size: int, stages=(0, 1, 2, 3), steps: int
     out = []
     for ckpt in checkpointing:
         for zero in stages:
-            model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {}))
+            model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {})).to(_device())
             out.append(measure_stage(model, zero, None, steps=steps, batch_size=batch_size, seq_len=seq_len,
                                      vocab_size=vocab_size, checkpointing=ckpt, precision=precision))
     return out

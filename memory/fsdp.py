@@ -105,7 +105,7 @@ class ShardedUnit:
     def reduce_gradients(self) -> None:
         """Reduce-scatter (SUM over ``group``) the unit's flat gradient, divide by dp, add this rank's
         slice to ``shard.grad`` (None: set it), and drop every full ``param.grad``."""
-        local = flatten_into([(p.grad, n) for p, n in zip(self.params, self.numels)], self.padded)
+        local = flatten_into([(p.grad, n) for p, n in zip(self.params, self.numels)], self.padded, self.shard.device)
         # BEGIN ASSIGN5_5_3
         for p in self.params:
             p.grad = None

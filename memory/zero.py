@@ -72,11 +72,15 @@ def unique_parameters(params) -> list[nn.Parameter]:
     return out
 
 
-def flatten_into(tensors, padded: int) -> torch.Tensor:
-    """One fp32 vector of ``padded`` elements: the tensors flattened one after another, then zeros.
-    A None entry (a parameter without gradient) is taken as zeros of its parameter's size; pass
-    ``(tensor_or_None, numel)`` pairs."""
-    out = torch.zeros(padded, dtype=torch.float32)
+def flatten_into(tensors, padded: int, device=None) -> torch.Tensor:
+    """One fp32 vector of ``padded`` elements on ``device`` (None: the first tensor's; the CPU if every
+    entry is None): the tensors flattened one after another, then zeros. A None entry (a parameter
+    without gradient) is taken as zeros of its parameter's size; pass ``(tensor_or_None, numel)`` pairs.
+    The flat buffers of ZeRO and FSDP live on the parameters' device: NCCL reduces and gathers them there."""
+    tensors = list(tensors)
+    if device is None:
+        device = next((t.device for t, _ in tensors if t is not None), "cpu")
+    out = torch.zeros(padded, dtype=torch.float32, device=device)
     offset = 0
     for t, n in tensors:
         if t is not None:
@@ -139,7 +143,7 @@ class ZeroOptimizer:
 
     def _local_flat_grad(self) -> torch.Tensor:
         """This rank's gradients (its own batch), flattened into ``padded`` elements (zeros where None)."""
-        return flatten_into([(p.grad, n) for p, n in zip(self.params, self.numels)], self.padded)
+        return flatten_into([(p.grad, n) for p, n in zip(self.params, self.numels)], self.padded, self.flat.device)
 
     def reduce_gradients(self) -> None:
         """After ``backward``: the mean gradient over dp of this rank's slice into ``self.shard.grad``."""

@@ -1,7 +1,7 @@
 """Assignment 5.2: pipeline parallelism, built by hand.
 
-* ``clock_cycles``     — the clock-cycle schedule ``_clock_cycles`` (5.2.1)
-* ``partition``        — ``_split_module``, ``WithDevice``, stage placement (5.2.1)
+* ``clock_cycles``     — the clock-cycle schedule (assignment 5.2.1: ``clock_cycles._clock_cycles``)
+* ``partition``        — ``split_module`` (5.2.1: ``partition._split_module``), ``WithDevice``, stage placement
 * ``worker``, ``pipe`` — per-stage worker threads and ``Pipe`` (5.2.2)
 * ``gpt2``             — GPT-2 as a chain of stage-able layers, ``GPT2Pipeline`` (5.2.3)
 * ``schedules``, ``p2p``, ``stage_runner`` — GPipe and 1F1B action lists run across
@@ -17,14 +17,16 @@
 
 See notebooks/02_pipeline_parallel.ipynb.
 """
-from pipeline.clock_cycles import _clock_cycles
+from pipeline.clock_cycles import clock_cycles
 from pipeline.gpt2 import gpt2_balance
 from pipeline.metrics import bubble_fraction
-from pipeline.partition import WithDevice, _split_module
+from pipeline.partition import WithDevice, split_module
 from pipeline.pipe import Pipe
-from pipeline.schedules import gpipe_actions, interleaved_1f1b_actions, one_f_one_b_actions, zb_h1_actions
+from pipeline.schedules import (SCHEDULES, Schedule, all_actions, get_schedule, gpipe_actions, interleaved_1f1b_actions,
+                                one_f_one_b_actions, schedule_actions, zb_h1_actions)
 from pipeline.stage_runner import StageRunner, StepResult
 
-__all__ = ["Pipe", "WithDevice", "_clock_cycles", "_split_module", "gpipe_actions", "interleaved_1f1b_actions",
-           "one_f_one_b_actions", "zb_h1_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
+__all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
+           "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
+           "all_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
            "StepResult"]

@@ -69,7 +69,7 @@ def sleep_pipeline_worker(rank: int, world_size: int, schedule: str, micro_batch
     out = {}
     for m in micro_batches:
         actions = schedule_actions(schedule, mesh.stage, world_size, m)
-        inputs = [torch.randn(2, width) for _ in range(m)] if mesh.is_first_stage else None
+        inputs = [torch.randn(2, width, device=device) for _ in range(m)] if mesh.is_first_stage else None
         targets = [torch.zeros(2, width, device=device) for _ in range(m)] if mesh.is_last_stage else None
         steps = []
         for _ in range(repeats):

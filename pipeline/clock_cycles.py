@@ -52,3 +52,7 @@ def clock_table(num_batches: int, num_partitions: int) -> list[list[str]]:
         for i, j in tasks:
             table[j][k] = f"F{i}"
     return table
+
+
+# The public name; ``_clock_cycles`` is the name of assignment 5.2.1 (torchgpipe's).
+clock_cycles = _clock_cycles

@@ -241,6 +241,8 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         x = h.detach().requires_grad_() if h.is_floating_point() else h
         times = []
         for r in range(warmup + repeats):
+            if x.is_cuda:  # course.measure: the clock is read once the device's queued work has run
+                torch.cuda.synchronize(x.device)
             start = now()
             y = layer(x)
             if j == len(layers) - 1 and loss_fn is not None:
@@ -257,3 +259,7 @@ def measure_layer_costs(layers: nn.Sequential, sample_input: torch.Tensor, loss_
         with torch.no_grad():
             h = layer(x)
     return costs
+
+
+# The public name; ``_split_module`` is the name of assignment 5.2.1 (torchgpipe's).
+split_module = _split_module

@@ -2,6 +2,11 @@
 on real GPT-2 stages, count-balanced and measured-balanced, next to the theory.
 
     python -m pipeline.schedule_benchmark --p 2 4 --m 4 8 16 --out results/schedule_benchmark.json
+    torchrun --standalone --nproc_per_node=4 -m pipeline.schedule_benchmark --device cuda   # p = 4 GPUs
+
+Times are read with :func:`course.measure.now` (on a GPU after the device's queued work has run;
+``timer`` in the JSON). The replay from CPU seconds is the CPU's measure: on a GPU the events'
+wall time is what counts. Under torchrun ``--p`` is torchrun's world size and rank 0 writes the JSON.
 
 For every ``p`` and balance (``count``: blocks spread evenly, embeddings on the first and
 the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance`) one
@@ -46,16 +51,11 @@ from pathlib import Path
 
 import torch
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+from pipeline.schedules import SCHEDULES  # noqa: E402
 
 
-def theory(schedule: str, p: int, m: int, v: int = 2) -> float:
-    """The theoretical bubble fraction of ``schedule`` (see the module docstring)."""
-    if schedule == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    if schedule == "zb-h1":
-        return (p - 1) / (3 * m + p - 1)
-    return (p - 1) / (m + p - 1)
+def _chunks(schedule: str, v: int) -> int:
+    return v if SCHEDULES[schedule].chunks else 1
 
 
 def _model(cfg):
@@ -69,6 +69,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     import torch.distributed as dist
 
     from course.launch import context
+    from course.measure import now
     from course.mesh import Mesh
     from pipeline.gpt2 import gpt2_measured_balance
     from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
@@ -86,7 +87,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     for v in sorted({1, v_max}):
         balances[v] = None
         if cfg["balance"] == "auto":
-            sample = torch.randint(0, vocab, (mb, seq), generator=torch.Generator().manual_seed(2))
+            sample = torch.randint(0, vocab, (mb, seq), generator=torch.Generator().manual_seed(2), device="cpu")
             balances[v], _ = gpt2_measured_balance(_model(cfg), world_size * v, sample, repeats=5, group=group)
     out = {"balance": {str(v): b for v, b in balances.items()}}
 
@@ -94,14 +95,14 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
     for schedule in cfg["schedules"]:
-        v = v_max if schedule == "interleaved" else 1
+        v = _chunks(schedule, v_max)
         model = _model(cfg)
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, v, balances[v])
         sync_tied = TiedGradients(mesh.embedding_group)
         runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=group)
         out[schedule] = {}
         for m in cfg["m"]:
-            inputs = [torch.randint(0, vocab, (mb, seq), generator=g) for _ in range(m)]
+            inputs = [torch.randint(0, vocab, (mb, seq), generator=g, device="cpu") for _ in range(m)]  # runner moves them
             targets = [torch.randint(0, vocab, (mb, seq), generator=g).to(device) for _ in range(m)]
             actions = schedule_actions(schedule, mesh.stage, world_size, m, v)
             steps = []
@@ -109,15 +110,15 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
                 for c in chunks:
                     c.zero_grad(set_to_none=True)
                 dist.barrier(group=group)
-                start, cpu_start = time.perf_counter(), time.process_time()
+                start, cpu_start = now(device), time.process_time()
                 result = runner.run(actions, inputs if mesh.is_first_stage else None,
                                     targets if mesh.is_last_stage else None)
-                tied_start = time.time() - runner.origin
+                tied_start = now(device) - runner.origin
                 sync_tied(tied)  # the tied embedding / LM head gradient summed between the end stages
-                tied_event = [("AR", 0, tied_start, time.time() - runner.origin)] if tied is not None else []
+                tied_event = [("AR", 0, tied_start, now(device) - runner.origin)] if tied is not None else []
                 cpu = time.process_time() - cpu_start  # this process's CPU seconds (all its threads)
                 dist.barrier(group=group)
-                wall = time.perf_counter() - start
+                wall = now(device) - start
                 if step >= cfg["warmup"]:
                     steps.append(dict(events=result.events, event_cpu_s=result.event_cpu_s,
                                       tied_events=tied_event, wall_s=wall, cpu_s=cpu,
@@ -127,15 +128,17 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     return out
 
 
-def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: int = 2, repeats: int = 3,
+def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto"), v: int = 2, repeats: int = 3,
         warmup: int = 1, n_layer: int = 12, micro_batch_size: int = 4, seq: int = 32, vocab: int = 8192,
-        timeout: float = 1800, keep_events: bool = False) -> dict:
+        timeout: float = 1800, keep_events: bool = False, device: str = "cpu") -> dict:
     """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``.
 
     ``keep_events``: each row also holds ``events[r]`` of its median-bubble step, with the
     tied-embedding all-reduce as an ``"AR"`` event on the first and last rank (it is not
-    counted in the bubble: the schedules are compared on their own work)."""
-    from course.launch import launch
+    counted in the bubble: the schedules are compared on their own work). ``device``: ``"cpu"``,
+    ``"cuda"`` or ``"auto"`` (:func:`course.launch.resolve_device_backend`)."""
+    from course.launch import launch_all
+    from course.measure import timer_name
     from pipeline.metrics import measured_bubble_fraction, replay
     from pipeline.schedules import schedule_actions
 
@@ -145,12 +148,12 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
             cfg = dict(balance=balance, v=v, m=list(m_values), schedules=list(schedules), repeats=repeats,
                        warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq, vocab=vocab)
             t0 = time.time()
-            per_rank = launch(benchmark_worker, p, cfg, device="cpu", timeout=timeout, collective_timeout=600)
+            per_rank = launch_all(benchmark_worker, p, cfg, device=device, timeout=timeout, collective_timeout=600)
             print(f"p={p} balance={balance}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             for schedule in schedules:
                 for m in m_values:
                     bubbles, dedicated, walls, cores_used = [], [], [], []
-                    actions = [schedule_actions(schedule, r, p, m, v if schedule == "interleaved" else 1)
+                    actions = [schedule_actions(schedule, r, p, m, _chunks(schedule, v))
                                for r in range(p)]
                     for step in range(repeats):
                         events = [per_rank[r][schedule][m][step]["events"] for r in range(p)]
@@ -162,10 +165,10 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
                                               for r in range(p)) / walls[-1])
                     tokens = m * micro_batch_size * seq
                     tps = [tokens / w for w in walls]
-                    th = theory(schedule, p, m, v)
+                    th = SCHEDULES[schedule].bubble(p, m, _chunks(schedule, v))
                     rows.append(dict(
-                        p=p, balance=balance, schedule=schedule, m=m, v=v if schedule == "interleaved" else 1,
-                        layers_per_stage=per_rank[0]["balance"][str(v if schedule == "interleaved" else 1)],
+                        p=p, balance=balance, schedule=schedule, m=m, v=_chunks(schedule, v),
+                        layers_per_stage=per_rank[0]["balance"][str(_chunks(schedule, v))],
                         bubble_median=statistics.median(bubbles), bubble_min=min(bubbles), bubble_max=max(bubbles),
                         theory=th, ratio_to_theory=statistics.median(bubbles) / th if th else None,
                         dedicated_bubble_median=statistics.median(dedicated), dedicated_bubble_min=min(dedicated),
@@ -183,7 +186,8 @@ def run(p_values, m_values, schedules=SCHEDULES, balances=("count", "auto"), v: 
                                               + per_rank[r][schedule][m][k]["tied_events"] for r in range(p)]
     config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
                   repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
-                  vocab=vocab, cpu_count=__import__("os").cpu_count(), torch=torch.__version__)
+                  vocab=vocab, cpu_count=__import__("os").cpu_count(), torch=torch.__version__, device=device,
+                  timer=timer_name(device))
     return {"config": config, "rows": rows}
 
 
@@ -213,14 +217,27 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--p", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
     parser.add_argument("--m", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
-    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
     parser.add_argument("--v", type=int, default=2, help="chunks per rank of the interleaved schedule")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--n_layer", type=int, default=12)
     parser.add_argument("--out", type=Path, default=Path("results/schedule_benchmark.json"))
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                        help="cuda: one GPU per stage with NCCL (auto: when there are enough)")
     args = parser.parse_args(argv)
+    from course.launch import default_world_size, in_torchrun, resolve_device_backend
+
+    if in_torchrun():
+        if "--p" in (argv if argv is not None else sys.argv):
+            if args.p != [default_world_size(0)]:
+                parser.error(f"under torchrun --p is torchrun's WORLD_SIZE={default_world_size(0)}: leave it out")
+        args.p = [default_world_size(0)]
+    try:
+        args.device, _ = resolve_device_backend(args.device, "auto", max(args.p))
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: use at least 3 timed repeats (median and min-max)")
     if min(args.p) < 1 or min(args.m) < 1 or args.v < 1 or args.warmup < 0:
@@ -239,7 +256,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    report = run(args.p, args.m, args.schedules, args.balance, args.v, args.repeats, args.warmup, args.n_layer)
+    report = run(args.p, args.m, args.schedules, args.balance, args.v, args.repeats, args.warmup, args.n_layer,
+                 device=args.device)
+    from course.launch import reports_results
+
+    if not reports_results():
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(format_table(report))

@@ -28,9 +28,10 @@ gradient from rank + 1 and sends the input's gradient to rank - 1
 """
 from __future__ import annotations
 
-Action = tuple  # (kind, micro-batch) or (kind, micro-batch, chunk); kind "F", "B" or "W"
+from dataclasses import dataclass
+from typing import Callable
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+Action = tuple  # (kind, micro-batch) or (kind, micro-batch, chunk); kind "F", "B" or "W"
 
 
 def _check(rank: int, n_stages: int, n_micro: int) -> None:
@@ -182,28 +183,77 @@ def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
     # END ASSIGN5_2_6
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """One pipeline schedule, declared once (:data:`SCHEDULES`): what the runner, the simulator, the
+    benchmarks, the plots, the scripts' options and the tests take it from.
+
+    Attributes:
+        name: the option value (``--schedule``), e.g. ``"1f1b"``.
+        title: how plots and tables name it.
+        actions: ``actions(rank, p, m, v)`` — the rank's action list (``v``, chunks per rank, is 1
+            unless :attr:`chunks`).
+        work_per_micro: units of work per micro-batch and stage relative to one forward + backward,
+            for the theoretical bubble: 1 for GPipe and 1F1B; ``v`` for interleaved (``v`` chunks per
+            rank, each with ``1/v`` of the work, so the warm-up costs ``1/v`` as much); 3 for ZB-H1
+            (with F, B and W equally long, deferring W fills two thirds of the bubble).
+        chunks: the schedule takes ``v > 1`` model chunks per rank.
+        source: the paper and section.
+    """
+
+    name: str
+    title: str
+    actions: Callable[[int, int, int, int], list[Action]]
+    work_per_micro: Callable[[int], int]
+    chunks: bool
+    source: str
+
+    def bubble(self, n_stages: int, n_micro: int, n_chunks: int = 1) -> float:
+        """The theoretical bubble fraction ``(p - 1) / (w m + p - 1)``, ``w`` = :attr:`work_per_micro`,
+        with every stage and every action equally long (:func:`pipeline.metrics.bubble_fraction`)."""
+        from pipeline.metrics import bubble_fraction
+
+        return bubble_fraction(n_stages, self.work_per_micro(n_chunks) * n_micro)
+
+
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
+    Schedule("gpipe", "GPipe", lambda r, p, m, v: gpipe_actions(r, p, m), lambda v: 1, False,
+             "Huang et al. 2019, GPipe, Sec. 2.2"),
+    Schedule("1f1b", "1F1B", lambda r, p, m, v: one_f_one_b_actions(r, p, m), lambda v: 1, False,
+             "Narayanan et al. 2021, Megatron-LM, Sec. 2.2.1 (PipeDream-Flush)"),
+    Schedule("interleaved", "interleaved 1F1B", interleaved_1f1b_actions, lambda v: v, True,
+             "Narayanan et al. 2021, Megatron-LM, Sec. 2.2.2"),
+    Schedule("zb-h1", "ZB-H1", lambda r, p, m, v: zb_h1_actions(r, p, m), lambda v: 3, False,
+             "Qi et al. 2024, Zero Bubble Pipeline Parallelism, Sec. 3"),
+]}
+
+
+def get_schedule(name: str) -> Schedule:
+    """The :class:`Schedule` called ``name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {tuple(SCHEDULES)}")
+    return SCHEDULES[name]
+
+
 def schedule_actions(schedule: str, rank: int, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[Action]:
-    """The action list of ``schedule`` (one of ``SCHEDULES``) on ``rank``.
+    """The action list of ``schedule`` (a name in :data:`SCHEDULES`) on ``rank``.
 
     Args:
-        n_chunks: ``v``, model chunks per rank; only ``"interleaved"`` takes ``v > 1``.
+        n_chunks: ``v``, model chunks per rank; only a schedule with ``chunks`` takes ``v > 1``.
 
     Raises:
         ValueError: unknown schedule name; ``n_chunks != 1`` for a schedule with one chunk per rank
             (and see :func:`gpipe_actions`, :func:`interleaved_1f1b_actions`).
     """
-    if schedule == "interleaved":
-        return interleaved_1f1b_actions(rank, n_stages, n_micro, n_chunks)
-    if schedule in SCHEDULES and n_chunks != 1:
+    entry = get_schedule(schedule)
+    if n_chunks != 1 and not entry.chunks:
         raise ValueError(f"the {schedule} schedule runs one chunk per rank, got n_chunks={n_chunks}; "
                          "use the interleaved schedule for several chunks")
-    if schedule == "gpipe":
-        return gpipe_actions(rank, n_stages, n_micro)
-    if schedule == "1f1b":
-        return one_f_one_b_actions(rank, n_stages, n_micro)
-    if schedule == "zb-h1":
-        return zb_h1_actions(rank, n_stages, n_micro)
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
+    return entry.actions(rank, n_stages, n_micro, n_chunks)
 
 
 def all_actions(schedule: str, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[list[Action]]:

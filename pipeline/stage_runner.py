@@ -6,7 +6,16 @@ stage (an ``nn.Module``) and a :class:`StageRunner`, then for every training ste
 :meth:`StageRunner.run` with its action list (:mod:`pipeline.schedules`). Activations
 go forward to stage s + 1 and their gradients back to stage s - 1 by point-to-point
 send/recv in the ``pp`` group (:mod:`pipeline.p2p`); a neighbour is addressed by its
-global rank, ``dist.get_global_rank(pp_group, s ± 1)``. Gradients accumulate in the
+global rank, ``dist.get_global_rank(pp_group, s ± 1)``.
+
+**When messages travel.** A step's :meth:`send` does not send at once, and :meth:`recv` does not
+wait: the runner gathers every rank's action list, lays them out on a common clock of unit steps
+(:func:`pipeline.metrics.communication_plan`) and, between actions, carries out the batches of
+that plan — every message leaves in one batch with the other messages of its step, and the rank
+that consumes it receives it in its batch of the same step. That lock-step is what makes the
+pipeline safe under NCCL's point-to-point rules (docs/architecture.md, "Point-to-point under
+NCCL's rules"); a send that posted at once, followed by a blocking receive from the same
+neighbour, would wait forever on GPUs where both neighbours do it. Gradients accumulate in the
 stage's parameters over the micro-batches, exactly as in single-process training of the
 same micro-batches, so the optimizer step after :meth:`run` is the same.
 
@@ -16,15 +25,16 @@ runner a list of ``v`` modules; chunk ``c`` of the rank at stage ``s`` is virtua
 Before each step the runner makes that chunk current: :attr:`stage`, :attr:`is_first`,
 :attr:`is_last` and :attr:`in_flight` then refer to it, and :meth:`send` / :meth:`recv`
 address the neighbouring *virtual* stage (stage ``s ± 1`` taken modulo ``p``: the last
-rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Each message carries a tag
-naming its kind (activation or gradient) and the virtual stage it is for, so the
-activations and gradients of several chunks that travel between the same two ranks
+rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Messages are named by what consumes
+them — ``("F", i, s)``, the input of micro-batch ``i`` on virtual stage ``s``; ``("B", i, s)``, the
+gradient of that stage's output — and matched by their order in the plan's batches (NCCL has no
+tags), so the activations and gradients of several chunks that travel between the same two ranks
 cannot be mixed up.
 
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
 ``torch.autograd.grad(output, input, grad, retain_graph=True)`` — the graph is kept — and
-sends it upstream at once; ``("W", i)`` later computes the weight gradients,
+hands it upstream at the end of its step; ``("W", i)`` later computes the weight gradients,
 ``torch.autograd.backward(output, grad, inputs=parameters)``, and frees the graph. This
 simple split re-traverses the stage's graph in ``W`` (the weight gradients of a layer
 need the gradient of its output), so ``W`` costs about a whole backward here; torch's
@@ -50,6 +60,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.collectives import global_rank, group_rank, group_size
+from course.measure import now, timer_name
 from pipeline.metrics import communication_plan
 from pipeline.p2p import exchange_tensors
 
@@ -69,7 +80,8 @@ class StepResult:
             On a GPU it counts only the host's share; use the events' wall time there.
         peak_in_flight: most micro-batches forwarded and not yet backwarded at once.
         peak_activation_bytes: most bytes of tensors saved for backward at once
-            (parameters excluded).
+            (parameters excluded; counted by storage, the same measure on every device).
+        timer: the clock of ``events`` (:func:`course.measure.timer_name`).
     """
 
     losses: dict = field(default_factory=dict)
@@ -78,20 +90,22 @@ class StepResult:
     event_cpu_s: list = field(default_factory=list)
     peak_in_flight: int = 0
     peak_activation_bytes: int = 0
+    timer: str = ""
 
 
 def common_clock_origin(device: torch.device, group=None) -> float:
-    """The wall-clock time (``time.time()``, seconds) of ``group``'s first rank, taken after a
-    barrier in ``group`` and broadcast to its ranks.
+    """The wall-clock time (:func:`course.measure.now`, seconds) of ``group``'s first rank, taken after
+    a barrier in ``group`` and broadcast to its ranks.
 
-    Every rank measures its events as ``time.time() - origin``: on one machine all
+    Every rank measures its events as ``now(device) - origin`` (the clock read after the device's
+    queued work has run, ``StepResult.timer``): on one machine all
     processes read the same clock, so their timelines line up exactly; across nodes they
     line up as well as the nodes' clocks are synchronised (NTP: about a millisecond).
     """
     if not dist.is_initialized():
-        return time.time()
+        return now(device)
     dist.barrier(group=group)
-    origin = torch.tensor([time.time()], dtype=torch.float64, device=device)
+    origin = torch.tensor([now(device)], dtype=torch.float64, device=device)
     dist.broadcast(origin, src=global_rank(group, 0), group=group)
     return float(origin.item())
 
@@ -304,13 +318,12 @@ class StageRunner:
         self._activation_bytes.pop(key, None)
 
     def _start_timer(self) -> float:
+        start = now(self.device)  # course.measure: on a GPU, after the work queued before has run
         self._cpu_start = time.process_time()
-        return time.time()
+        return start
 
     def _record(self, kind: str, i: int, start: float) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        end = time.time()
+        end = now(self.device)  # ... and after this event's kernels have run
         self.result.events.append((kind, i, start - self.origin, end - self.origin))
         self.result.event_chunks.append(self.chunk or 0)
         self.result.event_cpu_s.append(time.process_time() - self._cpu_start)
@@ -385,7 +398,7 @@ class StageRunner:
         self._outbox: dict = {}
         self._mailbox: dict = {}
         self._micro = None
-        self.result = StepResult()
+        self.result = StepResult(timer=timer_name(self.device))
         plan = self._plan(actions)
         batches = sorted(plan["batches"].items())
         try:

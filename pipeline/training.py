@@ -2,13 +2,14 @@
 
 Modes (``--model_parallel_mode``):
 
-* ``model_parallel`` — the model split over ``n_stages`` stages, the whole batch going
+* ``model_parallel`` — the model split over ``--pp`` stages, the whole batch going
   through them one stage after another (:class:`pipeline.gpt2.GPT2Pipeline` with a single
   micro-batch). One process.
-* ``pipeline_parallel`` — the same stages, the batch cut into ``n_chunk`` micro-batches
+* ``pipeline_parallel`` — the same stages, the batch cut into ``--micro_batches`` micro-batches
   that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
   thread per stage. One process.
-* ``1f1b`` (and ``gpipe``) — one process per stage, activations and gradients sent
+* a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``:
+  :data:`pipeline.schedules.SCHEDULES`) — one process per stage, activations and gradients sent
   between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
   the schedule (:mod:`pipeline.stage_runner`). :func:`run_stage_worker` runs on every rank.
 
@@ -27,14 +28,15 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from course.cli import run_config
 from course.collectives import global_rank
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.loss import count_target_tokens, lm_loss
 from course.model import parameter_fingerprint
 from course.task import build_model, prepare_data, worker_env_quiet
 
-MULTIPROCESS_MODES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+from pipeline.schedules import SCHEDULES  # noqa: E402
+
+MULTIPROCESS_MODES = tuple(SCHEDULES)  # one process per stage, running that schedule
 SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
 
 
@@ -44,8 +46,8 @@ def results_prefix(mode: str) -> str:
 
 
 def micro_batch_size(args) -> int:
-    """Rows per micro-batch: the whole batch for ``model_parallel``, else ``batch_size // n_chunk``."""
-    return args.batch_size if args.model_parallel_mode == "model_parallel" else args.batch_size // args.n_chunk
+    """Rows per micro-batch: the whole batch for ``model_parallel``, else ``batch_size // micro_batches``."""
+    return args.batch_size if args.model_parallel_mode == "model_parallel" else args.batch_size // args.micro_batches
 
 
 def train_loader(data, args, epoch: int) -> DataLoader:
@@ -72,21 +74,21 @@ class PipelineMode(TrainingMode):
 
     def config(self, world_size: int = 1, **extra) -> dict:
         args = self.args
-        return {**run_config(args), "mode": self.mode, "world_size": world_size, "n_stages": args.n_stages,
-                "n_chunk": 1 if self.mode == "model_parallel" else args.n_chunk,
+        return {**args.record(), "mode": self.mode, "world_size": world_size,
+                "micro_batches": 1 if self.mode == "model_parallel" else args.micro_batches,
                 "micro_batch_size": micro_batch_size(args), **extra}
 
 
 # ---- one process: model_parallel and pipeline_parallel ------------------------------------
 
 def cpu_threads_per_stage(args) -> int | None:
-    """On CPU, give each stage ``cores // n_stages`` threads, as the 1f1b processes get
+    """On CPU, give each stage ``cores // pp`` threads, as the 1f1b processes get
     (:mod:`course.launch`): a stage owns its share of the cores like it would own a GPU,
     and the stage threads of one clock cycle do not fight over the same cores. Returns the
     thread count (None on GPU)."""
     if args.device != "cpu":
         return None
-    threads = max(1, (os.cpu_count() or 1) // args.n_stages)
+    threads = max(1, (os.cpu_count() or 1) // args.pp)
     torch.set_num_threads(threads)
     return threads
 
@@ -131,7 +133,7 @@ class PipeTraining(PipelineMode):
 def run_single_process(args) -> list[str]:
     """Train with :class:`pipeline.gpt2.GPT2Pipeline` in this process; returns the results files.
 
-    On CPU, torch's thread count is set to ``cores // n_stages`` for the run and restored after.
+    On CPU, torch's thread count is set to ``cores // pp`` for the run and restored after.
     """
     previous_threads = torch.get_num_threads()
     try:
@@ -148,8 +150,8 @@ def _run_single_process(args) -> list[str]:
     torch.manual_seed(args.seed)
     data = prepare_data(args)
     model = build_model(args, data.tokenizer.vocab_size)
-    devices = stage_devices(args.device, args.n_stages)
-    piped = GPT2Pipeline(model, args.n_stages, micro_batch_size(args), devices=devices)
+    devices = stage_devices(args.device, args.pp)
+    piped = GPT2Pipeline(model, args.pp, micro_batch_size(args), devices=devices)
     piped.pipe.record_timeline = True
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     return run_epochs(PipeTraining(args, data, model, piped, devices, threads, optimizer))
@@ -201,7 +203,7 @@ class StageTraining(PipelineMode):
         inputs = list(batch["input_ids"].split(micro_batch_size(args)))
         m = len(inputs)
         labels = list(batch["labels"].split(micro_batch_size(args)))
-        if self.mode == "interleaved" and m != valid_interleaved_micro(runner.n_stages, m):
+        if SCHEDULES[self.mode].chunks and m != valid_interleaved_micro(runner.n_stages, m):
             # a short last batch: fewer, unequal micro-batches that the interleaved schedule accepts
             m = valid_interleaved_micro(runner.n_stages, m)
             inputs, labels = list(batch["input_ids"].tensor_split(m)), list(batch["labels"].tensor_split(m))
@@ -214,7 +216,7 @@ class StageTraining(PipelineMode):
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
-        if m == args.n_chunk or not self.timeline:
+        if m == args.micro_batches or not self.timeline:
             self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b, chunk=c)
                              for (k, i, a, b), c in zip(result.events, result.event_chunks)]
         loss = sum(result.losses.values()) if runner.is_last else None
@@ -250,7 +252,7 @@ class StageTraining(PipelineMode):
 
     def config(self) -> dict:
         return super().config(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
-                              stage_layers=sum(len(c) for c in self.runner.chunks), n_virtual=self.runner.n_chunks,
+                              stage_layers=sum(len(c) for c in self.runner.chunks),
                               balance=self.balance, mesh=self.mesh.describe())
 
     def progress_desc(self, epoch: int) -> str:
@@ -275,11 +277,11 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     mesh = Mesh.build(pp=world_size)
     data = prepare_data(args)
     model = build_model(args, data.tokenizer.vocab_size)
-    n_virtual = getattr(args, "n_virtual", 1)
+    n_virtual = args.virtual_stages
     balance = None
-    if getattr(args, "balance", "count") == "auto":
+    if args.balance == "auto":
         balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
-    if args.model_parallel_mode == "interleaved":
+    if SCHEDULES[args.model_parallel_mode].chunks:
         from pipeline.gpt2_stages import gpt2_chunks
 
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_virtual, balance)

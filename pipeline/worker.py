@@ -57,6 +57,8 @@ def worker(in_queue: Queue, out_queue: Queue, device: torch.device, stage: int =
         task = in_queue.get()
         if task is None:
             break
+        if device.type == "cuda" and recorder is not None and recorder.log is not None:
+            torch.cuda.synchronize(device)  # course.measure: read the clock once the queued work has run
         start = time.perf_counter()
         try:
             if device.type == "cuda":

@@ -2,8 +2,10 @@
 
     python project/benchmark.py                               # 2 ranks, 1 KB .. 64 MB, 5 repeats
     python project/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --json out.json
+    torchrun --standalone --nproc_per_node=8 project/benchmark.py --device cuda   # 8 GPUs, NCCL
 
-Part 1, for each world size: ``dist.all_reduce`` (gloo's own), :func:`communication.ring_all_reduce`
+Part 1, for each world size: ``dist.all_reduce`` (the back-end's own: gloo, or NCCL on GPUs),
+:func:`communication.ring_all_reduce`
 and :func:`communication.tree_all_reduce` (recursive doubling) on float32 tensors of each
 size, taking turns in every repeat (interleaved), after a warm-up; the median and min-max
 of the slowest rank's time, the bus bandwidth ``2 (p-1)/p N / t``, an alpha-beta line fitted
@@ -13,7 +15,10 @@ Part 2 (``--dp_world_size`` ranks): training tokens/s of GPT-2 (``--preset``, sy
 with ``average_gradients``, the bucketed overlapped reducer and torch DDP (same
 ``--bucket_mb``), interleaved repeats, median and min-max, and the ratio to DDP.
 
-Prints tables and writes everything to ``--json`` (notebooks/04_communication.ipynb reads it).
+Prints tables and writes everything to ``--json`` (notebooks/04_communication.ipynb reads it), with
+the device and the clock it was measured with (``timer``: :mod:`course.measure`; on a GPU every time is
+read after the device's queued work has run). Under torchrun the world sizes are torchrun's, and rank 0
+prints and writes.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
+from course.launch import RankFailure, default_world_size, in_torchrun, launch, reports_results  # noqa: E402
 
 DEFAULT_SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
 UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -52,14 +57,17 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (bytes, or with KB/MB/GB)")
-    parser.add_argument("--world_sizes", nargs="+", type=int, default=[2], help="ranks of the all-reduce benchmark")
+    parser.add_argument("--world_sizes", nargs="+", type=int, default=[default_world_size(2)],
+                        help="ranks of the all-reduce benchmark (under torchrun: its WORLD_SIZE)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="auto: one GPU per rank with NCCL when there are enough, else the CPU with gloo")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per point (>= 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls / steps first")
     parser.add_argument("--json", default="workdir/benchmark_communication.json", help="where the results go")
     parser.add_argument("--skip_allreduce", action="store_true", help="skip part 1")
     dp = parser.add_argument_group("data-parallel throughput (part 2)")
     dp.add_argument("--skip_dp", action="store_true", help="skip part 2")
-    dp.add_argument("--dp_world_size", type=int, default=2)
+    dp.add_argument("--dp_world_size", type=int, default=default_world_size(2))
     dp.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
     dp.add_argument("--vocab_size", type=int, default=5000)
     dp.add_argument("--seq", type=int, default=64, help="tokens per sequence")
@@ -81,6 +89,15 @@ def parse_args(argv=None):
         parser.error("--world_sizes and --dp_world_size must be >= 2 (an all-reduce needs two ranks)")
     if args.bucket_mb <= 0:
         parser.error(f"--bucket_mb must be > 0, not {args.bucket_mb}")
+    if in_torchrun() and set(args.world_sizes + [args.dp_world_size]) != {default_world_size(0)}:
+        parser.error(f"under torchrun every world size is torchrun's WORLD_SIZE={default_world_size(0)}: leave "
+                     "--world_sizes and --dp_world_size out, or start torchrun with --nproc_per_node=<that size>")
+    from course.launch import resolve_device_backend
+
+    try:
+        args.device, _ = resolve_device_backend(args.device, "auto", max(args.world_sizes + [args.dp_world_size]))
+    except ValueError as exc:
+        parser.error(str(exc))
     from course.model import PRESETS
 
     if args.preset not in PRESETS:
@@ -90,18 +107,24 @@ def parse_args(argv=None):
     return args
 
 
+def _one(per_rank: dict):
+    """The value of one rank (the workers return the slowest rank's times, the same on every rank)."""
+    return per_rank[min(per_rank)]
+
+
 def summarise(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "all": times}
 
 
 def allreduce_part(args) -> dict:
+    from course.measure import timer_name
     from communication.alpha_beta import bus_bandwidth, crossover, fit_alpha_beta, measured_crossover
     from communication.experiments import ALGORITHMS, allreduce_bench_worker
 
     report = {}
     for p in args.world_sizes:
-        raw = launch(allreduce_bench_worker, p, args.sizes_bytes, args.repeats, args.warmup,
-                     timeout=args.timeout, collective_timeout=300)[0]
+        raw = _one(launch(allreduce_bench_worker, p, args.sizes_bytes, args.repeats, args.warmup, device=args.device,
+                          timeout=args.timeout, collective_timeout=300))
         per = {}
         for name in ALGORITHMS:
             points = {size: summarise(raw[name][size]) for size in args.sizes_bytes}
@@ -114,7 +137,10 @@ def allreduce_part(args) -> dict:
                           "crossover_ring_tree_fit": crossover((per["ring"]["alpha"], per["ring"]["beta"]),
                                                                (per["tree"]["alpha"], per["tree"]["beta"])),
                           "crossover_ring_tree_measured": measured_crossover(args.sizes_bytes, med["ring"], med["tree"])}
-        print(f"\nall-reduce, {p} ranks (float32; median [min-max] of {args.repeats} repeats; busbw = 2(p-1)/p N / t)")
+        if not reports_results():
+            continue
+        print(f"\nall-reduce, {p} ranks on {args.device} (float32; median [min-max] of {args.repeats} repeats; "
+              f"busbw = 2(p-1)/p N / t; timer {timer_name(args.device)})")
         print(f"{'size':>7} " + " ".join(f"{n + ' us':>28} {'GB/s':>6}" for n in ALGORITHMS))
         for size in args.sizes_bytes:
             cells = []
@@ -138,14 +164,17 @@ def dp_part(args) -> dict:
 
     cfg = {"preset": args.preset, "vocab_size": args.vocab_size, "seq": args.seq, "per_rank_batch": args.per_rank_batch,
            "steps": args.dp_steps, "repeats": args.dp_repeats, "warmup": max(1, args.warmup), "bucket_mb": args.bucket_mb}
-    out = launch(dp_throughput_worker, args.dp_world_size, cfg, timeout=args.timeout, collective_timeout=300)[0]
+    out = _one(launch(dp_throughput_worker, args.dp_world_size, cfg, device=args.device, timeout=args.timeout,
+                      collective_timeout=300))
     per = {name: summarise(v) for name, v in out["tokens_per_sec"].items()}
     ddp = per["ddp"]["median"]
     ratios = {}
     for name in per:  # ratio per repeat (the variants ran side by side in each repeat), then its median
         r = [a / b for a, b in zip(out["tokens_per_sec"][name], out["tokens_per_sec"]["ddp"])]
         ratios[name] = summarise(r)
-    print(f"\ndata-parallel training, {args.dp_world_size} ranks, GPT-2 {args.preset}, "
+    if not reports_results():
+        return {}
+    print(f"\ndata-parallel training, {args.dp_world_size} ranks on {args.device}, GPT-2 {args.preset}, "
           f"{args.per_rank_batch}x{args.seq} tokens per rank per step, buckets of {args.bucket_mb} MB "
           f"({out['n_buckets']} buckets); tokens/s of all ranks, median [min-max] of {args.dp_repeats} interleaved repeats")
     for name, s in per.items():
@@ -157,7 +186,10 @@ def dp_part(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    result = {"sizes_bytes": args.sizes_bytes, "repeats": args.repeats}
+    from course.measure import timer_name
+
+    result = {"sizes_bytes": args.sizes_bytes, "repeats": args.repeats, "device": args.device,
+              "timer": timer_name(args.device)}
     try:
         if not args.skip_allreduce:
             result["allreduce"] = allreduce_part(args)
@@ -166,6 +198,8 @@ def main(argv=None) -> int:
     except RankFailure as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
+    if not reports_results():
+        return 0
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))

@@ -5,12 +5,13 @@ credentials, network or GPUs lives here:
 
 * :func:`make_request` checks the options on the laptop, before anything is sent
   (unknown mode, more GPUs than Modal attaches to one container, ``tp_size`` other than
-  the world size, ...) and raises ``ValueError`` with what to change;
-* :func:`build_command` turns a request into the command line of a run script (spawn
-  mode, or ``torchrun --standalone --nproc_per_node``), from the script's path and options,
-  or of the course grader ``instructor/grade.py`` for ``--grade``;
+  the world size, dp x pp x tp other than it, memory and communication options together, ...)
+  and raises ``ValueError`` with what to change;
+* :func:`build_command` turns a request into the command line of a run script or a benchmark
+  (spawn mode, or ``torchrun --standalone --nproc_per_node``), of the course grader
+  ``instructor/grade.py`` for ``--grade``, or of the GPU test tier (``pytest -m gpu``) for ``--gpu-tests``;
 * :func:`remote_run` is the body of the remote function: data, command, log, results;
-* :func:`summarize` and :func:`print_grade` print what came back.
+* :func:`summarize`, :func:`summarize_gpu_tier` and :func:`print_grade` print what came back.
 
 This module imports nothing heavy (no torch): it runs inside ``modal run`` on the laptop.
 """
@@ -28,13 +29,33 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"data": "project/run_data_parallel.py", "pipeline": "project/run_pipeline.py",
-           "tensor": "project/run_tensor_parallel.py"}
-# The option of each script that sets how many GPUs (processes, stages, shards) it uses.
-SIZE_OPTION = {"data": "--world_size", "pipeline": "--n_stages", "tensor": "--tp_size"}
-# Options that only one mode understands.
-MODE_ONLY_OPTIONS = {"n_chunk": "pipeline", "model_parallel_mode": "pipeline", "tp_size": "tensor"}
-# Options passed through to the script unchanged (``--name value``) when given.
-PASSTHROUGH = ("batch_size", "n_epochs", "preset", "dataset", "max_batches", "n_chunk", "model_parallel_mode")
+           "tensor": "project/run_tensor_parallel.py", "3d": "project/run_3d.py"}
+# The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
+# GPUs, and the option and file name of the JSON it writes.
+BENCHMARKS = {"benchmark": ("project/benchmark.py", ("--world_sizes", "--dp_world_size"),
+                            ("--json", "benchmark_communication.json")),
+              "schedule_benchmark": ("-m pipeline.schedule_benchmark", ("--p",), ("--out", "schedule_benchmark.json")),
+              "factorisation_benchmark": ("-m three_d.factorisation_benchmark", ("--world_size",),
+                                          ("--out", "factorisation_benchmark.json"))}
+MODES = (*SCRIPTS, *BENCHMARKS)
+# The option of each script that sets how many GPUs (processes, stages, shards) it uses (3d: --dp --pp --tp).
+SIZE_OPTION = {"data": "--dp", "pipeline": "--pp", "tensor": "--tp"}
+# Options that only some modes understand.
+MODE_ONLY_OPTIONS = {"n_chunk": ("pipeline", "3d"), "model_parallel_mode": ("pipeline",), "tp_size": ("tensor",),
+                     "dp": ("3d",), "pp": ("3d",), "tp": ("3d",), "schedule": ("3d",),
+                     "zero": ("data",), "precision": ("data",), "activation_checkpointing": ("data",),
+                     "bucket_mb": ("data",), "overlap": ("data",), "compression": ("data",)}
+# Options passed through to the script unchanged (``--name value``) when given; FLAGS as ``--name`` when true.
+PASSTHROUGH = ("batch_size", "n_epochs", "preset", "dataset", "max_batches", "n_chunk", "model_parallel_mode",
+               "schedule", "zero", "precision", "bucket_mb", "compression")
+FLAGS = ("activation_checkpointing", "overlap")
+# Modal's option names that the scripts call otherwise (course.config.RunConfig: the same names in every script).
+SCRIPT_OPTION = {"n_chunk": "micro_batches"}
+# The choices of the options that have them (the scripts' own; checked here before anything is sent).
+CHOICES = {"schedule": ("1f1b", "gpipe"), "zero": (0, 1, 2, 3), "precision": ("fp32", "bf16"),
+           "compression": ("none", "topk", "powersgd")}
+# --gpu-tests: the GPU tier (tests/gpu, NCCL against gloo) and its JUnit report.
+GPU_TIER_XML = "gpu_tier.xml"
 # Pipeline modes that run in one process (stage s on cuda:s): torchrun cannot start them.
 SINGLE_PROCESS_PIPELINE_MODES = ("model_parallel", "pipeline_parallel")
 LAUNCHERS = ("spawn", "torchrun")
@@ -61,6 +82,7 @@ class RunRequest:
     options: dict = field(default_factory=dict)  # script option name (snake_case) -> value
     extra: list = field(default_factory=list)  # further script arguments, appended last
     grade: bool = False
+    gpu_tests: bool = False
 
     @property
     def gpu_spec(self) -> str:
@@ -74,21 +96,26 @@ def _positive(name: str, value) -> None:
 
 
 def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
-                 extra: str = "", grade: bool = False, **options) -> RunRequest:
+                 extra: str = "", grade: bool = False, gpu_tests: bool = False, **options) -> RunRequest:
     """Check the options of ``modal run modal_run.py`` and return the :class:`RunRequest`.
 
-    ``options`` are the script options of :data:`PASSTHROUGH` plus ``tp_size`` (None: not given).
+    ``options`` are the script options of :data:`PASSTHROUGH` and :data:`FLAGS` plus ``tp_size``,
+    ``dp``, ``pp`` and ``tp`` (None or False: not given).
 
     Raises:
         ValueError: with what to change — unknown mode, GPU type or launcher; ``world_size``
-            above the per-container limit of the GPU type; an option of another mode;
-            ``tp_size`` other than ``world_size``; shapes that do not split (heads or
-            layers over the GPUs, batch over ranks or micro-batches).
+            above the per-container limit of the GPU type; an option of another mode or a value
+            outside its choices; ``tp_size`` other than ``world_size``; dp x pp x tp other than
+            ``world_size``; memory options with communication options; shapes that do not split
+            (heads or layers over the GPUs, batch over ranks or micro-batches); ``--grade`` with
+            ``--gpu-tests``.
     """
     from course.model import DEFAULT_GPU_PRESET, PRESETS  # light: no torch
 
-    if mode not in SCRIPTS:
-        raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(SCRIPTS)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(MODES)}")
+    if grade and gpu_tests:
+        raise ValueError("--grade runs the graded tests, --gpu-tests the GPU tier: choose one")
     gpu_type = str(gpu).upper()
     if gpu_type not in MAX_GPUS_PER_CONTAINER:
         raise ValueError(f"unknown --gpu {gpu!r}: choose one of {', '.join(MAX_GPUS_PER_CONTAINER)}")
@@ -100,14 +127,39 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
         raise ValueError(f"--world-size {world_size} needs {world_size} GPUs in one container, but Modal attaches "
                          f"at most {limit} {gpu_type} to a container; use --world-size <= {limit}, or a GPU type "
                          "that allows 8 (e.g. --gpu L4, --gpu H100); beyond 8, use torchrun across nodes (README)")
-    unknown = set(options) - set(PASSTHROUGH) - {"tp_size"}
+    unknown = set(options) - set(PASSTHROUGH) - set(FLAGS) - {"tp_size", "dp", "pp", "tp"}
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}")
-    for name in ("batch_size", "n_epochs", "max_batches", "n_chunk", "tp_size"):
+    options = {k: v for k, v in options.items() if v is not None and v is not False}
+    if grade or gpu_tests:
+        return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""), bool(grade),
+                          bool(gpu_tests))
+    for name in ("batch_size", "n_epochs", "max_batches", "n_chunk", "tp_size", "dp", "pp", "tp"):
         _positive(name, options.get(name))
-    for name, owner in MODE_ONLY_OPTIONS.items():
-        if options.get(name) is not None and mode != owner:
-            raise ValueError(f"--{name.replace('_', '-')} is an option of --mode {owner}, not of --mode {mode}")
+    for name, owners in MODE_ONLY_OPTIONS.items():
+        if name in options and mode not in owners:
+            raise ValueError(f"--{name.replace('_', '-')} is an option of --mode {' and '.join(owners)}, "
+                             f"not of --mode {mode}")
+    for name, choices in CHOICES.items():
+        if name in options and options[name] not in choices:
+            raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(map(str, choices))}, "
+                             f"not {options[name]!r}")
+    if "bucket_mb" in options and not options["bucket_mb"] > 0:
+        raise ValueError(f"--bucket-mb must be > 0 (MB per bucket), not {options['bucket_mb']}")
+    if mode in BENCHMARKS:
+        unsupported = set(options) - {"preset"}
+        if unsupported:
+            raise ValueError(f"--mode {mode} takes no {', '.join('--' + n.replace('_', '-') for n in sorted(unsupported))}"
+                             f" (pass the benchmark's own options with --extra)")
+        return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""))
+    memory = [n for n in ("zero", "activation_checkpointing") if options.get(n)] + \
+        (["precision bf16"] if options.get("precision", "fp32") != "fp32" else [])
+    comm = [n for n in ("bucket_mb", "overlap") if n in options] + \
+        (["compression"] if options.get("compression", "none") != "none" else [])
+    if memory and comm:
+        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in memory)} run the memory part's training step, "
+                         f"which does its own gradient communication; drop "
+                         f"{', '.join('--' + n.replace('_', '-') for n in comm)}, or the memory options")
 
     preset = options.get("preset") or "auto"
     if preset != "auto" and preset not in PRESETS:
@@ -127,6 +179,22 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
                 raise ValueError(f"{name}={shape[name]} of the GPT-2 preset does not split over --world-size "
                                  f"{world_size} GPUs; choose a world size that divides {shape[name]}")
     options.pop("tp_size", None)
+    if mode == "3d":
+        tp = options.pop("tp", None) or (2 if world_size % 2 == 0 and shape["n_head"] % 2 == 0 else 1)
+        dp = options.pop("dp", None)
+        pp = options.pop("pp", None) or max(1, world_size // (tp * (dp or 1)))
+        dp = dp or max(1, world_size // (pp * tp))
+        if dp * pp * tp != world_size:
+            raise ValueError(f"--dp {dp} x --pp {pp} x --tp {tp} = {dp * pp * tp} ranks, but --world-size is "
+                             f"{world_size}: give sizes whose product is the number of GPUs")
+        if pp > shape["n_layer"]:
+            raise ValueError(f"--pp {pp} stages is more than the {shape['n_layer']} transformer blocks of the preset")
+        if shape["n_head"] % tp or (4 * shape["n_embd"]) % tp:
+            raise ValueError(f"--tp {tp} does not divide the preset's {shape['n_head']} heads and MLP width")
+        n_chunk = options.get("n_chunk")
+        if batch is not None and batch % (dp * (n_chunk or 8)):
+            raise ValueError(f"--batch-size {batch} is not divisible by --dp {dp} x --n-chunk {n_chunk or 8}")
+        options.update(dp=dp, pp=pp, tp=tp)
     if not grade and mode == "pipeline":
         if world_size > shape["n_layer"]:
             raise ValueError(f"--world-size {world_size} pipeline stages is more than the {shape['n_layer']} "
@@ -144,39 +212,54 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
         if launcher == "torchrun" and (pmode is None or pmode in SINGLE_PROCESS_PIPELINE_MODES):
             raise ValueError(f"--model-parallel-mode {pmode or 'pipeline_parallel (the default)'} runs in one "
                              "process; --launcher torchrun needs a multi-process mode (1f1b or gpipe)")
-    return RunRequest(mode, world_size, gpu_type, launcher, {k: v for k, v in options.items() if v is not None},
-                      shlex.split(extra or ""), bool(grade))
+    return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""))
 
 
 def build_command(request: RunRequest, workdir: str, *, python: str = sys.executable,
                   repo_root: Path = REPO_ROOT, timeout: float | None = None) -> list[str]:
-    """The command line that runs ``request``'s script on its GPUs (``--device cuda``).
+    """The command line that runs ``request``'s script or benchmark on its GPUs (``--device cuda``).
 
     ``request.extra`` comes last, so it can override anything (e.g. ``--device cpu``). For
     ``--grade``: ``python instructor/grade.py --json <workdir>/grade_results.json`` (run it
-    from the repository root; the grader picks the device itself).
+    from the repository root; the graded tests run on the CPU, as the test suite pins them).
+    For ``--gpu-tests``: ``python -m pytest -m gpu -rs tests/gpu --junitxml <workdir>/gpu_tier.xml``
+    (NCCL on the container's GPUs against gloo; run from the repository root).
     """
     if request.grade:
         return [python, GRADE_SCRIPT, "--json", str(Path(workdir) / GRADE_JSON)]
-    script = str(Path(repo_root) / SCRIPTS[request.mode])
-    args = [SIZE_OPTION[request.mode], str(request.world_size)]
-    for name in PASSTHROUGH:
-        if name in request.options:
-            args += [f"--{name}", str(request.options[name])]
-    args += ["--device", "cuda", "--workdir", str(workdir)]
-    if timeout is not None:
-        args += ["--timeout", str(int(timeout))]
+    if request.gpu_tests:
+        return [python, "-m", "pytest", "-m", "gpu", "-rs", "-q", "tests/gpu", "--junitxml",
+                str(Path(workdir) / GPU_TIER_XML), *request.extra]
+    if request.mode in BENCHMARKS:
+        where, size_options, (out_option, out_name) = BENCHMARKS[request.mode]
+        start = where.split() if where.startswith("-m ") else [str(Path(repo_root) / where)]
+        args = [a for option in size_options for a in (option, str(request.world_size))]
+        if "preset" in request.options:
+            args += ["--preset", str(request.options["preset"])]
+        args += ["--device", "cuda", out_option, str(Path(workdir) / out_name)]
+        if timeout is not None and request.mode != "schedule_benchmark":
+            args += ["--timeout", str(int(timeout))]
+    else:
+        start = [str(Path(repo_root) / SCRIPTS[request.mode])]
+        args = [] if request.mode == "3d" else [SIZE_OPTION[request.mode], str(request.world_size)]
+        for name in (("dp", "pp", "tp") if request.mode == "3d" else ()) + PASSTHROUGH:
+            if name in request.options:
+                args += [f"--{SCRIPT_OPTION.get(name, name)}", str(request.options[name])]
+        args += [f"--{name}" for name in FLAGS if request.options.get(name)]
+        args += ["--device", "cuda", "--workdir", str(workdir)]
+        if timeout is not None:
+            args += ["--timeout", str(int(timeout))]
     args += list(request.extra)
     if request.launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={request.world_size}",
-                script, *args]
-    return [python, script, *args]
+                *start, *args]
+    return [python, *start, *args]
 
 
 def run_name(request: RunRequest) -> str:
     """A name for the run's folder, e.g. ``data-2xL4-20250101-120000``."""
     gpu = re.sub(r"[^A-Za-z0-9-]", "", request.gpu)
-    what = "grade" if request.grade else request.mode
+    what = "grade" if request.grade else "gpu-tests" if request.gpu_tests else request.mode
     return f"{what}-{request.world_size}x{gpu}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -219,7 +302,7 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_MININTERVAL=os.environ.get("TQDM_MININTERVAL", "30"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
-    if req.options.get("dataset", "multi30k") == "multi30k":
+    if req.options.get("dataset", "multi30k") == "multi30k" and req.mode in SCRIPTS and not req.gpu_tests:
         env["LLMSYS_DATA_DIR"] = str(ensure_multi30k(Path(volume_root) / "data" / "multi30k"))
     command = build_command(req, str(workdir), python=python, repo_root=repo_root, timeout=timeout)
     print(f"$ {shlex.join(command)}", flush=True)
@@ -227,7 +310,9 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
     code = _tee(command, repo_root, env, workdir / LOG_FILE)
     seconds = time.monotonic() - start
     files = {p.name: p.read_text() for p in sorted(workdir.glob("*.json*"))
-             if "results" in p.name or "translations" in p.name}
+             if "results" in p.name or "translations" in p.name or "benchmark" in p.name}
+    if (workdir / GPU_TIER_XML).is_file():
+        files[GPU_TIER_XML] = (workdir / GPU_TIER_XML).read_text()
     files[LOG_FILE] = (workdir / LOG_FILE).read_text()
     if after_run is not None:
         after_run()
@@ -261,6 +346,25 @@ def summarize(files: dict) -> str:
         lines.append(f"{kind:<28} {epoch:>5} {r['validation_loss']:>9.3f} {r['bleu']:>6.2f} "
                      f"{r['training_time']:>8.1f} {tokens:>10.0f}")
     return "\n".join(lines)
+
+
+def summarize_gpu_tier(junit_xml: str) -> str:
+    """The GPU tier's summary from pytest's JUnit XML: passed / failed / skipped counts, then every
+    failed test with the first line of its failure and every skipped test with its reason."""
+    import xml.etree.ElementTree as ET
+
+    passed, failed, skipped = [], [], []
+    for case in ET.fromstring(junit_xml).iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            failed.append(f"  FAILED  {name}: {(problem.get('message') or '').splitlines()[0][:200] if problem.get('message') else ''}")
+        elif case.find("skipped") is not None:
+            skipped.append(f"  skipped {name}: {case.find('skipped').get('message', '')[:200]}")
+        else:
+            passed.append(name)
+    head = f"GPU tier (pytest -m gpu): {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped"
+    return "\n".join([head, *failed, *skipped])
 
 
 def print_grade(payload: str) -> None:
@@ -310,7 +414,7 @@ def options_from_argv(argv: list[str], entrypoint, this_file) -> dict | None:
             parser.add_argument(flag, dest=name, action="store_true", default=param.default)
             parser.add_argument("--no-" + name.replace("_", "-"), dest=name, action="store_false")
         else:
-            kind = int if "int" in str(param.annotation) else str
+            kind = int if "int" in str(param.annotation) else float if "float" in str(param.annotation) else str
             parser.add_argument(flag, dest=name, type=kind, default=param.default)
             takes_value.add(flag)
     rest, joined = argv[start:], []

@@ -1,7 +1,7 @@
 """3D-parallel GPT-2 training (data x pipeline x tensor parallel) on Multi30k German→English (assignment 5.6).
 
     python project/run_3d.py                                       # dp 1 x pp 4 x tp 2, 1F1B, 8 micro-batches
-    python project/run_3d.py --dp 2 --pp 2 --tp 2 --schedule gpipe --n_chunk 4 --trace trace.json
+    python project/run_3d.py --dp 2 --pp 2 --tp 2 --schedule gpipe --micro_batches 4 --trace trace.json
     torchrun --standalone --nproc_per_node=8 project/run_3d.py --dp 1 --pp 4 --tp 2
 
 Starts ``dp * pp * tp`` processes (gloo on the CPU, NCCL with one GPU each) or joins the
@@ -19,85 +19,85 @@ see :mod:`three_d.training`). A different ``--tp`` is refused before any process
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
 from course.launch import RankFailure, in_torchrun, launch  # noqa: E402
-from course.mesh import ParallelDims  # noqa: E402
-from course.model import PRESETS  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
+from three_d.step import SCHEDULES  # noqa: E402
 
 RESULTS_PREFIX = "three_d_"
+THREE_D = "3D parallelism"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    mesh = parser.add_argument_group("3D parallelism")
-    mesh.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
-    mesh.add_argument("--pp", type=int, default=4, help="pipeline stages")
-    mesh.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks per stage")
-    mesh.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"), help="pipeline schedule")
-    mesh.add_argument("--n_chunk", type=int, default=8, help="micro-batches per dp rank's share of a batch")
-    mesh.add_argument("--scatter_gather", action="store_true",
-                      help="send 1/tp of each activation between stages and all-gather it in the tp group")
-    mesh.add_argument("--max_grad_norm", type=float, default=1.0, help="clip the global gradient norm to this")
-    mesh.add_argument("--trace", default=None, metavar="FILE",
-                      help="write a Chrome/Perfetto trace (chrome://tracing JSON) of the last batch of the last epoch")
-    add_common_args(parser, batch_size=64)
-    args = parser.parse_args(argv)
-    try:
-        dims = ParallelDims(dp=args.dp, pp=args.pp, tp=args.tp)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.n_chunk < 1:
-        parser.error(f"--n_chunk must be >= 1 (micro-batches per batch), not {args.n_chunk}")
-    if args.batch_size % (args.dp * args.n_chunk):
-        parser.error(f"--batch_size {args.batch_size} is not divisible by --dp {args.dp} x --n_chunk {args.n_chunk}: "
-                     f"every dp rank gets batch_size / dp rows cut into n_chunk equal micro-batches; try --batch_size "
-                     f"{max(1, args.batch_size // (args.dp * args.n_chunk)) * args.dp * args.n_chunk}")
-    if not args.max_grad_norm > 0:
-        parser.error(f"--max_grad_norm must be positive, not {args.max_grad_norm}")
-    args = check_common_args(parser, args, dims.world_size, results_prefix=RESULTS_PREFIX)
-    shape = PRESETS[args.preset]
-    try:
-        dims.check(dims.world_size, n_layer=shape["n_layer"], n_head=shape["n_head"],
-                   n_inner=shape.get("n_inner") or 4 * shape["n_embd"])
-    except ValueError as exc:
-        parser.error(f"{exc} (preset {args.preset!r})")
-    if args.resume is not None:
-        check_resume_layout(parser, args, dims)
-    if in_torchrun():
-        import os
+@dataclass
+class ThreeDConfig(RunConfig):
+    """``project/run_3d.py``: ``dp x pp x tp`` ranks on one device mesh."""
 
-        if int(os.environ.get("WORLD_SIZE", "1")) != dims.world_size:
-            parser.error(f"dp x pp x tp = {dims.world_size} must equal torchrun's WORLD_SIZE "
-                         f"{os.environ.get('WORLD_SIZE')}")
-    return args
+    description = "3D-parallel (dp x pp x tp) GPT-2 training on Multi30k German→English (assignment 5.6)."
+    results_prefix = RESULTS_PREFIX
+    mesh_options = ("dp", "pp", "tp", "micro_batches")
+    world_option = None
+
+    dp: int | None = option(1, "data-parallel replicas", group="mesh")
+    pp: int | None = option(4, "pipeline stages", group="mesh")
+    tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
+    micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
+    schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D, choices=SCHEDULES)
+    scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
+                                         "group", group=THREE_D)
+    max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
+    trace: str | None = option(None, "write a Chrome/Perfetto trace (chrome://tracing JSON) of the last batch of the "
+                                     "last epoch", group=THREE_D, metavar="FILE")
+
+    def check(self) -> None:
+        super().check()
+        if self.batch_size % (self.dp * self.micro_batches):
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} x --micro_batches "
+                              f"{self.micro_batches}: every dp rank gets batch_size / dp rows cut into micro_batches "
+                              f"equal micro-batches; try --batch_size "
+                              f"{max(1, self.batch_size // (self.dp * self.micro_batches)) * self.dp * self.micro_batches}")
+        if not self.max_grad_norm > 0:
+            raise ConfigError(f"--max_grad_norm must be positive, not {self.max_grad_norm}")
+
+    def check_environment(self) -> None:
+        super().check_environment()
+        if self.resume is not None:
+            check_resume_layout(self)
 
 
-def check_resume_layout(parser, args, dims: ParallelDims) -> None:
-    """A checkpoint reshards across --dp and --pp, not across --tp or the number of ranks: stop here if it would."""
+def parse_args(argv=None) -> ThreeDConfig:
+    """The run's :class:`ThreeDConfig` from the command line (exits with a message on bad input)."""
+    return ThreeDConfig.from_command_line(argv)
+
+
+def check_resume_layout(config: ThreeDConfig) -> None:
+    """A checkpoint reshards across --dp and --pp, not across --tp or the number of ranks: refuse here if it would.
+
+    Raises:
+        ConfigError: naming what to change.
+    """
     from course.checkpoint import checkpoint_root, resolve_resume
     from three_d.training import checkpoint_layout, tp_mismatch_message
 
-    path = resolve_resume(args.resume, checkpoint_root(args.workdir, RESULTS_PREFIX))
+    path = resolve_resume(config.resume, checkpoint_root(config.workdir, RESULTS_PREFIX))
     try:
         saved = checkpoint_layout(path)
     except ValueError as exc:
-        parser.error(str(exc))
-    if saved["tp"] != dims.tp:
-        parser.error(tp_mismatch_message(saved, dims.tp))
+        raise ConfigError(str(exc)) from None
+    if saved["tp"] != config.tp:
+        raise ConfigError(tp_mismatch_message(saved, config.tp))
     ranks = saved["dp"] * saved["pp"] * saved["tp"]
-    if ranks != dims.world_size:
-        parser.error(f"--resume: the checkpoint was written by dp={saved['dp']} x pp={saved['pp']} x tp={saved['tp']} "
-                     f"= {ranks} ranks, this run has {dims.world_size}; the progress and random generators are kept "
-                     f"per rank: choose --dp and --pp with dp x pp = {ranks // saved['tp']}")
+    if ranks != config.world_size:
+        raise ConfigError(f"--resume: the checkpoint was written by dp={saved['dp']} x pp={saved['pp']} x "
+                          f"tp={saved['tp']} = {ranks} ranks, this run has {config.world_size}; the progress and "
+                          f"random generators are kept per rank: choose --dp and --pp with dp x pp = "
+                          f"{ranks // saved['tp']}")
 
 
 def main(argv=None) -> int:
@@ -105,8 +105,8 @@ def main(argv=None) -> int:
     from three_d.trace import write_chrome_trace
     from three_d.training import run_3d
 
-    world_size = args.dp * args.pp * args.tp
-    print(f"3d: dp={args.dp} pp={args.pp} tp={args.tp} schedule={args.schedule} n_chunk={args.n_chunk} "
+    world_size = args.world_size
+    print(f"3d: dp={args.dp} pp={args.pp} tp={args.tp} schedule={args.schedule} micro_batches={args.micro_batches} "
           f"batch={args.batch_size} device={args.device} preset={args.preset} max_batches={args.max_batches}",
           flush=True)
     try:

@@ -1,81 +1,94 @@
 """Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1).
 
-    python project/run_data_parallel.py --world_size 2
+    python project/run_data_parallel.py --dp 2
     torchrun --standalone --nproc_per_node=2 project/run_data_parallel.py
 
-Spawns ``--world_size`` processes (gloo on CPU, NCCL with one GPU each), or joins the
+Spawns ``--dp`` processes (gloo on CPU, NCCL with one GPU each), or joins the
 group torchrun made. Writes ``<workdir>/rank{r}_results_epoch{e}.json`` and the scored
 translations ``<workdir>/translations_epoch{e}.json``.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
-from course.launch import RankFailure, default_world_size, launch  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 
+COMM, MEMORY = "gradient communication (notebooks/04_communication.ipynb)", "memory (notebooks/05_memory.ipynb)"
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world_size", type=int, default=None,
-                        help="number of data-parallel processes (default: torchrun's WORLD_SIZE, else 2)")
-    parser.add_argument("--save_checkpoint", action="store_true",
-                        help="rank 0 saves the final weights to <workdir>/checkpoint_data_parallel.pt")
-    comm = parser.add_argument_group("gradient communication (notebooks/04_communication.ipynb)")
-    comm.add_argument("--bucket_mb", type=float, default=None,
-                      help="average gradients in buckets of this many MB (communication.BucketedReducer) instead of "
-                           "one all-reduce per parameter after the backward pass (default with --overlap: 25)")
-    comm.add_argument("--overlap", action="store_true",
-                      help="start each bucket's all-reduce during the backward pass, as soon as it is full")
-    comm.add_argument("--compression", default="none", choices=["none", "topk", "powersgd"],
-                      help="topk: top-k sparsification with error feedback; powersgd: rank --powersgd_rank PowerSGD")
-    comm.add_argument("--topk_ratio", type=float, default=0.01, help="--compression topk: fraction of entries sent")
-    comm.add_argument("--powersgd_rank", type=int, default=1, help="--compression powersgd: matrix rank")
-    memory = parser.add_argument_group("memory (notebooks/05_memory.ipynb)")
-    memory.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
-                        help="ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, "
-                             "2 also gradients, 3 also parameters (FSDP, each GPT-2 block a unit)")
-    memory.add_argument("--activation_checkpointing", action="store_true",
-                        help="recompute each GPT-2 block's activations in the backward pass")
-    memory.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                        help="bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
-                             "and Adam stay fp32")
-    add_common_args(parser)
-    args = parser.parse_args(argv)
-    args.world_size = args.world_size if args.world_size is not None else default_world_size(2)
-    if args.world_size < 1:
-        parser.error(f"--world_size must be >= 1, not {args.world_size}")
-    if args.batch_size % args.world_size:
-        parser.error(f"--batch_size {args.batch_size} is not divisible by --world_size {args.world_size}: "
-                     f"each rank takes batch_size // world_size examples; try --batch_size "
-                     f"{max(args.world_size, args.batch_size // args.world_size * args.world_size)}")
-    if args.zero and (getattr(args, "checkpoint_every", None) or getattr(args, "resume", None)):
-        parser.error(f"--zero {args.zero} cannot write or resume checkpoints yet (the optimizer state is "
-                     "sharded); drop --checkpoint_every/--resume, or use --zero 0")
-    if args.bucket_mb is not None and args.bucket_mb <= 0:
-        parser.error(f"--bucket_mb must be > 0 (MB per bucket), not {args.bucket_mb}; try --bucket_mb 25")
-    if not 0 < args.topk_ratio <= 1:
-        parser.error(f"--topk_ratio must be in (0, 1] (fraction of gradient entries sent), not {args.topk_ratio}")
-    if args.powersgd_rank < 1:
-        parser.error(f"--powersgd_rank must be >= 1, not {args.powersgd_rank}")
-    if args.compression != "none" and (args.bucket_mb is not None or args.overlap):
-        parser.error(f"--compression {args.compression} sends its own compressed messages per tensor: "
-                     "drop --bucket_mb/--overlap, or use --compression none")
-    memory_options = [o for o, on in (("--zero", args.zero), ("--activation_checkpointing", args.activation_checkpointing),
-                                      ("--precision bf16", args.precision != "fp32")) if on]
-    comm_options = [o for o, on in (("--bucket_mb", args.bucket_mb is not None), ("--overlap", args.overlap),
-                                    ("--compression", args.compression != "none")) if on]
-    if memory_options and comm_options:
-        parser.error(f"{', '.join(memory_options)} run the memory part's training step, which does its own gradient "
-                     f"communication; drop {', '.join(comm_options)} (notebook 04's options), or the memory options")
-    return check_common_args(parser, args, args.world_size, results_prefix="")
+
+@dataclass
+class DataParallelConfig(RunConfig):
+    """``project/run_data_parallel.py``: data parallelism over ``--dp`` processes, with the gradient
+    communication of part 5.4 or the memory techniques of part 5.5."""
+
+    description = "Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1)."
+    mesh_options = ("dp",)
+    world_option = "dp"
+
+    dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
+                            old=("world_size",))
+    save_checkpoint: bool = option(False, "save the final weights to <workdir>/checkpoint_data_parallel.pt (a "
+                                          "torch.save file made from a DCP checkpoint)",
+                                   group="checkpoints and restarts")
+    bucket_mb: float | None = option(None, "average gradients in buckets of this many MB (communication."
+                                           "BucketedReducer) instead of one all-reduce per parameter after the "
+                                           "backward pass (default with --overlap: 25)", group=COMM)
+    overlap: bool = option(False, "start each bucket's all-reduce during the backward pass, as soon as it is full",
+                           group=COMM)
+    compression: str = option("none", "topk: top-k sparsification with error feedback; powersgd: rank "
+                                      "--powersgd_rank PowerSGD", group=COMM, choices=("none", "topk", "powersgd"))
+    topk_ratio: float = option(0.01, "--compression topk: fraction of entries sent", group=COMM)
+    powersgd_rank: int = option(1, "--compression powersgd: matrix rank", group=COMM)
+    zero: int = option(0, "ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, 2 also "
+                          "gradients, 3 also parameters (FSDP, each GPT-2 block a unit)", group=MEMORY,
+                       choices=(0, 1, 2, 3))
+    activation_checkpointing: bool = option(False, "recompute each GPT-2 block's activations in the backward pass",
+                                            group=MEMORY)
+    precision: str = option("fp32", "bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
+                                    "and Adam stay fp32", group=MEMORY, choices=("fp32", "bf16"))
+
+    @property
+    def world_size(self) -> int:
+        return self.dp
+
+    def check(self) -> None:
+        super().check()
+        if self.batch_size % self.dp:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}: each rank takes "
+                              f"batch_size // dp examples; try --batch_size "
+                              f"{max(self.dp, self.batch_size // self.dp * self.dp)}")
+        if self.zero and (self.checkpoint_every or self.resume):
+            raise ConfigError(f"--zero {self.zero} cannot write or resume checkpoints yet (the optimizer state is "
+                              "sharded); drop --checkpoint_every/--resume, or use --zero 0")
+        if self.bucket_mb is not None and self.bucket_mb <= 0:
+            raise ConfigError(f"--bucket_mb must be > 0 (MB per bucket), not {self.bucket_mb}; try --bucket_mb 25")
+        if not 0 < self.topk_ratio <= 1:
+            raise ConfigError(f"--topk_ratio must be in (0, 1] (fraction of gradient entries sent), "
+                              f"not {self.topk_ratio}")
+        if self.powersgd_rank < 1:
+            raise ConfigError(f"--powersgd_rank must be >= 1, not {self.powersgd_rank}")
+        if self.compression != "none" and (self.bucket_mb is not None or self.overlap):
+            raise ConfigError(f"--compression {self.compression} sends its own compressed messages per tensor: "
+                              "drop --bucket_mb/--overlap, or use --compression none")
+        memory = [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
+                                  ("--precision bf16", self.precision != "fp32")) if on]
+        comm = [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
+                                ("--compression", self.compression != "none")) if on]
+        if memory and comm:
+            raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
+                              f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
+
+
+def parse_args(argv=None) -> DataParallelConfig:
+    """The run's :class:`DataParallelConfig` from the command line (exits with a message on bad input)."""
+    return DataParallelConfig.from_command_line(argv)
 
 
 def grad_sync_factory(args):
@@ -98,12 +111,12 @@ def main(argv=None) -> int:
     factory = grad_sync_factory(args)
     sync = ("average_gradients" if factory is None else f"compression={args.compression}" if args.compression != "none"
             else f"buckets of {args.bucket_mb or 25.0} MB, overlap={args.overlap}")
-    print(f"data parallel: world_size={args.world_size} device={args.device} backend={args.backend} "
-          f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.world_size} per rank), "
+    print(f"data parallel: dp={args.dp} device={args.device} backend={args.backend} "
+          f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.dp} per rank), "
           f"gradients: {sync if not args.zero else f'ZeRO-{args.zero}'}, precision={args.precision}, "
           f"activation_checkpointing={args.activation_checkpointing}", flush=True)
     try:
-        launch(run_dp, args.world_size, args, make_sharding, factory, device=args.device, backend=args.backend,
+        launch(run_dp, args.dp, args, make_sharding, factory, device=args.device, backend=args.backend,
                timeout=args.timeout, max_restarts=args.max_restarts)
     except RankFailure as exc:
         print(f"run failed: {exc}", file=sys.stderr)

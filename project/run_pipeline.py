@@ -2,14 +2,14 @@
 
     python project/run_pipeline.py                                   # pipeline_parallel, CPU defaults
     python project/run_pipeline.py --model_parallel_mode model_parallel
-    python project/run_pipeline.py --model_parallel_mode 1f1b --n_stages 2 --n_chunk 4
-    python project/run_pipeline.py --model_parallel_mode 1f1b --n_stages 2 --balance auto
-    python project/run_pipeline.py --model_parallel_mode interleaved --n_stages 2 --n_virtual 2
-    python project/run_pipeline.py --model_parallel_mode zb-h1 --n_stages 2
+    python project/run_pipeline.py --model_parallel_mode 1f1b --pp 2 --micro_batches 4
+    python project/run_pipeline.py --model_parallel_mode 1f1b --pp 2 --balance auto
+    python project/run_pipeline.py --model_parallel_mode interleaved --pp 2 --virtual_stages 2
+    python project/run_pipeline.py --model_parallel_mode zb-h1 --pp 2
     torchrun --standalone --nproc_per_node=4 project/run_pipeline.py --model_parallel_mode 1f1b
 
 ``model_parallel`` and ``pipeline_parallel`` run in this process (one worker thread per
-stage; on GPUs stage s on ``cuda:s``); ``1f1b``, ``gpipe``, ``interleaved`` (``--n_virtual``
+stage; on GPUs stage s on ``cuda:s``); ``1f1b``, ``gpipe``, ``interleaved`` (``--virtual_stages``
 chunks per process) and ``zb-h1`` start one process per stage
 (gloo on CPU, NCCL with one GPU each) or join the group torchrun made. Writes
 ``<workdir>/pipeline_<mode>_rank{r}_results_epoch{e}.json`` (with the per-stage
@@ -17,86 +17,105 @@ timeline) and ``<workdir>/pipeline_<mode>_translations_epoch{e}.json``.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
-from course.launch import RankFailure, default_world_size, in_torchrun, launch  # noqa: E402
-from course.model import PRESETS  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, in_torchrun, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
+from pipeline.schedules import SCHEDULES  # noqa: E402
 
-MODES = ("model_parallel", "pipeline_parallel", "1f1b", "gpipe", "interleaved", "zb-h1")
-MULTIPROCESS = ("1f1b", "gpipe", "interleaved", "zb-h1")
+SINGLE_PROCESS = ("model_parallel", "pipeline_parallel")
+MODES = (*SINGLE_PROCESS, *SCHEDULES)
+PIPELINE = "pipeline"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_parallel_mode", default="pipeline_parallel", choices=MODES,
-                        help="model_parallel: stages one after another; pipeline_parallel: Pipe with micro-batches; "
-                             "1f1b / gpipe: one process per stage with that schedule")
-    parser.add_argument("--n_stages", type=int, default=None,
-                        help="pipeline stages (default: torchrun's WORLD_SIZE for 1f1b/gpipe, else 2)")
-    parser.add_argument("--n_chunk", type=int, default=4,
-                        help="micro-batches per batch (micro-batch size = batch_size // n_chunk)")
-    parser.add_argument("--balance", default="count", choices=("count", "auto"),
-                        help="layers per stage: count = blocks spread evenly (embeddings on the first, head on the "
-                             "last stage); auto = from each layer's measured forward+backward time, the LM head's "
-                             "included (multi-process modes)")
-    parser.add_argument("--n_virtual", type=int, default=None,
-                        help="interleaved: model chunks (virtual stages) per process, default 2; other modes: 1")
-    add_common_args(parser, batch_size=64)
-    parser.set_defaults(max_batches=150)
-    args = parser.parse_args(argv)
-    multiprocess = args.model_parallel_mode in MULTIPROCESS
-    if args.n_stages is None:
-        args.n_stages = default_world_size(2) if multiprocess else 2
-    if args.n_stages < 1:
-        parser.error(f"--n_stages must be >= 1, not {args.n_stages}")
-    if not multiprocess and in_torchrun():
-        parser.error(f"--model_parallel_mode {args.model_parallel_mode} runs in one process; under torchrun use "
-                     "--model_parallel_mode 1f1b, gpipe, interleaved or zb-h1 (one process per stage)")
-    if multiprocess and in_torchrun() and args.n_stages != default_world_size(args.n_stages):
-        parser.error(f"--n_stages {args.n_stages} must equal torchrun's WORLD_SIZE {default_world_size(1)} "
-                     "(one process per stage)")
-    if args.n_chunk < 1:
-        parser.error(f"--n_chunk must be >= 1 (micro-batches per batch), not {args.n_chunk}")
-    if args.batch_size // args.n_chunk < 1:
-        parser.error(f"--n_chunk {args.n_chunk} is larger than --batch_size {args.batch_size}: the micro-batch size "
-                     f"batch_size // n_chunk would be < 1; use --n_chunk <= {args.batch_size}")
-    if args.batch_size % args.n_chunk:
-        parser.error(f"--batch_size {args.batch_size} is not divisible by --n_chunk {args.n_chunk}: every micro-batch "
-                     f"must have batch_size // n_chunk rows; try --batch_size "
-                     f"{args.batch_size // args.n_chunk * args.n_chunk}")
-    args = check_common_args(parser, args, args.n_stages if multiprocess else 1,
-                             results_prefix=f"pipeline_{args.model_parallel_mode}_")
-    interleaved = args.model_parallel_mode == "interleaved"
-    if args.n_virtual is None:
-        args.n_virtual = 2 if interleaved else 1
-    if args.n_virtual < 1 or (args.n_virtual != 1 and not interleaved):
-        parser.error(f"--n_virtual {args.n_virtual}: model chunks per process must be >= 1, and more than 1 only "
-                     "with --model_parallel_mode interleaved")
-    if args.balance == "auto" and not multiprocess:
-        parser.error(f"--balance auto places the stages of the multi-process modes {MULTIPROCESS}; "
-                     f"--model_parallel_mode {args.model_parallel_mode} splits by count")
-    if interleaved:
-        from pipeline.schedules import micro_batches_per_round
-        try:
-            micro_batches_per_round(args.n_stages, args.n_chunk)
-        except ValueError as exc:
-            parser.error(f"--n_chunk {args.n_chunk}: {exc}")
-    n_layer = PRESETS[args.preset]["n_layer"]
-    if args.n_stages > n_layer:
-        parser.error(f"--n_stages {args.n_stages} is more than the {n_layer} transformer blocks of preset "
-                     f"{args.preset!r}; use --n_stages <= {n_layer} or a bigger --preset")
-    if args.n_stages * args.n_virtual > n_layer:
-        parser.error(f"--n_stages {args.n_stages} x --n_virtual {args.n_virtual} virtual stages are more than the "
-                     f"{n_layer} transformer blocks of preset {args.preset!r}; use fewer or a bigger --preset")
-    return args
+@dataclass
+class PipelineConfig(RunConfig):
+    """``project/run_pipeline.py``: GPT-2 cut into ``--pp`` stages, one process (Pipe) or one process per
+    stage running a schedule of the registry."""
+
+    description = "Pipeline-parallel GPT-2 training on Multi30k German→English (assignment 5.2)."
+    mesh_options = ("pp", "micro_batches", "virtual_stages")
+    world_option = "pp"
+
+    max_batches: int | None = option(150, "stop each epoch after this many batches (quick runs)",
+                                     group="model and training")
+    pp: int | None = option(None, "pipeline stages (default: torchrun's WORLD_SIZE for the multi-process modes, "
+                                  "else 2)", group="mesh", old=("n_stages",))
+    micro_batches: int = option(4, "micro-batches per batch (micro-batch size = batch_size // micro_batches)",
+                                group="mesh", old=("n_chunk",))
+    virtual_stages: int | None = option(None, "interleaved: model chunks (virtual stages) per process, default 2; "
+                                              "other modes: 1", group="mesh", old=("n_virtual",))
+    model_parallel_mode: str = option("pipeline_parallel", "model_parallel: stages one after another; "
+                                                           "pipeline_parallel: Pipe with micro-batches in one "
+                                                           "process; a schedule name: one process per stage running "
+                                                           "that schedule", group=PIPELINE, choices=MODES)
+    balance: str = option("count", "layers per stage: count = blocks spread evenly (embeddings on the first, head on "
+                                   "the last stage); auto = from each layer's measured forward+backward time, the LM "
+                                   "head's included (multi-process modes)", group=PIPELINE, choices=("count", "auto"))
+
+    @property
+    def multiprocess(self) -> bool:
+        return self.model_parallel_mode in SCHEDULES
+
+    @property
+    def world_size(self) -> int:
+        return self.pp if self.multiprocess else 1
+
+    @property
+    def results_prefix(self) -> str:
+        return f"pipeline_{self.model_parallel_mode}_"
+
+    def resolve(self) -> None:
+        if self.pp is None and not self.multiprocess:
+            self.pp = 2
+        if self.virtual_stages is None:
+            self.virtual_stages = 2 if SCHEDULES.get(self.model_parallel_mode) and \
+                SCHEDULES[self.model_parallel_mode].chunks else 1
+        super().resolve()
+
+    def check(self) -> None:
+        super().check()
+        if not self.multiprocess and in_torchrun():
+            raise ConfigError(f"--model_parallel_mode {self.model_parallel_mode} runs in one process; under torchrun "
+                              f"use one of {tuple(SCHEDULES)} (one process per stage)")
+        if self.batch_size // self.micro_batches < 1:
+            raise ConfigError(f"--micro_batches {self.micro_batches} is larger than --batch_size {self.batch_size}: "
+                              f"the micro-batch size batch_size // micro_batches would be < 1; use --micro_batches <= "
+                              f"{self.batch_size}")
+        if self.batch_size % self.micro_batches:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --micro_batches "
+                              f"{self.micro_batches}: every micro-batch must have batch_size // micro_batches rows; "
+                              f"try --batch_size {self.batch_size // self.micro_batches * self.micro_batches}")
+        chunks = self.multiprocess and SCHEDULES[self.model_parallel_mode].chunks
+        if self.virtual_stages != 1 and not chunks:
+            raise ConfigError(f"--virtual_stages {self.virtual_stages}: more than one model chunk per process only "
+                              "with --model_parallel_mode interleaved")
+        if self.balance == "auto" and not self.multiprocess:
+            raise ConfigError(f"--balance auto places the stages of the multi-process modes {tuple(SCHEDULES)}; "
+                              f"--model_parallel_mode {self.model_parallel_mode} splits by count")
+        if chunks:
+            from pipeline.schedules import micro_batches_per_round
+            try:
+                micro_batches_per_round(self.pp, self.micro_batches)
+            except ValueError as exc:
+                raise ConfigError(f"--micro_batches {self.micro_batches}: {exc}") from None
+        n_layer = self.model_shape["n_layer"]
+        if self.pp * self.virtual_stages > n_layer:
+            raise ConfigError(f"--pp {self.pp} x --virtual_stages {self.virtual_stages} (virtual) stages are more "
+                              f"than the {n_layer} transformer blocks of preset {self.preset!r}; use fewer or a "
+                              "bigger --preset")
+
+
+def parse_args(argv=None) -> PipelineConfig:
+    """The run's :class:`PipelineConfig` from the command line (exits with a message on bad input)."""
+    return PipelineConfig.from_command_line(argv)
 
 
 def main(argv=None) -> int:
@@ -104,12 +123,12 @@ def main(argv=None) -> int:
     from pipeline.training import results_prefix, run_single_process, run_stage_worker
 
     mode = args.model_parallel_mode
-    print(f"{mode}: n_stages={args.n_stages} n_chunk={1 if mode == 'model_parallel' else args.n_chunk} "
+    print(f"{mode}: pp={args.pp} micro_batches={1 if mode == 'model_parallel' else args.micro_batches} "
           f"batch={args.batch_size} device={args.device} preset={args.preset} max_batches={args.max_batches}",
           flush=True)
-    if mode in MULTIPROCESS:
+    if args.multiprocess:
         try:
-            launch(run_stage_worker, args.n_stages, args, device=args.device, backend=args.backend,
+            launch(run_stage_worker, args.pp, args, device=args.device, backend=args.backend,
                    timeout=args.timeout, collective_timeout=600, max_restarts=args.max_restarts)
         except RankFailure as exc:
             print(f"run failed: {exc}", file=sys.stderr)

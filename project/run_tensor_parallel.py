@@ -14,66 +14,77 @@ architecture): one name for all layers or one per layer, comma-separated. Writes
 """
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.cli import add_common_args, check_common_args  # noqa: E402
-from course.launch import RankFailure, default_world_size, launch  # noqa: E402
-from course.model import PRESETS  # noqa: E402
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 
 RESULTS_PREFIX = "tensor_parallel_"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    tp = parser.add_argument_group("tensor parallelism")
-    tp.add_argument("--tp_size", type=int, default=None,
-                    help="ranks the model is split over (default: torchrun's WORLD_SIZE, else 2)")
-    tp.add_argument("--sequence_parallel", action="store_true",
-                    help="also split layer norms and dropout along the sequence (Korthikanti et al. 2022)")
-    tp.add_argument("--block_types", default="tp",
-                    help="tp, spd or parallel: one for every layer, or one per layer comma-separated")
-    add_common_args(parser, batch_size=32)
-    args = parser.parse_args(argv)
-    args.tp_size = args.tp_size if args.tp_size is not None else default_world_size(2)
-    if args.tp_size < 1:
-        parser.error(f"--tp_size must be >= 1, not {args.tp_size}")
-    if args.sequence_parallel and args.model_max_length % args.tp_size:
-        # Sequences are padded up to a multiple of tp_size; the longest (model_max_length) would then
-        # run past the position embeddings, and a rank would crash mid-run.
-        fit = args.model_max_length // args.tp_size * args.tp_size
-        parser.error(f"--sequence_parallel splits each sequence into --tp_size {args.tp_size} equal parts, but "
-                     f"--model_max_length {args.model_max_length} is not divisible by {args.tp_size}; "
-                     f"try --model_max_length {fit}")
-    args = check_common_args(parser, args, args.tp_size, results_prefix=RESULTS_PREFIX)
-    from tensor_parallel.gpt2 import validate_tp_config
+@dataclass
+class TensorParallelConfig(RunConfig):
+    """``project/run_tensor_parallel.py``: every GPT-2 layer split over ``--tp`` processes."""
 
-    shape = PRESETS[args.preset]
-    config = SimpleNamespace(n_head=shape["n_head"], n_embd=shape["n_embd"], n_layer=shape["n_layer"],
-                             n_inner=shape.get("n_inner"))
-    try:
-        args.block_types = validate_tp_config(config, args.tp_size, args.block_types)
-    except ValueError as exc:
-        parser.error(f"--preset {args.preset} with --tp_size {args.tp_size}: {exc}")
-    return args
+    description = "Tensor-parallel GPT-2 training on Multi30k German→English (assignment 5.3)."
+    results_prefix = RESULTS_PREFIX
+    mesh_options = ("tp",)
+    world_option = "tp"
+
+    batch_size: int = option(32, "global batch size (sequences per optimizer step)", group="model and training")
+    tp: int | None = option(None, "ranks the model is split over (default: torchrun's WORLD_SIZE, else 2)",
+                            group="mesh", old=("tp_size",))
+    sequence_parallel: bool = option(False, "also split layer norms and dropout along the sequence (Korthikanti et "
+                                            "al. 2022)", group="tensor parallelism")
+    block_types: str = option("tp", "tp, spd or parallel: one for every layer, or one per layer comma-separated",
+                              group="tensor parallelism")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp
+
+    def check(self) -> None:
+        if self.tp >= 1 and self.sequence_parallel and self.model_max_length % self.tp:
+            # Sequences are padded up to a multiple of tp; the longest (model_max_length) would then
+            # run past the position embeddings, and a rank would crash mid-run.
+            fit = self.model_max_length // self.tp * self.tp
+            raise ConfigError(f"--sequence_parallel splits each sequence into --tp {self.tp} equal parts, but "
+                              f"--model_max_length {self.model_max_length} is not divisible by {self.tp}; "
+                              f"try --model_max_length {fit}")
+        super().check()
+        from tensor_parallel.gpt2 import validate_tp_config
+
+        shape = self.model_shape
+        config = SimpleNamespace(n_head=shape["n_head"], n_embd=shape["n_embd"], n_layer=shape["n_layer"],
+                                 n_inner=None)
+        try:
+            kinds = validate_tp_config(config, self.tp, self.block_types)
+        except ValueError as exc:
+            raise ConfigError(f"--preset {self.preset} with --tp {self.tp}: {exc}") from None
+        self.block_types = ",".join(kinds)
+
+
+def parse_args(argv=None) -> TensorParallelConfig:
+    """The run's :class:`TensorParallelConfig` from the command line (exits with a message on bad input)."""
+    return TensorParallelConfig.from_command_line(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from tensor_parallel.training import run_tp
 
-    kinds = ",".join(args.block_types)
-    print(f"tensor parallel: tp_size={args.tp_size} sequence_parallel={args.sequence_parallel} block_types={kinds} "
+    kinds = args.block_types
+    print(f"tensor parallel: tp={args.tp} sequence_parallel={args.sequence_parallel} block_types={kinds} "
           f"device={args.device} backend={args.backend} preset={args.preset} batch={args.batch_size}", flush=True)
     try:
-        launch(run_tp, args.tp_size, args, device=args.device, backend=args.backend, timeout=args.timeout,
+        launch(run_tp, args.tp, args, device=args.device, backend=args.backend, timeout=args.timeout,
                max_restarts=args.max_restarts)
     except RankFailure as exc:
         print(f"run failed: {exc}", file=sys.stderr)

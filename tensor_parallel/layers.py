@@ -44,12 +44,12 @@ def init_master(in_features: int, out_features: int, bias: bool, seed: int, dtyp
     """A dense weight (out, in) and bias (out,) drawn like ``nn.Linear``'s, from a generator seeded
     with ``seed`` — identical on every rank, so each rank can cut its own shard from it."""
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.empty(out_features, in_features, dtype=dtype)
+    weight = torch.empty(out_features, in_features, dtype=dtype, device="cpu")  # the module moves with .to()
     nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=gen)
     b = None
     if bias:
         bound = 1 / math.sqrt(in_features)
-        b = torch.empty(out_features, dtype=dtype).uniform_(-bound, bound, generator=gen)
+        b = torch.empty(out_features, dtype=dtype, device="cpu").uniform_(-bound, bound, generator=gen)
     return weight, b
 
 

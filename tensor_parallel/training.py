@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from course.cli import run_config
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.launch import context
@@ -41,7 +40,7 @@ def epoch_loader(dataset, batch_size: int, collate, seed: int) -> DataLoader:
     The order is drawn up front (not by the DataLoader's sampler), so wrapping the loader
     in a progress bar on one rank cannot change it.
     """
-    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
     return DataLoader(Subset(dataset, order), batch_size=batch_size, collate_fn=collate)
 
 
@@ -69,7 +68,7 @@ class TensorParallelTraining(TrainingMode):
         super().__init__(args, data, device, **kwargs)
         self.model, self.n_layer, self.mesh = model, n_layer, mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-        self.counter = CommCounter()
+        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
 
     @property
     def checkpoint_key(self) -> str:
@@ -81,7 +80,7 @@ class TensorParallelTraining(TrainingMode):
         return loader, steps
 
     def training(self, epoch: int):
-        self.counter = CommCounter()
+        self.counter = CommCounter(timed=False)  # counts and bytes only: no GPU synchronisation
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:
@@ -98,7 +97,7 @@ class TensorParallelTraining(TrainingMode):
 
     def config(self) -> dict:
         tp_size = self.mesh.dims.tp
-        return {**run_config(self.args), "world_size": self.mesh.world_size, "tp_size": tp_size, "mode": self.mode,
+        return {**self.args.record(), "world_size": self.mesh.world_size, "tp_size": tp_size, "mode": self.mode,
                 "sequence_parallel": bool(self.args.sequence_parallel), "block_types": self.model.block_types,
                 "n_layer": self.n_layer, "mesh": self.mesh.describe()}
 
@@ -114,7 +113,7 @@ def run_tp(rank: int, world_size: int, args) -> dict:
     rank 0, ``tensor_parallel_translations_epoch{e}.json``.
 
     Args:
-        args: options of ``project/run_tensor_parallel.py`` (``tp_size == world_size``,
+        args: the run's configuration (``project/run_tensor_parallel.py``'s ``TensorParallelConfig``; ``tp == world_size``,
             ``sequence_parallel``, ``block_types``, and the shared ones).
 
     Returns:

@@ -56,7 +56,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start, self.vocab_end = vocab_range(num_embeddings, group_rank(group), group_size(group))
         if master_weight is None:
             gen = torch.Generator().manual_seed(seed)
-            master_weight = torch.empty(num_embeddings, embedding_dim).normal_(0.0, 0.02, generator=gen)
+            master_weight = torch.empty(num_embeddings, embedding_dim, device="cpu").normal_(0.0, 0.02, generator=gen)
         if tuple(master_weight.shape) != (num_embeddings, embedding_dim):
             raise ValueError(f"master_weight has shape {tuple(master_weight.shape)}, "
                              f"expected {(num_embeddings, embedding_dim)}")

@@ -18,31 +18,29 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
         "by_group": {group: {kind: {count, bytes, traffic_bytes}}} of the last step,
         "busy_s": forward+backward seconds, "step_s": the step's wall time}``.
     """
-    import time
-
-    import pipeline
     from course.collectives import CommCounter
     from course.launch import context
-    from course.mesh import Mesh
+    from course.measure import now
+    from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
-    from three_d.stage import StageLoss, TensorParallelStage
+    from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 
     worker_env_quiet()
     torch.set_num_threads(1)
-    mesh = Mesh.build(dp=dp, pp=pp, tp=tp)
     hf = build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=0, n_layer=N_LAYER, n_embd=N_EMBD,
                     n_head=N_HEAD)
-    stage = TensorParallelStage(hf, mesh.stage, pp, group=mesh.tp_group)
-    runner = pipeline.StageRunner(stage, context().device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+    device = context().device
+    ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), hf, device)
+    mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     g = torch.Generator().manual_seed(1 + mesh.dp_rank)
-    ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g)
+    ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g, device="cpu").to(device)
     for _ in range(steps):
         with CommCounter() as counter:
-            start = time.time()
+            start = now(device)  # course.measure: the clock after the device's queued work
             out = three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
-            step_s = time.time() - start
+            step_s = now(device) - start
     events = out["result"].events
     shift = runner.origin  # back to absolute seconds, comparable across pp groups
     return {"coordinates": (mesh.stage, mesh.dp_rank, mesh.tp_rank), "blocks": list(stage.blocks),
@@ -51,7 +49,7 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
             "comm": [(r.kind, r.group, r.start, r.end) for r in counter.records if r.start is not None],
             "step_span": (start, start + step_s),
             "by_group": counter.by_group(), "busy_s": sum(b - a for _, _, a, b in events), "step_s": step_s,
-            "parameters": sum(p.numel() for p in stage.parameters())}
+            "parameters": sum(p.numel() for p in stage.parameters()), "timer": out["result"].timer}
 
 
 def rank_cells(dp: int, pp: int, tp: int, n_layer: int = N_LAYER) -> list[dict]:

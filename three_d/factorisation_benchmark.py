@@ -58,23 +58,22 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     and the communication of the last step (rank 0 returns them all; the others ``[]``)."""
     import torch.distributed as dist
 
-    import pipeline
     from course.collectives import CommCounter, name_group
     from course.launch import context
-    from course.mesh import Mesh, ParallelDims
+    from course.measure import now
+    from course.mesh import ParallelDims
     from course.model import build_gpt2
     from course.task import worker_env_quiet
-    from three_d.stage import StageLoss, TensorParallelStage
+    from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 
     worker_env_quiet()
     device = context().device
     runs = {}
     for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
-        mesh = Mesh(ParallelDims(dp=dp, pp=pp, tp=tp))
         model = build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0)
-        stage = TensorParallelStage(model, mesh.stage, pp, group=mesh.tp_group).to(device)
-        runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+        ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
+        mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
         rows = cfg["batch"] // dp
         g = torch.Generator().manual_seed(1 + mesh.dp_rank)
         ids = torch.randint(0, cfg["vocab"], (rows, cfg["seq"]), generator=g).to(device)
@@ -91,13 +90,13 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
             warmup = cfg["warmup"] if repeat == 0 else 0  # a factorisation warms up once, in the first round
             for step in range(warmup + cfg["steps"]):
                 dist.barrier(group=world)
-                start = time.perf_counter()
-                with CommCounter() as counter:
+                start = now(device)  # course.measure: the clock after the device's queued work
+                with CommCounter(timed=False) as counter:
                     three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
                 optimizer.step()
                 dist.barrier(group=world)
                 if step >= warmup:
-                    times.append(time.perf_counter() - start)
+                    times.append(now(device) - start)
             report.append({"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "n_chunk": n_chunk,
                            "step_s": statistics.median(times), "comm": counter.by_group()})
     gathered = [None] * world_size
@@ -166,7 +165,19 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1200, help="seconds before the run is stopped")
     parser.add_argument("--out", type=Path, default=Path("results/factorisation_benchmark.json"))
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                        help="cuda: one GPU per rank with NCCL (auto: when there are enough)")
     args = parser.parse_args(argv)
+    from course.launch import default_world_size, in_torchrun, resolve_device_backend
+
+    if in_torchrun():
+        if "--world_size" in (argv if argv is not None else sys.argv) and args.world_size != default_world_size(0):
+            parser.error(f"under torchrun --world_size is torchrun's WORLD_SIZE={default_world_size(0)}: leave it out")
+        args.world_size = default_world_size(0)
+    try:
+        args.device, _ = resolve_device_backend(args.device, "auto", args.world_size)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: use at least 3 (median and min-max)")
     if args.world_size < 1 or args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
@@ -184,7 +195,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from course.launch import launch
+    from course.launch import launch, reports_results
+    from course.measure import timer_name
 
     args = parse_args(argv)
     cfg = {k: getattr(args, k) for k in ("batch", "micro_batch", "seq", "vocab", "warmup", "steps", "repeats")}
@@ -192,13 +204,17 @@ def main(argv=None) -> int:
     print(f"{len(args.factorisations)} factorisations of {args.world_size} ranks (dp, pp, tp): {args.factorisations}",
           file=sys.stderr, flush=True)
     started = time.time()
-    report = launch(benchmark_worker, args.world_size, cfg, device="cpu", timeout=args.timeout,
-                    collective_timeout=600)[0]
+    report = launch(benchmark_worker, args.world_size, cfg, device=args.device, timeout=args.timeout,
+                    collective_timeout=600)
+    if not reports_results():
+        return 0
+    report = report[0]  # rank 0 gathers every rank's communication (benchmark_worker)
     rows = summarise(report, cfg)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"config": {**cfg, "world_size": args.world_size,
                                                "cpu_count": __import__("os").cpu_count(),
-                                               "torch": torch.__version__},
+                                               "torch": torch.__version__, "device": args.device,
+                                               "timer": timer_name(args.device)},
                                     "rows": rows, "report": report}, indent=1))
     print(format_table(rows))
     print(f"{time.time() - started:.0f} s; written: {args.out}")

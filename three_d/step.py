@@ -35,7 +35,8 @@ import torch
 import pipeline
 from course.collectives import all_reduce, group_size
 
-SCHEDULES = {"1f1b": pipeline.one_f_one_b_actions, "gpipe": pipeline.gpipe_actions}
+# The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES).
+SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks)
 
 
 def count_targets(labels: torch.Tensor) -> int:
@@ -82,8 +83,8 @@ def global_grad_norm(stage, tp_group, pp_group, tp_rank: int) -> float:
             continue
         s = p.grad.detach().double().pow(2).sum()
         square = s if square is None else square + s
-    if square is None:
-        square = torch.zeros((), dtype=torch.float64)
+    if square is None:  # on the gradients' device, as on the other ranks (NCCL), even with nothing to add
+        square = torch.zeros((), dtype=torch.float64, device=next(stage.parameters()).device)
     square = all_reduce(all_reduce(square.reshape(1), tp_group), pp_group)
     return math.sqrt(float(square))
     # END ASSIGN5_6_3
@@ -110,7 +111,7 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
             labels -100 where not counted. The same on the tp ranks and the stages of a
             pipeline (only the first stage uses input_ids, only the last labels).
         n_chunk: micro-batches per step (divides batch / dp).
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: a name in :data:`SCHEDULES` (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
         max_norm: clip the global gradient norm to this; None: no clipping (the norm is still measured).
 
     Returns:
@@ -127,12 +128,14 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     for p in stage.parameters():
         p.grad = None
     dp = group_size(mesh.dp_group)
-    n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64), mesh.dp_group))
+    # a count, on the host: it travels over the group's gloo back-end (docs/architecture.md, "Devices and back-ends")
+    n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64, device="cpu"),
+                                mesh.dp_group))
     denominator = max(n_target, 1.0) / dp
     micro = input_ids.size(0) // n_chunk
     inputs = list(input_ids.split(micro))
     targets = [(lab, denominator) for lab in labels.split(micro)]
-    actions = SCHEDULES[schedule](mesh.stage, mesh.dims.pp, n_chunk)
+    actions = pipeline.schedule_actions(schedule, mesh.stage, mesh.dims.pp, n_chunk)
     result = runner.run(actions, inputs if stage.is_first else None, targets if stage.is_last else None)
     sum_tied_gradients(stage, mesh.embedding_group)
     average_over_dp(stage, mesh.dp_group)
@@ -141,6 +144,6 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
         clip_gradients(stage, norm, max_norm)
     loss = None
     if stage.is_last:
-        local = torch.tensor([sum(result.losses.values())], dtype=torch.float64)
+        local = torch.tensor([sum(result.losses.values())], dtype=torch.float64, device="cpu")  # floats: host
         loss = float(all_reduce(local, mesh.dp_group)) / dp
     return {"loss": loss, "grad_norm": norm, "result": result}

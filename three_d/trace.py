@@ -38,7 +38,8 @@ def chrome_trace(results: dict[int, dict]) -> dict:
             events.append({"name": f"{e['kind']} {e['group']}", "cat": "communication", "ph": "X", "pid": rank,
                            "tid": 1, "ts": (e["start"] + shift) * 1e6, "dur": (e["end"] - e["start"]) * 1e6,
                            "args": {"kind": e["kind"], "group": e["group"], "bytes": e["bytes"]}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    timers = sorted({r["timer"] for r in results.values() if r.get("timer")})  # course.measure: which clock
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"timer": ", ".join(timers) or "unknown"}}
 
 
 def write_chrome_trace(workdir: str, epoch: int, world_size: int, path: str, prefix: str = "three_d_") -> str:

@@ -39,12 +39,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
-import pipeline
-from course.cli import run_config
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
-from three_d.stage import StageLoss, TensorParallelStage
+from three_d.rank_setup import ThreeDRank, setup_rank
 from three_d.step import three_d_step
 
 RESULTS_PREFIX = "three_d_"
@@ -60,7 +58,7 @@ def checkpoint_layout(path) -> dict:
     """
     import torch.distributed.checkpoint as dcp
 
-    layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64)}
+    layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64, device="cpu")}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
@@ -99,13 +97,14 @@ class ThreeDTraining(TrainingMode):
     mode = "three_d"
     results_prefix = RESULTS_PREFIX
 
-    def __init__(self, args, data, device, mesh, stage: TensorParallelStage):
+    def __init__(self, args, data, device, rank_setup: ThreeDRank):
+        mesh, stage = rank_setup.mesh, rank_setup.stage
         super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          throughput_group=mesh.dp_group,
                          show_progress=mesh.is_last_stage and mesh.dp_rank == 0 and mesh.tp_rank == 0)
         self.mesh, self.stage = mesh, stage
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
-        self.runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+        self.runner = rank_setup.runner
         self.counter = CommCounter()
         self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
         self.eval_group = evaluation_group(mesh)
@@ -148,12 +147,12 @@ class ThreeDTraining(TrainingMode):
         for name, p in self._checkpoint_parameters():
             state = self.optimizer.state[p]
             if not state:  # AdamW creates its state at the first step: make it now to load into
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state.update(step=torch.tensor(0.0, device="cpu"), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             model[name] = p.detach()
             optim[name] = {k: state[k] for k in ("step", "exp_avg", "exp_avg_sq")}
         d = self.mesh.dims
         return {self.checkpoint_key: {"model": model, "optim": optim},
-                LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64)}
+                LAYOUT_KEY: torch.tensor([d.dp, d.pp, d.tp], dtype=torch.int64, device="cpu")}
 
     def load_checkpoint_state(self, state: dict) -> None:
         """DCP loaded :meth:`checkpoint_state` in place (weights and AdamW state): nothing left to copy.
@@ -171,7 +170,8 @@ class ThreeDTraining(TrainingMode):
         self.stage.train()
 
     def epoch_batches(self, epoch: int):
-        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.args.seed + epoch))
+        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.args.seed + epoch),
+                               device="cpu")
         loader = DataLoader(Subset(self.data.train, order.tolist()), batch_size=self.args.batch_size,
                             collate_fn=self.data.collate, drop_last=True)  # every dp rank needs its full share
         steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
@@ -187,7 +187,7 @@ class ThreeDTraining(TrainingMode):
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
         first, began = len(self.counter.records), time.time()
-        out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.n_chunk, self.args.schedule,
+        out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches, self.args.schedule,
                            self.args.max_grad_norm)
         self.optimizer.step()
         self.step_span = (began - self.runner.origin, time.time() - self.runner.origin)
@@ -250,10 +250,8 @@ class ThreeDTraining(TrainingMode):
                 "tied_weight_max_abs_difference": getattr(self, "tied_difference", None)}
 
     def config(self) -> dict:
-        return {**run_config(self.args), "mode": self.mode, "world_size": self.mesh.world_size,
-                "dp": self.mesh.dims.dp, "pp": self.mesh.dims.pp, "tp": self.mesh.dims.tp,
-                "schedule": self.args.schedule, "n_chunk": self.args.n_chunk,
-                "scatter_gather": bool(self.args.scatter_gather), "blocks": list(self.stage.blocks),
+        return {**self.args.record(), "mode": self.mode, "world_size": self.mesh.world_size,
+                "blocks": list(self.stage.blocks),
                 "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
@@ -269,13 +267,10 @@ def run_3d(rank: int, world_size: int, args) -> dict:
         ``{"results": [paths]}``.
     """
     from course.launch import context
-    from course.mesh import Mesh
 
     worker_env_quiet()
     device = context().device
-    mesh = Mesh.build(dp=args.dp, pp=args.pp, tp=args.tp)
     data = prepare_data(args)
-    model = build_model(args, data.tokenizer.vocab_size)
-    stage = TensorParallelStage(model, mesh.stage, args.pp, group=mesh.tp_group, scatter_gather=args.scatter_gather)
-    stage.to(device)
-    return {"results": run_epochs(ThreeDTraining(args, data, device, mesh, stage))}
+    ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device,
+                        scatter_gather=args.scatter_gather)
+    return {"results": run_epochs(ThreeDTraining(args, data, device, ranked))}

@@ -87,7 +87,8 @@ def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = 
         ax1.plot(sizes, fit, "--", color=line[0].get_color(), lw=1,
                  label=f"fit: α={per['alpha'] * 1e6:.0f} µs, 1/β={1 / per['beta'] / 1e9 if per['beta'] > 0 else float('inf'):.2f} GB/s")
         ax2.plot(sizes, [p["busbw"] / 1e9 for p in pts], "o-", ms=4, label=name)
-    ax1.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time per all-reduce (µs)",
+    timer = f", {report['timer']}" if report.get("timer") else ""  # which clock (course.measure)
+    ax1.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel=f"time per all-reduce (µs{timer})",
             title="latency")
     ax2.set(xscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
             title="bus bandwidth = 2(p-1)/p · N / t")

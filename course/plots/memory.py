@@ -23,7 +23,10 @@ def plot_memory_bars(rows: list[dict], ax=None, title: str | None = None):
     ax.scatter(range(len(rows)), formula, marker="_", s=400, color="black", label="ZeRO formula", zorder=3)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("bytes per parameter (per rank)")
+    measured = f" on {rows[0]['memory'].split(' (')[0]}" if rows and rows[0].get("memory") else ""
     ax.set_title(title or "model state per rank, measured (bars) and formula (ticks)")
+    if measured:  # course.measure: what the peak-memory figures of these rows were read from
+        ax.set_xlabel(f"peak memory measured{measured}", fontsize=8)
     ax.legend(fontsize=8)
     return ax
 

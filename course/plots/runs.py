@@ -21,8 +21,9 @@ def plot_throughput(df, by: str = "config.world_size", title: str = "Data-parall
     labels = [str(v) for v in rows[by]]
     ax1.bar(labels, rows["training_time"], color="tab:blue")
     steps = sorted(set(rows["steps"])) if "steps" in rows else []
-    ax1.set(xlabel=by.split(".")[-1], ylabel=f"seconds ({'/'.join(map(str, steps))} steps)" if steps else "seconds",
-            title="training time")
+    timer = f", {rows['timer'].iloc[0]}" if "timer" in rows and rows["timer"].notna().any() else ""  # course.measure
+    ax1.set(xlabel=by.split(".")[-1], ylabel=f"seconds ({'/'.join(map(str, steps))} steps{timer})" if steps
+            else f"seconds{timer}", title="training time")
     tps = rows["global_tokens_per_sec"] if "global_tokens_per_sec" in rows else rows["tokens_per_sec"]
     ax2.bar(labels, tps, color="tab:green")
     ax2.set(xlabel=by.split(".")[-1], ylabel="tokens / s (all ranks)", title="throughput")

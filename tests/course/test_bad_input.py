@@ -30,10 +30,10 @@ def refused(script, argv, capsys) -> str:
 
 
 def test_sequence_parallel_needs_a_length_divisible_by_tp_size(tmp_path, capsys):
-    err = refused(run_tp, ["--tp_size", "3", "--sequence_parallel", "--model_max_length", "128",
+    err = refused(run_tp, ["--tp", "3", "--sequence_parallel", "--model_max_length", "128",
                            "--workdir", str(tmp_path)], capsys)
     assert "--model_max_length 128 is not divisible by 3" in err and "try --model_max_length 126" in err, err
-    run_tp.parse_args(["--tp_size", "2", "--sequence_parallel", "--model_max_length", "128",
+    run_tp.parse_args(["--tp", "2", "--sequence_parallel", "--model_max_length", "128",
                        "--workdir", str(tmp_path)])  # divisible: accepted
 
 

@@ -31,10 +31,10 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="re
 SMALL = ["--preset", "tiny", "--batch_size", "16", "--model_max_length", "32", "--vocab_size", "1000",
          "--n_bleu", "0", "--max_val_batches", "1", "--device", "cpu", "--quiet"]
 MODES = {  # name: (script, its options, results prefix, world size)
-    "dp": ("run_data_parallel.py", ["--world_size", "2"], "", 2),
-    "1f1b": ("run_pipeline.py", ["--model_parallel_mode", "1f1b", "--n_stages", "2", "--n_chunk", "2"],
+    "dp": ("run_data_parallel.py", ["--dp", "2"], "", 2),
+    "1f1b": ("run_pipeline.py", ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
              "pipeline_1f1b_", 2),
-    "tp": ("run_tensor_parallel.py", ["--tp_size", "2"], "tensor_parallel_", 2),
+    "tp": ("run_tensor_parallel.py", ["--tp", "2"], "tensor_parallel_", 2),
 }
 STEPS, EVERY = 8, 3  # optimizer steps per run; a checkpoint every EVERY steps
 

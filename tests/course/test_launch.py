@@ -8,6 +8,8 @@ import torch.distributed as dist
 
 from course.launch import RankFailure, launch, resolve_device_backend
 
+pytestmark = pytest.mark.fresh_processes  # the launcher's own processes (tests/course/test_launch_pool.py: the pool)
+
 
 def sum_worker(rank, world_size, offset):
     from course.launch import context

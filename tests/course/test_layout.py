@@ -27,7 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "course"
-PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d")
+PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe")
 TOOLS = "instructor"
 SCRIPTS = ("project", "modal_run")
 PACKAGES = (LIBRARY, *PARTS, TOOLS, "project")
@@ -221,3 +221,15 @@ def test_docs_cited_by_the_code_exist(name):
     assert "COURSE_DESIGN" not in text, f"{name} cites a document outside the repository"
     for doc in re.findall(r"docs/[\w/]+\.md", text):
         assert (REPO / doc).is_file(), f"{name} cites {doc}, which does not exist"
+
+
+@pytest.mark.parametrize("package", [p.parent.name for p in sorted(REPO.glob("*/__init__.py"))
+                                     if p.parent.name not in ("tests", "project", "instructor")])
+def test_each_package_exports_only_public_names_that_exist(package):
+    """A package's ``__all__`` is its public surface: no private (underscore) name, every name defined."""
+    import importlib
+
+    module = importlib.import_module(package)
+    names = getattr(module, "__all__", [])
+    assert not [n for n in names if n.startswith("_")], f"{package} exports private names"
+    assert not [n for n in names if not hasattr(module, n)], f"{package}.__all__ names what it does not define"

@@ -119,7 +119,7 @@ def test_command_of_each_mode():
     data = ms.make_request(world_size=2, n_epochs=5, batch_size=64)
     assert data.gpu_spec == f"{ms.DEFAULT_GPU}:2"
     assert ms.build_command(data, "/vol/runs/r", python=PY, repo_root=Path("/root"), timeout=3000) == [
-        PY, "/root/project/run_data_parallel.py", "--world_size", "2", "--batch_size", "64", "--n_epochs", "5",
+        PY, "/root/project/run_data_parallel.py", "--dp", "2", "--batch_size", "64", "--n_epochs", "5",
         "--device", "cuda", "--workdir", "/vol/runs/r", "--timeout", "3000"]
 
     pipe = ms.make_request(mode="pipeline", world_size=4, gpu="h100", model_parallel_mode="1f1b", n_chunk=8,
@@ -127,12 +127,12 @@ def test_command_of_each_mode():
     assert pipe.gpu_spec == "H100:4"
     assert ms.build_command(pipe, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "/root/project/run_pipeline.py",
-        "--n_stages", "4", "--preset", "small", "--n_chunk", "8", "--model_parallel_mode", "1f1b",
+        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--model_parallel_mode", "1f1b",
         "--device", "cuda", "--workdir", "/w"]
 
     tensor = ms.make_request(mode="tensor", world_size=4, tp_size=4, extra="--sequence_parallel --learning_rate 3e-4")
     assert ms.build_command(tensor, "/w", python=PY, repo_root=Path("/root")) == [
-        PY, "/root/project/run_tensor_parallel.py", "--tp_size", "4", "--device", "cuda", "--workdir", "/w",
+        PY, "/root/project/run_tensor_parallel.py", "--tp", "4", "--device", "cuda", "--workdir", "/w",
         "--sequence_parallel", "--learning_rate", "3e-4"]
 
     grade = ms.make_request(grade=True, world_size=2)
@@ -142,15 +142,27 @@ def test_command_of_each_mode():
 
 
 def test_every_mode_option_exists_in_its_script():
-    """The options modal_run passes are options of the scripts (read from their source)."""
-    sources = {mode: (REPO / script).read_text() + (REPO / "course/cli.py").read_text()
-               for mode, script in ms.SCRIPTS.items()}
-    for mode, source in sources.items():
-        assert f'"{ms.SIZE_OPTION[mode]}"' in source, (mode, ms.SIZE_OPTION[mode])
-        for name in ms.PASSTHROUGH:
-            if ms.MODE_ONLY_OPTIONS.get(name, mode) == mode:
-                assert f'"--{name}"' in source, (mode, name)
-        assert '"--device"' in source and '"--workdir"' in source and '"--timeout"' in source
+    """The options modal_run passes are options of the scripts (their configuration's command line, former
+    names included) and of the benchmarks (read from their source)."""
+    import importlib
+
+    for mode, script in ms.SCRIPTS.items():
+        module = importlib.import_module(str(Path(script).with_suffix("")).replace("/", "."))
+        config = module.parse_args.__annotations__["return"]
+        config = getattr(module, config) if isinstance(config, str) else config
+        options = {s for action in config.parser()._actions for s in action.option_strings}
+        for option in [ms.SIZE_OPTION[mode]] if mode in ms.SIZE_OPTION else ["--dp", "--pp", "--tp"]:
+            assert option in options, (mode, option)
+        for name in ms.PASSTHROUGH + ms.FLAGS:
+            if mode in ms.MODE_ONLY_OPTIONS.get(name, (mode,)):
+                assert f"--{name}" in options, (mode, name)
+        assert {"--device", "--workdir", "--timeout"} <= options
+    for mode, (where, size_options, (out_option, _)) in ms.BENCHMARKS.items():
+        path = where.split()[1].replace(".", "/") + ".py" if where.startswith("-m ") else where
+        source = (REPO / path).read_text()
+        for option in (*size_options, out_option, "--device", "--preset" if mode == "benchmark" else "--device"):
+            assert f'"{option}"' in source, (mode, option)
+        assert ('"--timeout"' in source) == (mode != "schedule_benchmark"), mode
 
 
 def _results(rank, epoch, loss, **extra):
@@ -224,14 +236,14 @@ def test_remote_function_body_runs_a_tiny_data_parallel_job_on_cpu(tmp_path):
     assert committed == [True]
     workdir = tmp_path / "vol" / "runs" / "tiny"
     assert result["workdir"] == str(workdir)
-    assert result["command"][1:3] == [str(REPO / "project/run_data_parallel.py"), "--world_size"]
+    assert result["command"][1:3] == [str(REPO / "project/run_data_parallel.py"), "--dp"]
     assert {"rank0_results_epoch0.json", "rank1_results_epoch0.json"} <= set(result["files"])
     assert "tokenizer" not in " ".join(result["files"])
     for rank in (0, 1):
         on_volume = json.loads((workdir / f"rank{rank}_results_epoch0.json").read_text())
         assert on_volume == json.loads(result["files"][f"rank{rank}_results_epoch0.json"])
         assert on_volume["config"]["world_size"] == 2 and on_volume["config"]["device"] == "cpu"
-    assert "data parallel: world_size=2" in (workdir / "log.txt").read_text()
+    assert "data parallel: dp=2" in (workdir / "log.txt").read_text()
     assert ms.summarize(result["files"]).splitlines()[1].startswith("data_parallel")
 
 
@@ -291,3 +303,132 @@ def test_entrypoint_sends_the_checked_request_and_summarises_what_comes_back(mod
         entry(world_size=2, results_dir=str(tmp_path))
     with pytest.raises(SystemExit, match="at most 4 A10"):
         entry(world_size=6, gpu="A10", results_dir=str(tmp_path))
+
+
+# ---- 3D, the data-parallel memory and communication options, the benchmarks, the GPU tier ----------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="3d", world_size=8, dp=2, pp=2, tp=1), "--dp 2 x --pp 2 x --tp 1 = 4 ranks, but --world-size is 8"),
+    (dict(mode="3d", world_size=8, tp=8), "--tp 8 does not divide the preset's 12 heads"),
+    (dict(mode="3d", world_size=8, pp=8, tp=1, preset="tiny"), "--pp 8 stages is more than the 4 transformer blocks"),
+    (dict(mode="3d", world_size=4, batch_size=30), "--batch-size 30 is not divisible by --dp 1 x --n-chunk 8"),
+    (dict(mode="data", dp=2), "--dp is an option of --mode 3d"),
+    (dict(mode="tensor", zero=1), "--zero is an option of --mode data"),
+    (dict(zero=5), "--zero must be one of 0, 1, 2, 3"),
+    (dict(compression="gzip"), "--compression must be one of none, topk, powersgd"),
+    (dict(mode="3d", schedule="zigzag"), "--schedule must be one of 1f1b, gpipe"),
+    (dict(bucket_mb=0.0), "--bucket-mb must be > 0"),
+    (dict(zero=2, overlap=True), "--zero run the memory part's training step"),
+    (dict(precision="bf16", compression="topk"), "--precision bf16 run the memory part's training step"),
+    (dict(mode="benchmark", zero=1), "--zero is an option of --mode data"),
+    (dict(mode="schedule_benchmark", batch_size=8), "--mode schedule_benchmark takes no --batch-size"),
+    (dict(grade=True, gpu_tests=True), "choose one"),
+])
+def test_invalid_3d_memory_communication_and_benchmark_requests_are_refused(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        ms.make_request(**kwargs)
+    assert message in str(error.value)
+
+
+def test_commands_of_3d_memory_communication_and_the_benchmarks():
+    three_d = ms.make_request(mode="3d", world_size=8, n_epochs=2)  # dp x pp x tp filled in: 1 x 4 x 2
+    assert three_d.options == {"n_epochs": 2, "dp": 1, "pp": 4, "tp": 2}
+    assert ms.build_command(three_d, "/w", python=PY, repo_root=Path("/root"), timeout=100) == [
+        PY, "/root/project/run_3d.py", "--dp", "1", "--pp", "4", "--tp", "2", "--n_epochs", "2", "--device", "cuda",
+        "--workdir", "/w", "--timeout", "100"]
+    explicit = ms.make_request(mode="3d", world_size=8, dp=2, pp=2, tp=2, schedule="gpipe", n_chunk=4,
+                               launcher="torchrun")
+    assert ms.build_command(explicit, "/w", python=PY, repo_root=Path("/root")) == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/run_3d.py",
+        "--dp", "2", "--pp", "2", "--tp", "2", "--micro_batches", "4", "--schedule", "gpipe", "--device", "cuda",
+        "--workdir", "/w"]
+    memory = ms.make_request(world_size=4, zero=3, precision="bf16", activation_checkpointing=True)
+    assert ms.build_command(memory, "/w", python=PY, repo_root=Path("/root")) == [
+        PY, "/root/project/run_data_parallel.py", "--dp", "4", "--zero", "3", "--precision", "bf16",
+        "--activation_checkpointing", "--device", "cuda", "--workdir", "/w"]
+    comm = ms.make_request(world_size=2, bucket_mb=25.0, overlap=True)
+    assert ms.build_command(comm, "/w", python=PY, repo_root=Path("/root"))[2:] == [
+        "--dp", "2", "--bucket_mb", "25.0", "--overlap", "--device", "cuda", "--workdir", "/w"]
+    topk = ms.make_request(world_size=2, compression="topk", extra="--topk_ratio 0.05")
+    assert ms.build_command(topk, "/w", python=PY, repo_root=Path("/root"))[-3:] == ["/w", "--topk_ratio", "0.05"]
+
+    bench = ms.make_request(mode="benchmark", world_size=8, launcher="torchrun")
+    assert ms.build_command(bench, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/benchmark.py",
+        "--world_sizes", "8", "--dp_world_size", "8", "--device", "cuda", "--json", "/w/benchmark_communication.json",
+        "--timeout", "60"]
+    sched = ms.make_request(mode="schedule_benchmark", world_size=4, extra="--m 8 16")
+    assert ms.build_command(sched, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
+        PY, "-m", "pipeline.schedule_benchmark", "--p", "4", "--device", "cuda", "--out", "/w/schedule_benchmark.json",
+        "--m", "8", "16"]
+    fact = ms.make_request(mode="factorisation_benchmark", world_size=8, launcher="torchrun")
+    assert ms.build_command(fact, "/w", python=PY, repo_root=Path("/root")) == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m", "three_d.factorisation_benchmark",
+        "--world_size", "8", "--device", "cuda", "--out", "/w/factorisation_benchmark.json"]
+
+    tier = ms.make_request(gpu_tests=True, world_size=8, gpu="h100")
+    assert tier.gpu_spec == "H100:8" and ms.run_name(tier).startswith("gpu-tests-8xH100-")
+    assert ms.build_command(tier, "/vol/runs/t", python=PY, repo_root=Path("/root")) == [
+        PY, "-m", "pytest", "-m", "gpu", "-rs", "-q", "tests/gpu", "--junitxml", "/vol/runs/t/gpu_tier.xml"]
+
+
+def _gpu_tier_xml(tmp_path, *args) -> str:
+    """The JUnit XML of a real ``pytest -m gpu`` run of part of the tier (on this machine)."""
+    xml = tmp_path / "tier.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:randomly", *args, "--junitxml",
+                    str(xml)], cwd=REPO, capture_output=True, text=True, timeout=240)
+    return xml.read_text()
+
+
+def test_gpu_tier_summary_from_its_junit_report(tmp_path):
+    import torch
+
+    summary = ms.summarize_gpu_tier(_gpu_tier_xml(tmp_path, "tests/gpu/test_measure_cuda.py")).splitlines()
+    if not torch.cuda.is_available():
+        assert summary[0] == "GPU tier (pytest -m gpu): 0 passed, 0 failed, 3 skipped", summary
+        assert all("needs 1 CUDA GPUs (NCCL); this machine has no CUDA GPU" in line for line in summary[1:]), summary
+    made_up = ('<testsuites><testsuite><testcase classname="tests.gpu.test_x" name="test_a"/>'
+               '<testcase classname="tests.gpu.test_x" name="test_b"><failure message="AssertionError: NCCL and gloo '
+               'differ&#10;more"/></testcase><testcase classname="tests.gpu.test_y" name="test_c"><skipped '
+               'message="needs 8 CUDA GPUs"/></testcase></testsuite></testsuites>')
+    assert ms.summarize_gpu_tier(made_up).splitlines() == [
+        "GPU tier (pytest -m gpu): 1 passed, 1 failed, 1 skipped",
+        "  FAILED  test_x::test_b: AssertionError: NCCL and gloo differ",
+        "  skipped test_y::test_c: needs 8 CUDA GPUs"]
+
+
+def test_remote_gpu_tier_runs_pytest_and_returns_its_report(tmp_path):
+    request = ms.make_request(gpu_tests=True, extra="-k stopwatch")
+    result = ms.remote_run(asdict(request), "t", volume_root=tmp_path / "vol")
+    assert result["command"][1:5] == ["-m", "pytest", "-m", "gpu"]
+    assert ms.GPU_TIER_XML in result["files"], "\n".join(result["log_tail"])
+    assert ms.summarize_gpu_tier(result["files"][ms.GPU_TIER_XML]).startswith("GPU tier (pytest -m gpu): ")
+    assert not (tmp_path / "vol" / "data").exists()  # the tier needs no Multi30k download
+
+
+class FakeTierRemote(FakeRemote):
+    def remote(self, request, name):
+        result = super().remote(request, name)
+        xml = ('<testsuites><testsuite><testcase classname="tests.gpu.test_x" name="test_a"/></testsuite>'
+               '</testsuites>')
+        result["files"] = {ms.GPU_TIER_XML: xml, "log.txt": "..."}
+        return result
+
+
+def test_entrypoint_gpu_tests_prints_the_tier_summary(modal_run, monkeypatch, tmp_path, capsys):
+    fake = FakeTierRemote()
+    monkeypatch.setattr(modal_run, "train", fake)
+    modal_run.main.info.raw_f(gpu_tests=True, world_size=8, results_dir=str(tmp_path))
+    request, name = fake.sent
+    assert request["gpu_tests"] is True and fake.options["gpu"] == f"{ms.DEFAULT_GPU}:8"
+    assert "GPU tier (pytest -m gpu): 1 passed, 0 failed, 0 skipped" in capsys.readouterr().out
+
+
+def test_modal_cli_takes_the_new_options():
+    result = modal_cli("--help")
+    for option in ("--dp", "--pp", "--tp", "--schedule", "--zero", "--precision", "--activation-checkpointing",
+                   "--bucket-mb", "--overlap", "--compression", "--gpu-tests / --no-gpu-tests"):
+        assert option in result.stdout, option
+    bad = modal_cli("--mode", "3d", "--world-size", "8", "--dp", "3")
+    assert bad.returncode == 2 and "--dp 3 x --pp" in bad.stderr, bad.stderr

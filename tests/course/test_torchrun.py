@@ -105,7 +105,7 @@ def test_run_data_parallel_under_torchrun_joins_the_group(tmp_path):
     children = {pid: cmdline for pid, (ppid, cmdline, _) in seen.items() if ppid in ranks}
     assert children == {}, f"the rank processes spawned children: {children}"
     # Both ranks ran the script's main (one header line each) in one group of world size 2.
-    assert result.stdout.count("data parallel: world_size=2") == 2, result.stdout[-3000:]
+    assert result.stdout.count("data parallel: dp=2") == 2, result.stdout[-3000:]
     for rank in (0, 1):
         results = json.loads((workdir / f"rank{rank}_results_epoch0.json").read_text())
         assert results["rank"] == rank

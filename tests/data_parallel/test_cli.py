@@ -19,8 +19,8 @@ def no_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--world_size", "0"], "--world_size must be >= 1"),
-    (["--world_size", "2", "--batch_size", "63"], "not divisible by --world_size 2"),
+    (["--dp", "0"], "--dp must be a whole number >= 1"),
+    (["--dp", "2", "--batch_size", "63"], "not divisible by --dp 2"),
     (["--data_dir", "/nonexistent/multi30k"], "does not hold the Multi30k files"),
     (["--batch_size", "0"], "--batch_size must be positive"),
     (["--max_batches", "0"], "--max_batches must be >= 1"),

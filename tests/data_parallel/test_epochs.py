@@ -21,7 +21,10 @@ def epochs_worker(rank, world_size, n_epochs, max_batches):
     from data_parallel import DataParallelTraining
 
     mesh = Mesh.build(dp=world_size)
-    args = SimpleNamespace(batch_size=BATCH, seed=11, max_batches=max_batches, quiet=True, learning_rate=1e-3)
+    from project.run_data_parallel import DataParallelConfig
+
+    args = DataParallelConfig.for_test(dp=world_size, batch_size=BATCH, seed=11, max_batches=max_batches, quiet=True,
+                                       device="cpu")
     data = SimpleNamespace(train=[{"id": i} for i in range(N_EXAMPLES)], collate=lambda xs: [x["id"] for x in xs])
     model = torch.nn.Linear(2, 2)
     mode = DataParallelTraining(args, data, "cpu", model, torch.optim.SGD(model.parameters(), lr=0.1), mesh.dp_group,

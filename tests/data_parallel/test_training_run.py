@@ -17,7 +17,7 @@ STEPS = 3
 
 
 def argv(workdir):
-    return ["--world_size", "2", "--batch_size", "8", "--max_batches", str(STEPS), "--n_bleu", "4",
+    return ["--dp", "2", "--batch_size", "8", "--max_batches", str(STEPS), "--n_bleu", "4",
             "--dropout", "0", "--workdir", str(workdir), "--quiet", "--save_checkpoint", "--timeout", "300"]
 
 

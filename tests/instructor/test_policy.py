@@ -226,6 +226,15 @@ HOSTILE = {
             case object(__class__=cls):
                 pass
     """, "dunder"),
+    "contextlib beyond ExitStack: stdout redirected": ("memory/checkpointing.py",
+                                                      "with contextlib.redirect_stdout(None):\n    pass",
+                                                      "refused-module"),
+    "contextlib beyond ExitStack: the working directory": ("memory/checkpointing.py", "contextlib.chdir('/')",
+                                                           "refused-module"),
+    "an attribute of contextlib.ExitStack": ("memory/checkpointing.py", "f = contextlib.ExitStack.callback",
+                                             "refused-module"),
+    "contextlib imported by the block": ("memory/checkpointing.py", "import contextlib\ncontextlib.ExitStack()",
+                                         "import"),
     "a dunder name in a string": ("data_parallel/gradients.py", "name = '__globals__'", "dunder"),
 }
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.metrics import (bubble_fraction, handover_latencies, measured_bubble_fraction, peak_in_flight, replay,
                               simulate)
-from pipeline.schedules import all_actions
+from pipeline.schedules import SCHEDULES, all_actions
 
 TOLERANCE = 0.05  # absolute, on a fraction in [0, 1]
 
@@ -33,6 +33,8 @@ def test_peak_in_flight_gpipe_m_and_1f1b_p_minus_rank(p, m):
 
 
 def _theory(schedule, p, m, v):
+    """Written out here, independently of the registry (pipeline.schedules.SCHEDULES), which the test
+    checks: interleaved (p - 1) / (v m + p - 1), ZB-H1 (p - 1) / (3 m + p - 1), else (p - 1) / (m + p - 1)."""
     if schedule == "interleaved":
         return (p - 1) / (v * m + p - 1)
     if schedule == "zb-h1":
@@ -52,6 +54,7 @@ def test_replay_of_equal_actions_has_each_schedules_theoretical_bubble(schedule,
     durations = [[unit for _ in acts] for acts in actions]
     events = replay(actions, durations)
     assert measured_bubble_fraction(events) == pytest.approx(_theory(schedule, p, m, v), abs=1e-12)
+    assert SCHEDULES[schedule].bubble(p, m, v) == pytest.approx(_theory(schedule, p, m, v), abs=1e-15)
 
 
 @pytest.mark.needs_solution

@@ -14,8 +14,8 @@ from project.run_pipeline import parse_args
 STEPS = 2
 
 
-def _argv(workdir, mode, *extra, n_chunk="2"):
-    return ["--model_parallel_mode", mode, "--batch_size", "8", "--n_chunk", n_chunk, "--max_batches", str(STEPS),
+def _argv(workdir, mode, *extra, micro_batches="2"):
+    return ["--model_parallel_mode", mode, "--batch_size", "8", "--micro_batches", micro_batches, "--max_batches", str(STEPS),
             "--n_bleu", "2", "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "240", *extra]
 
 
@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("pipeline_runs")
     out = {}
-    extra = {"interleaved": ["--n_virtual", "2"], "zb-h1": ["--balance", "auto"]}
+    extra = {"interleaved": ["--virtual_stages", "2"], "zb-h1": ["--balance", "auto"]}
     for mode in ("model_parallel", "pipeline_parallel", "1f1b", "interleaved", "zb-h1"):
         assert main(_argv(workdir, mode, *extra.get(mode, []))) == 0, f"{mode} run failed"
         ranks = 1 if mode in ("model_parallel", "pipeline_parallel") else 2
@@ -42,7 +42,7 @@ def test_each_mode_trains_and_writes_results(runs):
             for key in ("validation_loss", "bleu", "training_time", "tokens_per_sec", "train_loss"):
                 assert math.isfinite(r[key]), f"{mode}: {key} = {r[key]}"
             assert r["steps"] == STEPS and r["tokens"] > 0
-            assert r["config"]["mode"] == mode and r["config"]["n_stages"] == 2
+            assert r["config"]["mode"] == mode and r["config"]["pp"] == 2
             assert r["timeline"], f"{mode}: no per-stage timeline"
     assert {e["stage"] for e in runs["pipeline_parallel"][0]["timeline"]} == {0, 1}
     assert len(runs["pipeline_parallel"][0]["timeline"]) == 2 * 2  # 2 micro-batches x 2 stages
@@ -52,7 +52,7 @@ def test_each_mode_trains_and_writes_results(runs):
     assert [r["peak_in_flight"] for r in one_f_one_b] == [2, 1]
     assert one_f_one_b[0]["param_sha256"] == one_f_one_b[1]["param_sha256"], "stages gathered differently"
     interleaved = runs["interleaved"]
-    assert [r["config"]["n_virtual"] for r in interleaved] == [2, 2]
+    assert [r["config"]["virtual_stages"] for r in interleaved] == [2, 2]
     assert [len(r["timeline"]) for r in interleaved] == [8, 8]  # F and B of 2 micro-batches x 2 chunks per rank
     zero_bubble = runs["zb-h1"]
     assert [sorted(e["kind"] for e in r["timeline"]) for r in zero_bubble] == [["B", "B", "F", "F", "W", "W"]] * 2
@@ -71,15 +71,15 @@ def test_all_modes_compute_the_same_training(runs):
 
 
 @pytest.mark.parametrize("extra,n_chunk,message", [
-    (["--n_stages", "5"], "2", "--n_stages 5 is more than the 4 transformer blocks"),
-    (["--n_stages", "0"], "2", "--n_stages must be >= 1"),
-    ([], "0", "--n_chunk must be >= 1"),
+    (["--pp", "5"], "2", "--pp 5 is more than the 4 transformer blocks"),
+    (["--pp", "0"], "2", "--pp must be a whole number >= 1"),
+    ([], "0", "--micro_batches must be >= 1"),
     ([], "9", "micro-batch size"),
-    ([], "3", "not divisible by --n_chunk"),
+    ([], "3", "not divisible by --micro_batches"),
 ])
 def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, n_chunk, message):
     with pytest.raises(SystemExit) as exc:
-        parse_args(_argv(tmp_path, "1f1b", *extra, n_chunk=n_chunk))
+        parse_args(_argv(tmp_path, "1f1b", *extra, micro_batches=n_chunk))
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

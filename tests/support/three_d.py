@@ -54,16 +54,15 @@ def run_case(case: dict) -> dict:
     """On every rank: build the mesh and this rank's stage, run one step, return its results."""
     from course.collectives import CommCounter, all_reduce
     from course.launch import context
-    from course.mesh import Mesh
-    from pipeline import StageRunner, one_f_one_b_actions
-    from three_d.stage import StageLoss, TensorParallelStage
+    from course.mesh import ParallelDims
+    from pipeline import one_f_one_b_actions
+    from three_d.rank_setup import setup_rank
     from three_d.step import count_targets, three_d_step
 
     dtype = case.get("dtype", torch.float64)
-    mesh = Mesh.build(dp=case["dp"], pp=case["pp"], tp=case["tp"])
-    stage = TensorParallelStage(dense(dtype, case.get("embd_pdrop", 0.0)), mesh.stage, case["pp"],
-                                group=mesh.tp_group, scatter_gather=case.get("scatter_gather", False))
-    runner = StageRunner(stage, context().device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)
+    ranked = setup_rank(ParallelDims(dp=case["dp"], pp=case["pp"], tp=case["tp"]),
+                        dense(dtype, case.get("embd_pdrop", 0.0)), context().device, scatter_gather=case.get("scatter_gather", False))
+    mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     ids, labels = global_batch()
     share = BATCH // case["dp"]
     ids, labels = ids[mesh.dp_rank * share:(mesh.dp_rank + 1) * share], labels[mesh.dp_rank * share:(mesh.dp_rank + 1) * share]

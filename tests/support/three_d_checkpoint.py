@@ -10,9 +10,8 @@ def train_then_resume(rank: int, world_size: int, first, second) -> dict:
     """``run_epochs`` of ``first`` (layout and args), then of ``second`` (``second.resume`` set)."""
     from course.epoch_runner import run_epochs
     from course.launch import context
-    from course.mesh import Mesh
     from course.task import build_model, prepare_data, worker_env_quiet
-    from three_d.stage import TensorParallelStage
+    from three_d.rank_setup import setup_rank
     from three_d.training import ThreeDTraining
 
     worker_env_quiet()
@@ -20,8 +19,6 @@ def train_then_resume(rank: int, world_size: int, first, second) -> dict:
     data = prepare_data(first)
     written = {}
     for name, args in (("first", first), ("second", second)):
-        mesh = Mesh.build(dp=args.dp, pp=args.pp, tp=args.tp)
-        stage = TensorParallelStage(build_model(args, data.tokenizer.vocab_size), mesh.stage, args.pp,
-                                    group=mesh.tp_group).to(device)
-        written[name] = run_epochs(ThreeDTraining(args, data, device, mesh, stage))
+        ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device)
+        written[name] = run_epochs(ThreeDTraining(args, data, device, ranked))
     return written

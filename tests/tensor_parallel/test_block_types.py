@@ -87,10 +87,10 @@ def test_replicated_gradients_agree_across_ranks(name):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tp_size", "3"], "n_head=4 is not divisible by tp_size=3"),
+    (["--tp", "3"], "--tp 3 does not divide the 4 attention heads"),
     (["--block_types", "tp,spd"], "block_types has 2 entries"),
     (["--block_types", "sync"], "unknown block type"),
-    (["--tp_size", "0"], "--tp_size must be >= 1"),
+    (["--tp", "0"], "--tp must be a whole number >= 1"),
 ])
 def test_run_script_rejects_bad_input_before_spawning(argv, message, capsys, monkeypatch):
     from course import launch as launch_module
@@ -108,7 +108,7 @@ def test_run_script_short_run_on_multi30k(tmp_path):
     from project.run_tensor_parallel import main
 
     steps = 2
-    argv = ["--tp_size", "2", "--block_types", "tp,spd,parallel,parallel", "--sequence_parallel",
+    argv = ["--tp", "2", "--block_types", "tp,spd,parallel,parallel", "--sequence_parallel",
             "--batch_size", "8", "--max_batches", str(steps), "--n_bleu", "2", "--max_val_batches", "1",
             "--workdir", str(tmp_path), "--quiet", "--device", "cpu", "--timeout", "240"]
     assert main(argv) == 0

@@ -26,7 +26,7 @@ STEPS, EVERY = 4, 2
 
 
 def _argv(workdir, *extra):
-    return ["--preset", "tiny", "--batch_size", "8", "--n_chunk", "2", "--model_max_length", "32",
+    return ["--preset", "tiny", "--batch_size", "8", "--micro_batches", "2", "--model_max_length", "32",
             "--vocab_size", "1000", "--max_batches", str(STEPS), "--max_val_batches", "1", "--n_bleu", "0",
             "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "300", *extra]
 

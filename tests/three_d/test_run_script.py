@@ -13,7 +13,7 @@ STEPS = 2
 
 
 def _argv(workdir, *extra):
-    return ["--batch_size", "8", "--n_chunk", "2", "--max_batches", str(STEPS), "--max_val_batches", "1",
+    return ["--batch_size", "8", "--micro_batches", "2", "--max_batches", str(STEPS), "--max_val_batches", "1",
             "--n_bleu", "2", "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "300", *extra]
 
 
@@ -55,7 +55,7 @@ def test_run_3d_trains_and_writes_results_and_trace(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["--dp", "1", "--pp", "5", "--tp", "1"], "--pp 5 is more than the 4 transformer blocks"),
     (["--dp", "1", "--pp", "1", "--tp", "3"], "--tp 3 does not divide"),
-    (["--dp", "3", "--pp", "1", "--tp", "1"], "not divisible by --dp 3 x --n_chunk 2"),
+    (["--dp", "3", "--pp", "1", "--tp", "1"], "not divisible by --dp 3 x --micro_batches 2"),
     (["--dp", "0"], "--dp must be a whole number"),
     (["--max_grad_norm", "0"], "--max_grad_norm must be positive"),
 ])

@@ -1,0 +1,68 @@
+"""The settings of a mixture-of-experts layer, checked before anything is built or launched.
+
+A mixture-of-experts (MoE) layer replaces one feed-forward block by ``num_experts`` of them
+(the *experts*) and a *router* that sends each token to ``top_k`` of them (Shazeer et al. 2017;
+Lepikhin et al. 2020, GShard; Fedus et al. 2021, Switch Transformer; Jiang et al. 2024,
+Mixtral). The names follow Megatron-Core's ``TransformerConfig`` (``num_moe_experts``,
+``moe_router_topk``, ``moe_expert_capacity_factor``, ``moe_aux_loss_coeff``,
+``moe_z_loss_coeff``) and ``transformers``' ``MixtralConfig``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routing and capacity of one MoE layer.
+
+    Attributes:
+        num_experts: experts per MoE layer (E).
+        top_k: experts each token is sent to (k; 1 in Switch Transformer, 2 in GShard and Mixtral).
+        capacity_factor: each expert takes at most ``ceil(capacity_factor * T * k / E)`` of the
+            T tokens' k choices (Fedus et al. 2021, Sec. 2.2); the rest are dropped. None:
+            dropless, every choice is kept.
+        normalize_gates: scale each token's k gate values to sum to 1 (GShard, Mixtral). Switch
+            Transformer (k = 1) keeps the softmax probability as the gate, so the router gets a
+            gradient from the layer's output; normalised, a top-1 gate would always be 1.
+            None (default): normalise when k > 1.
+        aux_loss_coef: weight of the load-balancing loss (Switch Transformer, eq. 4; alpha = 0.01 there).
+        z_loss_coef: weight of the router z-loss (Zoph et al. 2022, ST-MoE, eq. 5; 0.001 there).
+
+    Raises:
+        ValueError: at construction, naming the option: ``num_experts`` < 1, ``top_k`` not in
+            ``1 .. num_experts``, ``capacity_factor`` <= 0, a negative loss coefficient.
+    """
+
+    num_experts: int = 4
+    top_k: int = 2
+    capacity_factor: float | None = None
+    normalize_gates: bool | None = None
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.001
+
+    def __post_init__(self):
+        if not isinstance(self.num_experts, int) or self.num_experts < 1:
+            raise ValueError(f"--num_experts must be a whole number >= 1, not {self.num_experts!r}")
+        if not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"--top_k must be between 1 and --num_experts {self.num_experts} (a token cannot pick "
+                             f"more experts than there are), not {self.top_k!r}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:  # also refuses nan
+            raise ValueError(f"--capacity_factor must be > 0 (1.0: room for an even share of the tokens; leave it out "
+                             f"for dropless routing), not {self.capacity_factor!r}")
+        if self.normalize_gates is None:
+            object.__setattr__(self, "normalize_gates", self.top_k > 1)
+        for name in ("aux_loss_coef", "z_loss_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"--{name} must be >= 0, not {getattr(self, name)!r}")
+
+    def check(self, ep: int) -> "MoEConfig":
+        """Check that the experts can be shared out over ``ep`` expert-parallel ranks.
+
+        Raises:
+            ValueError: ``num_experts`` not divisible by ``ep``.
+        """
+        if ep < 1 or self.num_experts % ep:
+            raise ValueError(f"--num_experts {self.num_experts} is not divisible by --ep {ep} (every expert-parallel "
+                             f"rank holds the same number of experts); choose an ep that divides {self.num_experts}")
+        return self

@@ -1,0 +1,273 @@
+"""Workers and measurements for notebooks/08_mixture_of_experts.ipynb (spawned processes cannot import cells).
+
+* :func:`parameter_table` — parameters held and parameters used per token, dense vs MoE GPT-2.
+* :func:`routing_by_hand` — the router, the capacity and the combine on a handful of tokens.
+* :func:`all_to_all_worker` — one MoE layer over an ep group: who sends how many rows to whom,
+  and the bytes the communication counter recorded.
+* :func:`training_worker` — short Multi30k runs of the run script's training
+  (:func:`moe.training.train_moe`) in one launch: with and without the load-balancing loss, and
+  the dense GPT-2 with the same active parameters per token; the trained routers' choices on
+  validation batches; and a step-time benchmark of the MoE and the dense model (warm-up, repeats).
+* :func:`dropped_fraction` — the fraction of choices a capacity factor drops, from recorded choices.
+* :func:`all_to_all_bytes_formula` — the bytes the all-to-alls of a training step should move.
+
+Each returns plain Python values (and small tensors) for the notebook to tabulate; the plots are in
+:mod:`course.plots.moe`.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def parameter_table(preset: str = "tiny", vocab_size: int = 5000, configs=((4, 1), (4, 2), (8, 1), (8, 2)),
+                    n_positions: int = 128) -> list[dict]:
+    """Parameters of the dense GPT-2 of ``preset`` and of its MoE versions ``(E, k)`` (every other MLP
+    an MoE layer): held in total, and used by one token (its forward pass touches those).
+
+    Returns:
+        One row per model: ``model``, ``total`` (parameters), ``active_per_token``, ``ratio`` (total /
+        active) and ``mlp_flops_per_token`` (2 x the multiply-adds of the MLPs a token runs through).
+    """
+    from course.model import build_gpt2
+    from moe.config import MoEConfig
+    from moe.gpt2 import DenseGPT2, MoEGPT2, parameter_counts
+
+    rows = []
+    dense = DenseGPT2(build_gpt2(preset, vocab_size, n_positions=n_positions))
+    c = dense.model.config
+    inner = c.n_inner or 4 * c.n_embd
+    mlp = 2 * c.n_embd * inner  # multiply-adds of one MLP per token
+    counts = parameter_counts(dense)
+    rows.append({"model": "dense GPT-2", "total": counts["total"], "active_per_token": counts["active_per_token"],
+                 "mlp_flops_per_token": 2 * c.n_layer * mlp})
+    for experts, k in configs:
+        model = MoEGPT2(build_gpt2(preset, vocab_size, n_positions=n_positions), MoEConfig(experts, k), group=None)
+        counts = parameter_counts(model)
+        moe_blocks = len(model.blocks)
+        flops = 2 * ((c.n_layer - moe_blocks) * mlp + moe_blocks * (k * mlp + c.n_embd * experts))
+        rows.append({"model": f"MoE E={experts} top-{k}", "total": counts["total"],
+                     "active_per_token": counts["active_per_token"], "mlp_flops_per_token": flops})
+    for row in rows:
+        row["ratio"] = row["total"] / row["active_per_token"]
+    return rows
+
+
+def routing_by_hand(num_tokens: int = 6, num_experts: int = 4, top_k: int = 2, capacity_factor: float = 1.0,
+                    seed: int = 3) -> dict:
+    """The steps of one MoE layer on a few tokens (hidden width 4, one process).
+
+    Returns:
+        ``logits`` and ``probs`` (T, E), ``experts`` and ``gates`` (T, k), ``capacity``, ``kept`` (T, k),
+        ``tokens_per_expert`` (choices naming each expert), ``aux_loss``, ``z_loss``, and ``out`` (T, h)
+        next to ``by_hand`` (T, h): the sum over kept choices of gate x expert output, computed token by token.
+    """
+    from moe.capacity import capacity_mask, expert_capacity
+    from moe.config import MoEConfig
+    from moe.experts import MLPExperts
+    from moe.layer import MoELayer
+    from moe.losses import load_balancing_loss, router_z_loss
+
+    gen = torch.Generator().manual_seed(seed)
+    config = MoEConfig(num_experts, top_k, capacity_factor)
+    layer = MoELayer(4, config, MLPExperts(num_experts, 4, 8, generator=gen), group=None, generator=gen)
+    with torch.no_grad():
+        layer.router.weight.mul_(60.0)  # decisive logits, so the picture is clear
+    x = torch.randn(num_tokens, 4, generator=gen, device="cpu")  # a notebook demonstration in one process
+    with torch.no_grad():
+        routing = layer.router(x)
+        capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
+        kept = capacity_mask(routing.experts, num_experts, capacity)
+        out = layer(x)
+        by_hand = torch.zeros_like(x)
+        for t in range(num_tokens):
+            for c in range(top_k):
+                if kept[t, c]:
+                    e = int(routing.experts[t, c])
+                    by_hand[t] += routing.gates[t, c] * layer.experts.expert(e, x[t:t + 1])[0]
+        return {"logits": routing.logits, "probs": routing.probs, "experts": routing.experts, "gates": routing.gates,
+                "capacity": capacity, "kept": kept,
+                "tokens_per_expert": torch.bincount(routing.experts.reshape(-1), minlength=num_experts),
+                "aux_loss": float(load_balancing_loss(routing.probs, routing.experts, num_experts)),
+                "z_loss": float(router_z_loss(routing.logits)), "out": out, "by_hand": by_hand}
+
+
+def all_to_all_worker(rank: int, world_size: int, num_experts: int = 8, top_k: int = 2, hidden: int = 64,
+                      tokens_per_rank: int = 96) -> dict:
+    """One MoE layer with its experts over ``world_size`` ranks (one ep group): this rank's rows per
+    destination, rows received, and what the communication counter recorded in each pass.
+
+    Returns:
+        ``{"sent_to": [rows per destination rank], "received": rows, "records": [(kind, phase, bytes,
+        traffic_bytes, shape)], "hidden": h, "num_experts": E}``.
+    """
+    from course.collectives import CommCounter
+    from course.launch import context
+    from course.mesh import Mesh
+    from moe.config import MoEConfig
+    from moe.experts import MLPExperts
+    from moe.layer import MoELayer
+
+    device = context().device
+    mesh = Mesh.build(dp=world_size, ep=world_size)
+    gen = torch.Generator().manual_seed(0)
+    full = MLPExperts(num_experts, hidden, 2 * hidden, generator=gen)
+    layer = MoELayer(hidden, MoEConfig(num_experts, top_k), full.shard(mesh.ep_rank, world_size), mesh.ep_group, gen)
+    layer.to(device)
+    with torch.no_grad():
+        layer.router.weight.mul_(20.0)
+    x = torch.randn(tokens_per_rank, hidden, generator=torch.Generator().manual_seed(100 + rank)).to(device)
+    x.requires_grad_(True)
+    records = []
+    with CommCounter() as counter:
+        out = layer(x)
+        records += [(r.kind, "forward", r.bytes, r.traffic_bytes, r.shape) for r in counter.records]
+        counter.reset()
+        out.square().mean().backward()
+        records += [(r.kind, "backward", r.bytes, r.traffic_bytes, r.shape) for r in counter.records]
+    sent_to = layer.stats["per_expert"].view(world_size, -1).sum(dim=1).tolist()  # dropless: every choice is sent
+    rows = [r for r in records if r[1] == "forward" and len(r[4]) == 2]  # dispatch (rows sent), combine (rows received)
+    return {"sent_to": sent_to, "received": rows[1][4][0] if len(rows) > 1 else None, "records": records,
+            "hidden": hidden, "num_experts": num_experts}
+
+
+def _router_choices(model, batches, device) -> dict[int, list[torch.Tensor]]:
+    """The experts each MoE layer's router chose (T, k) for each batch (a forward pass per batch)."""
+    seen: dict[int, list[torch.Tensor]] = {i: [] for i in model.blocks}
+    hooks = [layer.router.register_forward_hook(lambda m, a, out, i=i: seen[i].append(out.experts.cpu()))
+             for i, layer in zip(model.blocks, model.moe_layers)]
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            model(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def _benchmark(modes: dict, batches: list, warmup: int, repeats: int, steps: int, group,
+               device: torch.device) -> dict[str, list[float]]:
+    """Seconds per training step of each mode: ``warmup`` steps each, then ``repeats`` rounds in which every
+    mode takes ``steps`` steps in turn (interleaved, so both see the same machine); the slowest rank's time
+    (the device synchronised before the clock is read)."""
+    import torch.distributed as dist
+
+    from course.collectives import all_reduce_max
+
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    for name, mode in modes.items():
+        for batch in batches[:warmup]:
+            mode.train_step(batch)
+    for _ in range(repeats):
+        for name, mode in modes.items():
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            for batch in batches[warmup:warmup + steps]:
+                mode.train_step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = torch.tensor([time.perf_counter() - start], device=device)
+            times[name].append(float(all_reduce_max(elapsed, group=group)) / steps)
+    return times
+
+
+def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None = None,
+                    n_choice_batches: int = 4) -> dict:
+    """Short training runs, one after another in one launch (the data is prepared once).
+
+    Args:
+        runs: ``{label: args}`` (options of ``project/run_moe.py``, each with its own ``workdir``).
+        bench: ``{"runs": [labels], "warmup", "repeats", "steps"}``: after training, time those runs'
+            training steps (fresh models, the same batches; see :func:`_benchmark`).
+        n_choice_batches: validation batches (of the per-rank batch size) on which each trained MoE
+            model's routers are recorded.
+
+    Returns (rank 0; the other ranks return ``{}``): ``{"choices": {label: {block: [(T, k) per batch]}},
+    "step_seconds": {label: [seconds per step of each repeat]}, "threads": torch threads per rank}``.
+    """
+    from course.collectives import group_rank, group_size
+    from course.launch import context
+    from course.mesh import Mesh
+    from course.task import prepare_data, worker_env_quiet
+    from moe.training import MoETraining, build_moe_model, shard_batches, train_moe
+
+    worker_env_quiet()
+    device = context().device
+    first = next(iter(runs.values()))
+    data = prepare_data(first)
+    mesh = Mesh.build(dp=world_size, ep=first.ep)
+    choices = {}
+    for label, args in runs.items():
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        result = train_moe(rank, world_size, args, data, mesh=mesh, keep_model=True)
+        if not args.dense:
+            full = result["model"].gathered()
+            per_rank = args.batch_size // args.dp
+            batches = [data.collate(data.validation[i * per_rank:(i + 1) * per_rank]) for i in range(n_choice_batches)]
+            choices[label] = _router_choices(full, batches, device)
+    timings = {}
+    if bench:
+        group = mesh.dp_cp_group
+        modes = {}
+        for label in bench["runs"]:
+            args = runs[label]
+            model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
+            modes[label] = MoETraining(args, data, device, model, mesh, rank=rank, show_progress=False)
+        count = bench["warmup"] + bench["steps"]
+        batches = list(shard_batches(data.train, first.batch_size, group_rank(group), group_size(group), data.collate,
+                                     seed=first.seed + 99, max_batches=count)[0])
+        timings = _benchmark(modes, batches, bench["warmup"], bench["repeats"], bench["steps"], group, device)
+    if rank != 0:
+        return {}
+    return {"choices": choices, "step_seconds": timings, "threads": torch.get_num_threads()}
+
+
+def dropped_fraction(choices: list[torch.Tensor], num_experts: int, capacity_factor: float) -> float:
+    """Fraction of the choices in ``choices`` (one (T, k) tensor per batch; capacity per batch) that a
+    capacity factor drops (:func:`moe.capacity.expert_capacity`, :func:`moe.capacity.capacity_mask`)."""
+    from moe.capacity import capacity_mask, expert_capacity
+
+    dropped = total = 0
+    for experts in choices:
+        capacity = expert_capacity(experts.shape[0], num_experts, experts.shape[1], capacity_factor)
+        kept = capacity_mask(experts, num_experts, capacity)
+        dropped += int((~kept).sum())
+        total += kept.numel()
+    return dropped / max(1, total)
+
+
+def all_to_all_bytes_formula(tokens: float, top_k: int, hidden: int, num_experts: int, moe_layers: int, ep: int,
+                             bytes_per_element: int = 4) -> float:
+    """Bytes that the all-to-alls of one dropless training step hand over, summed over the ep ranks.
+
+    Per MoE layer: the counts (``num_experts`` int64 per rank), then four all-to-alls of the ``tokens * top_k``
+    routed rows of ``hidden`` floats — dispatch and combine forward, and their two backward passes.
+    (Counted as the input of each call, the rows a rank keeps for itself included.)
+    """
+    return moe_layers * (ep * num_experts * 8 + 4 * tokens * top_k * hidden * bytes_per_element)
+
+
+def summarize_timings(step_seconds: dict[str, list[float]]) -> list[dict]:
+    """Median and min-max of each run's seconds per step, and its ratio to the first run's median."""
+    rows, base = [], None
+    for label, values in step_seconds.items():
+        median = statistics.median(values)
+        base = base or median
+        rows.append({"run": label, "median s/step": median, "min": min(values), "max": max(values),
+                     "repeats": len(values), "ratio to first": median / base})
+    return rows
+
+
+def run_args(parse_args, workdir, **options) -> object:
+    """``parse_args`` of ``project/run_moe.py`` on ``--option value`` pairs (True: a flag), after a copy."""
+    argv = []
+    for name, value in options.items():
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is not None and value is not False:
+            argv += [f"--{name}", str(value)]
+    return copy.copy(parse_args(argv + ["--workdir", str(workdir), "--quiet", "--overwrite"]))

@@ -1,0 +1,107 @@
+"""A mixture-of-experts layer: router, capacity, permutation, experts, gate-weighted combine.
+
+``MoELayer(hidden_size, config, experts, group=None)`` maps tokens (..., h) to (..., h):
+
+1. the router scores the E experts and picks k per token (:mod:`moe.router`);
+2. the capacity drops the choices that do not fit (:mod:`moe.capacity`);
+3. the kept choices are grouped by expert (:mod:`moe.permutation`);
+4. the experts run — here, or, with an ep group of more than one rank, on the ranks that hold
+   them (:mod:`moe.expert_parallel`);
+5. each token's output is the gate-weighted sum of its experts' outputs.
+
+It also records the two router losses of the last forward pass (:mod:`moe.losses`;
+:meth:`MoELayer.router_loss` weights them), and what the router did (``stats``: tokens per
+expert before dropping, choices dropped), for the training mode and the notebook. With Mixtral's
+settings (``top_k=2``, normalised gates, dropless) and :class:`moe.experts.GatedExperts` it is
+``transformers``' ``MixtralSparseMoeBlock`` (tests/moe).
+
+Sources: Shazeer et al. 2017 (Sec. 2); Lepikhin et al. 2020 (GShard); Fedus et al. 2021
+(Switch Transformer); Jiang et al. 2024 (Mixtral, Sec. 2.1).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from course.collectives import group_size
+from moe.capacity import capacity_mask, expert_capacity
+from moe.config import MoEConfig
+from moe.expert_parallel import combine, dispatch
+from moe.experts import GroupedExperts
+from moe.losses import load_balancing_loss, router_z_loss
+from moe.permutation import permute, unpermute
+from moe.router import TopKRouter
+
+
+class MoELayer(nn.Module):
+    """A mixture-of-experts layer (see the module docstring).
+
+    Args:
+        hidden_size: token width h.
+        config: :class:`moe.config.MoEConfig`.
+        experts: this rank's experts: all E of them, or with an ep group of ep ranks the
+            ``E / ep`` of its ep rank (:meth:`moe.experts.GroupedExperts.shard`).
+        group: the expert-parallel group (None or a group of one rank: every expert is here).
+        generator: draws the router's initial weight (None: the global generator).
+
+    Shapes: ``forward(x, token_mask=None)``: x (..., h) -> (..., h); ``token_mask`` (...) bool
+    marks the tokens to route (padding left out: it gets a zero output, takes no room in the
+    experts' buffers and does not count in the losses).
+
+    Raises:
+        ValueError: ``config.num_experts`` not divisible by the ep group's size, or ``experts``
+            not holding ``num_experts / ep`` experts.
+    """
+
+    def __init__(self, hidden_size: int, config: MoEConfig, experts: GroupedExperts, group=None,
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        ep = group_size(group) if group is not None else 1
+        config.check(ep)
+        if experts.num_experts * ep != config.num_experts:
+            raise ValueError(f"this rank holds {experts.num_experts} experts, but {config.num_experts} experts over "
+                             f"{ep} ranks means {config.num_experts // ep} each")
+        self.config, self.group, self.ep = config, group, ep
+        self.router = TopKRouter(hidden_size, config.num_experts, config.top_k, config.normalize_gates, generator)
+        self.experts = experts
+        self.aux_loss = self.z_loss = None
+        self.stats: dict = {}
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        if token_mask is None:
+            return self._moe(x).view(shape)
+        index = token_mask.reshape(-1).nonzero().squeeze(1)
+        return x.new_zeros(x.shape).index_copy(0, index, self._moe(x[index])).view(shape)
+
+    def _moe(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on (T, h) tokens that are all routed."""
+        cfg, num_tokens = self.config, x.shape[0]
+        routing = self.router(x)
+        kept = capacity_mask(routing.experts, cfg.num_experts,
+                             expert_capacity(num_tokens, cfg.num_experts, cfg.top_k, cfg.capacity_factor))
+        if num_tokens:
+            self.aux_loss = load_balancing_loss(routing.probs, routing.experts, cfg.num_experts)
+            self.z_loss = router_z_loss(routing.logits)
+        else:  # no token here (all padding): nothing to balance, but the graph stays connected
+            self.aux_loss = self.z_loss = routing.probs.sum() * 0.0
+        self.stats = {"tokens": num_tokens, "dropped": (~kept).sum().detach(),
+                      "per_expert": torch.bincount(routing.experts.reshape(-1), minlength=cfg.num_experts).detach()}
+        permuted = permute(x, routing.experts, kept, cfg.num_experts)
+        if self.ep == 1:
+            y = self.experts(permuted.tokens, permuted.counts)
+        else:
+            rows, local_counts, state = dispatch(permuted.tokens, permuted.counts, self.group)
+            y = combine(self.experts(rows, local_counts), state, self.group)
+        return unpermute(y, permuted.source, routing.gates, num_tokens)
+
+    def router_loss(self) -> torch.Tensor:
+        """``aux_loss_coef * load-balancing loss + z_loss_coef * z-loss`` of the last forward pass.
+
+        Raises:
+            RuntimeError: before any forward pass.
+        """
+        if self.aux_loss is None:
+            raise RuntimeError("router_loss() needs a forward pass first")
+        return self.config.aux_loss_coef * self.aux_loss + self.config.z_loss_coef * self.z_loss

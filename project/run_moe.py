@@ -1,0 +1,112 @@
+"""GPT-2 with mixture-of-experts MLPs, expert parallel × data parallel, on Multi30k German→English (assignment 5.8).
+
+    python project/run_moe.py                                        # dp 2, ep 2, 4 experts, top-2, dropless
+    python project/run_moe.py --dp 4 --ep 2 --num_experts 8 --top_k 1 --capacity_factor 1.25
+    python project/run_moe.py --dp 2 --dense --top_k 2               # the dense GPT-2 of the same active parameters
+    torchrun --standalone --nproc_per_node=4 project/run_moe.py --dp 4 --ep 4
+
+Starts ``--dp`` processes (gloo on the CPU, NCCL with one GPU each) or joins the group torchrun
+made. Every other block's MLP is an MoE layer of ``--num_experts`` GPT-2 MLPs, each token routed to
+``--top_k`` of them; the experts are shared out over ``--ep`` ranks (tokens travel to them by
+all-to-all), dense gradients are averaged over the dp group and each expert's over its replicas
+(``moe.gradients``). Writes ``<workdir>/moe_rank{r}_results_epoch{e}.json`` (with what the routers
+did at every step, the collectives per step by group and the parameter counts) and
+``moe_translations_epoch{e}.json``.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.launch import RankFailure, launch  # noqa: E402
+from course.results import print_epoch_table  # noqa: E402
+
+RESULTS_PREFIX = "moe_"
+MOE = "mixture of experts"
+
+
+@dataclass
+class MoERunConfig(RunConfig):
+    """``project/run_moe.py``: a GPT-2 with MoE MLPs over ``--dp`` ranks, its experts shared out over ``--ep``."""
+
+    description = ("GPT-2 with mixture-of-experts MLPs, expert parallel x data parallel, on Multi30k German→English "
+                   "(assignment 5.8).")
+    results_prefix = RESULTS_PREFIX
+    mesh_options = ("dp", "ep")
+    world_option = "dp"
+
+    batch_size: int = option(32, "global batch size (sequences per optimizer step)", group="model and training")
+    dp: int | None = option(None, "data-parallel ranks (default: torchrun's WORLD_SIZE, else 2)", group="mesh")
+    ep: int | None = option(None, "expert-parallel ranks, dividing --dp (default: --dp)", group="mesh")
+    num_experts: int = option(4, "experts per MoE layer", group=MOE)
+    top_k: int = option(2, "experts per token (1: Switch Transformer; 2: GShard, Mixtral)", group=MOE)
+    capacity_factor: float | None = option(None, "expert capacity = ceil(factor * tokens * top_k / experts), the rest "
+                                                 "dropped (default: dropless)", group=MOE)
+    no_normalize_gates: bool = option(False, "top-k > 1: keep the softmax probabilities as gates instead of normalising "
+                                             "them to sum to 1 (top-1 gates are always the probability, as in Switch "
+                                             "Transformer)", group=MOE)
+    aux_loss_coef: float = option(0.01, "load-balancing loss weight (Switch: 0.01)", group=MOE)
+    z_loss_coef: float = option(0.001, "router z-loss weight (ST-MoE: 0.001)", group=MOE)
+    moe_every: int = option(2, "one MoE block in this many (blocks 1, 3, ... for 2)", group=MOE)
+    dense: bool = option(False, "train the dense GPT-2 of the same active parameters per token instead (same batches)",
+                         group=MOE)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp
+
+    def resolve(self) -> None:
+        super().resolve()
+        if self.ep is None:
+            self.ep = self.dp
+
+    def check(self) -> None:
+        from moe.config import MoEConfig
+
+        super().check()
+        try:
+            MoEConfig(self.num_experts, self.top_k, self.capacity_factor, None, self.aux_loss_coef,
+                      self.z_loss_coef).check(self.ep)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.moe_every < 1:
+            raise ConfigError(f"--moe_every must be >= 1, not {self.moe_every}")
+        if self.batch_size % self.dp:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} (every rank takes an "
+                              f"equal share of a batch); try --batch_size {max(1, self.batch_size // self.dp) * self.dp}")
+        n_layer = self.model_shape["n_layer"]
+        if n_layer < self.moe_every:
+            raise ConfigError(f"--preset {self.preset} has {n_layer} blocks: with --moe_every {self.moe_every} none "
+                              "would be an MoE block; lower --moe_every")
+
+
+def parse_args(argv=None) -> MoERunConfig:
+    """The run's :class:`MoERunConfig` from the command line (exits with a message on bad input)."""
+    return MoERunConfig.from_command_line(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from moe.training import run_moe
+
+    kind = "dense" if args.dense else (f"{args.num_experts} experts, top-{args.top_k}, capacity factor "
+                                       f"{args.capacity_factor or 'dropless'}")
+    print(f"mixture of experts: dp={args.dp} ep={args.ep} {kind} device={args.device} backend={args.backend} "
+          f"preset={args.preset} batch={args.batch_size}", flush=True)
+    try:
+        launch(run_moe, args.dp, args, device=args.device, backend=args.backend, timeout=args.timeout,
+               max_restarts=args.max_restarts)
+    except RankFailure as exc:
+        print(f"run failed: {exc}", file=sys.stderr)
+        return 1
+    print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

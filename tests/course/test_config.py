@@ -1,0 +1,60 @@
+"""The run configuration (course.config): one dataclass per run, the same option names in every script,
+old names still accepted with a note naming the new one, checks before any process starts."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from project.run_3d import ThreeDConfig
+from project.run_data_parallel import DataParallelConfig
+from project.run_moe import MoERunConfig
+from project.run_pipeline import PipelineConfig
+from project.run_tensor_parallel import TensorParallelConfig
+
+CONFIGS = (DataParallelConfig, PipelineConfig, TensorParallelConfig, ThreeDConfig, MoERunConfig)
+SHARED = ("--device", "--backend", "--workdir", "--batch_size", "--preset", "--seed", "--checkpoint_every", "--resume")
+
+
+def _options(cls) -> set[str]:
+    return {s for action in cls.parser()._actions for s in action.option_strings}
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_every_script_takes_the_shared_options_and_its_mesh_sizes_by_the_same_names(cls):
+    options = _options(cls)
+    assert set(SHARED) <= options
+    for name in cls.mesh_options:
+        assert f"--{name}" in options
+    for name in ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages"):
+        assert (f"--{name}" in options) == (name in cls.mesh_options), (cls.__name__, name)
+
+
+@pytest.mark.parametrize("cls,old,new,value", [
+    (DataParallelConfig, "--world_size", "dp", 3),
+    (PipelineConfig, "--n_stages", "pp", 2),
+    (PipelineConfig, "--n_chunk", "micro_batches", 8),
+    (TensorParallelConfig, "--tp_size", "tp", 4),
+    (ThreeDConfig, "--n_chunk", "micro_batches", 4),
+], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_old_option_names_still_work_and_name_the_new_one(cls, old, new, value, capsys, tmp_path):
+    extra = ["--model_parallel_mode", "interleaved", "--n_virtual", "2"] if cls is PipelineConfig else []
+    config = cls.from_command_line([old, str(value), "--workdir", str(tmp_path), "--batch_size", "48", *extra])
+    assert getattr(config, new) == value
+    err = capsys.readouterr().err
+    assert f"note: {old} is now --{new}" in err
+    if extra:
+        assert config.virtual_stages == 2 and "note: --n_virtual is now --virtual_stages" in err
+
+
+def test_a_configuration_is_checked_before_anything_runs_and_records_every_field():
+    from course.config import ConfigError
+
+    config = ThreeDConfig.for_test(dp=2, pp=2, tp=2, micro_batches=4, batch_size=16, device="cpu")
+    assert config.world_size == 8 and config.dims.shape == (2, 2, 2) and config.preset == "tiny"
+    record = config.record()
+    assert {f.name for f in dataclasses.fields(ThreeDConfig)} <= set(record)
+    with pytest.raises(ConfigError, match="not divisible by --dp 2 x --micro_batches 4"):
+        ThreeDConfig.for_test(dp=2, pp=2, tp=2, micro_batches=4, batch_size=12, device="cpu")
+    with pytest.raises(ConfigError, match="this run takes --dp, not --tp 2"):
+        DataParallelConfig.for_test(dp=2, tp=2, device="cpu")

@@ -1,0 +1,231 @@
+"""Helpers of the mixture-of-experts tests: layers with known weights, inputs that force a routing,
+the workers the multi-rank tests launch, and the one-process references they are checked against.
+
+The workers import neither ``transformers`` nor the test modules (only ``torch``, ``course`` and
+``moe``), so spawning a rank stays cheap.
+"""
+from __future__ import annotations
+
+import torch
+
+from course.mesh import ParallelDims
+
+HIDDEN, INNER = 8, 12
+
+
+def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random"):
+    """A single-process :class:`moe.layer.MoELayer` (GPT-2 style experts) with seeded weights.
+
+    ``router``: ``"random"``; ``"unused"`` (expert 0's logit far below the others for positive
+    tokens: it never gets a token); ``"one"`` (the last expert's logit far above: every token's
+    first choice).
+    """
+    from moe.experts import MLPExperts
+    from moe.layer import MoELayer
+
+    gen = torch.Generator().manual_seed(seed)
+    experts = MLPExperts(config.num_experts, HIDDEN, INNER, generator=gen)
+    with torch.no_grad():  # biases too, so a wrong grouping of rows cannot hide behind zeros
+        experts.c_fc_bias.copy_(torch.randn(experts.c_fc_bias.shape, generator=gen) * 0.5)
+        experts.c_proj_bias.copy_(torch.randn(experts.c_proj_bias.shape, generator=gen) * 0.5)
+        experts.c_fc_weight.mul_(20.0)
+        experts.c_proj_weight.mul_(20.0)
+    layer = MoELayer(HIDDEN, config, experts).to(dtype)
+    with torch.no_grad():
+        w = torch.randn(config.num_experts, HIDDEN, generator=gen) * 0.5
+        if router == "unused":
+            w[0] = -3.0
+        elif router == "one":
+            w[-1] = 3.0
+        layer.router.weight.copy_(w)
+    return layer
+
+
+def tokens(rank: int, count: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    """``count`` positive tokens (HIDDEN wide) of rank ``rank``."""
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    return (torch.rand(count, HIDDEN, generator=gen) + 0.25).to(dtype)
+
+
+def upstream(rank: int, count: int, dtype=torch.float32) -> torch.Tensor:
+    """The fixed gradient G of the loss ``sum(out * G)`` on rank ``rank``."""
+    return torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(77 + rank)).to(dtype)
+
+
+def layer_loss(layer, x, rank):
+    """``sum(layer(x) * G) + router loss``: every part of the layer gets a gradient."""
+    out = layer(x)
+    return out, (out * upstream(rank, x.shape[0], x.dtype)).sum() + layer.router_loss()
+
+
+def grads_of(module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in module.named_parameters()}
+
+
+def run_single(layer, x, rank) -> dict:
+    """Output and gradients of the single-process ``layer`` on one rank's tokens (a fresh backward)."""
+    layer.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    out, loss = layer_loss(layer, x, rank)
+    loss.backward()
+    return {"out": out.detach(), "x_grad": x.grad.detach(), "router": layer.router.weight.grad.detach().clone(),
+            "experts": grads_of(layer.experts), "aux": layer.aux_loss.item(), "z": layer.z_loss.item()}
+
+
+def expert_groups(dp: int, ep: int) -> dict[int, list[int]]:
+    """Global rank -> the ranks of its ep group (dp ranks, cp = pp = tp = 1)."""
+    dims = ParallelDims(dp=dp, ep=ep)
+    return {r: dims.expert_group_ranks(r)["ep"] for r in range(dp)}
+
+
+def expert_replicas(dp: int, ep: int) -> dict[int, list[int]]:
+    """Global rank -> the ranks of its edp group."""
+    dims = ParallelDims(dp=dp, ep=ep)
+    return {r: dims.expert_group_ranks(r)["edp"] for r in range(dp)}
+
+
+# ---- expert parallelism (a5_8_2) ------------------------------------------------------------------
+
+# (name, MoEConfig arguments, router kind, tokens on each of 4 ranks)
+EP_CASES = [
+    ("top2-dropless", dict(num_experts=8, top_k=2), "random", [9, 14, 5, 11]),
+    ("an-expert-without-tokens", dict(num_experts=8, top_k=2), "unused", [12, 7, 10, 9]),
+    ("every-token-to-one-expert", dict(num_experts=8, top_k=1, normalize_gates=False), "one", [6, 13, 8, 10]),
+    ("capacity-drops", dict(num_experts=4, top_k=2, capacity_factor=0.75), "random", [16, 9, 12, 7]),
+    ("a-rank-without-tokens", dict(num_experts=4, top_k=2), "random", [10, 0, 8, 5]),
+]
+EP_SIZES = (4, 2)
+
+
+def ep_config(case):
+    from moe.config import MoEConfig
+
+    return MoEConfig(**case[1])
+
+
+def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32) -> dict:
+    """Every case of :data:`EP_CASES` at ep = 4 and ep = 2 (dp = 4): the layer's output and gradients on
+    this rank, and the communication it did, by group."""
+    from course.collectives import CommCounter
+    from course.mesh import Mesh
+    from moe.layer import MoELayer
+
+    out = {}
+    for ep in EP_SIZES:
+        mesh = Mesh.build(dp=world_size, ep=ep)
+        for case in EP_CASES:
+            name, config = case[0], ep_config(case)
+            full = make_layer(config, dtype, router=case[2])
+            layer = MoELayer(HIDDEN, config, full.experts.shard(mesh.ep_rank, ep), group=mesh.ep_group).to(dtype)
+            with torch.no_grad():
+                layer.router.weight.copy_(full.router.weight)
+            x = tokens(rank, case[3][rank], dtype).requires_grad_(True)
+            with CommCounter() as counter:
+                y, loss = layer_loss(layer, x, rank)
+                forward = counter.by_group()
+                counter.reset()
+                loss.backward()
+                backward = counter.by_group()
+            out[(ep, name)] = {"out": y.detach(), "x_grad": x.grad, "router": layer.router.weight.grad,
+                               "experts": grads_of(layer.experts), "ep_rank": mesh.ep_rank, "forward": forward,
+                               "backward": backward, "aux": layer.aux_loss.item()}
+    return out
+
+
+# ---- EP x DP gradients (a5_8_3) ------------------------------------------------------------------
+
+SYNC_EP_SIZES = (1, 2, 4)
+SYNC_TOKENS = [9, 14, 6, 11]  # per rank: the loss is each rank's mean, so unequal counts matter
+
+
+class ToyMoENet(torch.nn.Module):
+    """Dense layer, MoE layer (over ``group``), dense head: both kinds of parameters, without GPT-2."""
+
+    def __init__(self, config, group=None, ep_rank: int = 0, ep: int = 1):
+        from moe.layer import MoELayer
+
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.inp, self.head = torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Linear(HIDDEN, 3)
+        with torch.no_grad():
+            for p in (*self.inp.parameters(), *self.head.parameters()):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        full = make_layer(config)
+        self.moe = MoELayer(HIDDEN, config, full.experts.shard(ep_rank, ep) if ep > 1 else full.experts, group)
+        with torch.no_grad():
+            self.moe.router.weight.copy_(full.router.weight)
+
+    def forward(self, x):
+        return self.head(self.moe(torch.tanh(self.inp(x))))
+
+    def expert_parameters(self):
+        return list(self.moe.experts.parameters())
+
+    def dense_parameters(self):
+        experts = {id(p) for p in self.expert_parameters()}
+        return [p for p in self.parameters() if id(p) not in experts]
+
+    def loss(self, x, rank):
+        target = torch.randn(x.shape[0], 3, generator=torch.Generator().manual_seed(300 + rank))
+        return ((self(x) - target) ** 2).sum(-1).mean() + self.moe.router_loss()
+
+
+def sync_config():
+    from moe.config import MoEConfig
+
+    return MoEConfig(num_experts=4, top_k=2, aux_loss_coef=0.1, z_loss_coef=0.01)
+
+
+def gradient_sync_worker(rank: int, world_size: int) -> dict:
+    """One backward pass of :class:`ToyMoENet` on this rank's tokens and ``sync_moe_gradients`` over the
+    mesh's groups, at dp = 4 and every ep of :data:`SYNC_EP_SIZES`: the gradients and the groups used."""
+    from course.collectives import CommCounter
+    from course.mesh import Mesh
+    from moe.gradients import sync_moe_gradients
+
+    out = {}
+    for ep in SYNC_EP_SIZES:
+        mesh = Mesh.build(dp=world_size, ep=ep)
+        model = ToyMoENet(sync_config(), mesh.ep_group, mesh.ep_rank, ep)
+        model.loss(tokens(rank, SYNC_TOKENS[rank]), rank).backward()
+        with CommCounter() as counter:
+            sync_moe_gradients(model, mesh.dp_cp_group, mesh.edp_group)
+        out[ep] = {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "ep_rank": mesh.ep_rank,
+                   "groups": counter.by_group()}
+    return out
+
+
+def sync_reference() -> dict:
+    """The gradients of one process: the mean over the 4 ranks' losses, every expert here."""
+    model = ToyMoENet(sync_config())
+    loss = sum(model.loss(tokens(rank, SYNC_TOKENS[rank]), rank) for rank in range(4)) / 4
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def training_worker(rank: int, world_size: int, args) -> dict:
+    """The MoE training of ``project/run_moe.py`` (:func:`moe.training.train_moe`) on Multi30k, then, on
+    rank 0, the same steps done by one process (:func:`moe.training.accumulated_step`) from the same
+    initial weights. Returns the per-step losses, final weights and last gradients of both."""
+    import copy
+
+    from course.task import prepare_data, worker_env_quiet
+    from moe.training import accumulated_step, build_moe_model, shard_batches, train_moe
+
+    worker_env_quiet()
+    data = prepare_data(args)
+    result = train_moe(rank, world_size, args, data, keep_model=True)
+    model = result.pop("model")
+    mine = {"losses": result["train_losses"], "ep_rank": model.moe_layers[0].group.rank() if args.ep > 1 else 0,
+            "state": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    if rank != 0:
+        return mine
+    one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=None)
+    optimizer = torch.optim.AdamW(one.parameters(), lr=args.learning_rate)
+    loaders = [shard_batches(data.train, args.batch_size, r, args.dp, data.collate, args.seed, args.max_batches)[0]
+               for r in range(args.dp)]
+    losses = [accumulated_step(one, optimizer, list(shards), "cpu") for shards in zip(*loaders)]
+    mine["reference"] = {"losses": losses, "state": {n: p.detach().clone() for n, p in one.named_parameters()},
+                         "grads": {n: p.grad.clone() for n, p in one.named_parameters()}}
+    return mine
