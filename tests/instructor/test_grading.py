@@ -226,3 +226,28 @@ def test_gradescope_bundle_grades_the_reference_and_the_release(tmp_path):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         payload = json.loads((root / "results" / "results.json").read_text())
         assert payload["score"] == (20 if label == "reference" else 0), (label, payload)
+
+
+@pytest.mark.timeout(300)
+def test_a_deadlocked_ring_fails_its_key_fast_and_is_named_a_deadlock(tmp_path):
+    """A student's ring all-reduce in which every rank receives before it sends (the honest mistake that
+    once cost 266 s over 7 relaunches): one launch, each rank's wait ends after the graded collective timeout,
+    and the student reads that every rank was waiting for another (a deadlock), with where each one waited."""
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
+
+    honest = "incoming = send_recv(chunks[send_c].contiguous(), right, torch.empty_like(chunks[recv_c]), left, group)"
+    text = (REPO / "communication" / "ring.py").read_text()
+    assert text.count(honest) == 1, "the ring's exchange line moved: update this test"
+    indent = text.split(honest)[0].rsplit("\n", 1)[1]
+    receive_first = (f"incoming = recv(torch.empty_like(chunks[recv_c]), left, group)\n"
+                     f"{indent}isend(chunks[send_c].contiguous(), right, group).wait()")
+    submission = make_submission(tmp_path / "submission", {},
+                                 {"communication/ring.py": text.replace(honest, receive_first)})
+    start = time.monotonic()
+    result = grade(submission, ["a5_4_1"], tmp_path)["a5_4_1"]
+    elapsed = time.monotonic() - start
+    assert result["score"] < result["max_score"], result["output"]
+    assert "all timed out waiting" in result["output"] and "a deadlock" in result["output"], result["output"][:3000]
+    assert "your code: communication/ring.py:" in result["output"], result["output"][:3000]
+    # one launch of the ring's cases, not one per test: a few collective timeouts, not seven relaunches
+    assert elapsed < 8 * GRADED_COLLECTIVE_TIMEOUT + 60, f"the deadlocked key took {elapsed:.0f} s to grade"

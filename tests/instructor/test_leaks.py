@@ -151,3 +151,10 @@ def test_a_block_that_raises_its_packages_source_shows_none_of_it(tmp_path):
     for line in block_code("a5_2_1").split("\n"):
         assert line.strip() not in shown
     assert any("withheld" in note for note in result.review), result.review
+    side.unlink()
+
+    # with the block policy on (as the grader runs), the same block is refused before any of it runs
+    refused = grade_key("a5_2_2", submission=submission, timeout=300)
+    assert refused.points == 0 and "breaks the block policy" in refused.output, refused.output
+    assert "rule 'import'" in refused.output and not side.exists(), "the refused block ran"
+    assert not any(line.strip() in refused.output for line in block_code("a5_2_1").split("\n") if line.strip())

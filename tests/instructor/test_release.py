@@ -168,3 +168,13 @@ def test_the_release_notebooks_run_to_the_end_with_only_stub_dependent_cells_sto
                 problems.append(f"{path.name} cell {index} needs no assignment but failed: "
                                 f"{errors[0].get('ename')}: {errors[0].get('evalue')}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_student_section_names_every_part_folder():
+    """A student learns where the blocks are from the README: every part package (course_parts) is listed."""
+    from instructor.policy import course_parts
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## For students", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(part for part in course_parts(REPO) if f"`{part}/`" not in section)
+    assert not missing, f"README.md's student section does not name {missing}"
