@@ -123,7 +123,8 @@ REFUSED_ROOTS = frozenset({"os", "sys", "gc", "inspect", "ctypes", "builtins", "
                            "logging", "unittest", "doctest", "pdb", "bdb", "dis", "ast", "copyreg", "queue",
                            "typing", "numpy", "transformers", "datasets", "tokenizers", "nbformat", "nbclient", "course.launch",
                            "course.data", "course.checkpoint", "course.results", "course.tree", "course.assignments",
-                           "course.rank_watch", "course.cli", "instructor", "project", "tests"})
+                           "course.rank_watch", "course.cli", "course.config", "course.launch_pool", "instructor", "project",
+                           "website", "tests"})
 # Names of a refused module a block may still use through the file's own import of the module: they reach
 # nothing the block could not reach itself (each is a whole dotted name; their dunder attributes stay refused).
 ALLOWED_FROM_REFUSED = frozenset({"contextlib.ExitStack", "contextlib.nullcontext"})
@@ -163,10 +164,10 @@ def _root_refused(dotted: str) -> bool:
 
 def course_parts(root: Path | None = None) -> frozenset[str]:
     """The course's part packages: the tree's top-level packages other than the shared library, the scripts,
-    the instructor tools and the tests (new parts are taken up automatically)."""
+    the instructor tools, the course's site builder and the tests (new parts are taken up automatically)."""
     root = Path(__file__).resolve().parent.parent if root is None else root
     return frozenset(p.name for p in root.iterdir() if (p / "__init__.py").is_file()) - {
-        "course", "project", "instructor", "tests"}
+        "course", "project", "instructor", "website", "tests"}
 
 
 def module_allowed(name: str, parts: frozenset[str]) -> bool:

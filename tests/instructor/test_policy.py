@@ -217,6 +217,8 @@ HOSTILE = {
     "signal through torch.multiprocessing": ("data_parallel/gradients.py", "import torch.multiprocessing as mp",
                                              "import"),
     "the course's launcher": ("data_parallel/gradients.py", "from course.launch import launch", "import"),
+    "the site builder (it reads the reference blocks)": ("data_parallel/gradients.py",
+                                                         "from website.blocks import reference_blocks", "import"),
     "the instructor tools": ("data_parallel/gradients.py", "from instructor.grade import main", "import"),
     "a relative import": ("data_parallel/gradients.py", "from . import partition", "relative-import"),
     "a private name of a part": ("data_parallel/gradients.py", "from pipeline.clock_cycles import _clock_cycles",
