@@ -77,7 +77,7 @@ from instructor.submission import (PolicyError, SubmissionError, grading_tree, s
                                    submitted_code)
 
 RUN_ID_VAR = "LLMSYS_GRADE_RUN"
-DEFAULT_TIMEOUT = 180.0  # seconds per key: every key's measured time is well below (docs/grading.md)
+DEFAULT_TIMEOUT = 300.0  # seconds per key: above every key's time measured on a loaded machine (docs/grading.md)
 WITHHELD = ("this test's message was withheld: it contained course code that is not yours (reference code, "
             "perhaps encoded). Your instructor has been told and will look at it.")
 GUARDED = ("tests", "conftest.py", "pyproject.toml", "instructor")  # must not change during a key's run

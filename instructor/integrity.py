@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Check that graded tests fail on stubs and pass on the solution.")
     parser.add_argument("--keys", nargs="+", default=list(KEYS), choices=list(KEYS), metavar="KEY")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per pytest run")
-    parser.add_argument("--key_timeout", type=float, default=180.0, help="seconds the grader allows per key")
+    parser.add_argument("--key_timeout", type=float, default=300.0, help="seconds the grader allows per key")
     parser.add_argument("--skip_solution_run", action="store_true",
                         help="do not re-run the graded tests on the solution (CI's plain `pytest` just did)")
     parser.add_argument("--skip_grader", action="store_true", help="leave out check 3 (the grader, key by key)")

@@ -58,7 +58,7 @@ def make_submission(out: Path, blocks: dict[str, str], files: dict[str, str] | N
     return out
 
 
-def grade(submission: Path, keys: list[str], tmp: Path, timeout: float = 180, policy: bool = True) -> dict[str, dict]:
+def grade(submission: Path, keys: list[str], tmp: Path, timeout: float = 300, policy: bool = True) -> dict[str, dict]:
     """Grade with the command line; ``{key: Gradescope test entry}``. ``policy=False`` switches the block
     policy off, to try the walls behind it (every attack here is also refused by the policy)."""
     out = tmp / "results.json"
@@ -97,7 +97,7 @@ HOSTILE_FILES = {
 }
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_attacks_in_blocks_and_files_score_zero_and_leave_no_process(tmp_path):
     pid_file = tmp_path / "escaped.pid"
     blocks = {
