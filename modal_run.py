@@ -42,7 +42,7 @@ APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
 VOLUME_PATH = "/vol"
 TIMEOUT = 4 * 60 * 60  # seconds one remote run may take
-PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe", "project",
+PACKAGES = ("course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe", "project",
             "instructor")
 
 

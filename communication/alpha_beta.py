@@ -61,3 +61,37 @@ def measured_crossover(sizes_bytes: list[float], seconds_a: list[float], seconds
             break
         best = n
     return best
+
+
+def collective_seconds(kind: str, nbytes: float, p: int, alpha: float, beta: float, base: float = 0.0) -> float:
+    """Seconds of one ``kind`` call about ``nbytes`` over ``p`` ranks with the ring algorithm on a link of
+    ``alpha`` seconds per step and ``beta`` seconds per byte: ``base + steps * alpha + traffic * beta``,
+    with ``steps`` (all-reduce ``2 (p - 1)``, all-gather / reduce-scatter / all-to-all ``p - 1``, send 1) and
+    ``traffic`` (the bytes one rank sends, :func:`course.collectives.ring_traffic_bytes`) — Thakur et al.
+    2005, Sec. 4; a ring all-reduce is ``2 (p - 1) (alpha + beta N / p)``. 0 for ``p = 1`` (no call).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    from course.collectives import RING_STEPS, ring_traffic_bytes
+
+    if kind not in RING_STEPS:
+        raise ValueError(f"unknown communication kind {kind!r}; one of {tuple(RING_STEPS)}")
+    if p <= 1 and kind not in ("send", "recv"):
+        return 0.0
+    return base + RING_STEPS[kind](p) * alpha + ring_traffic_bytes(kind, nbytes, p) * beta
+
+
+def per_step_alpha_beta(alpha_fit: float, beta_fit: float, p: int) -> tuple[float, float]:
+    """The per-step ``(alpha, beta)`` of a link from an all-reduce line ``t = alpha_fit + beta_fit N``
+    fitted at ``p`` ranks (:func:`fit_alpha_beta`), such that :func:`collective_seconds` of an all-reduce
+    of N bytes over ``p`` ranks is exactly ``alpha_fit + beta_fit N``:
+    ``alpha = alpha_fit / (2 (p - 1))``, ``beta = beta_fit p / (2 (p - 1))``.
+
+    Raises:
+        ValueError: ``p`` < 2 (one rank all-reduces nothing).
+    """
+    if p < 2:
+        raise ValueError(f"an all-reduce line needs p >= 2 ranks, not {p}")
+    steps = 2 * (p - 1)
+    return alpha_fit / steps, beta_fit * p / steps

@@ -16,6 +16,18 @@ A checkpoint is written to ``step....tmp`` and renamed when every rank has finis
 ``latest`` file (the name of the newest complete checkpoint) is replaced atomically, so a crash
 mid-save never leaves a broken checkpoint where a good one was. The two newest are kept.
 
+**Asynchronous checkpoints** (``--async_checkpoint``, :func:`save_checkpoint_async`): every rank copies
+its state to host memory (``torch.distributed.checkpoint.async_save``'s staging: the copy is what gets
+written, so the next steps may change the weights at once) and a background thread writes the files
+while training goes on; the ranks coordinate the write over a gloo group of their own
+(:func:`checkpoint_group`), never over a group the training steps use from the main thread. The
+checkpoint is committed — ``step....tmp`` renamed, ``latest`` replaced — by rank 0 only once its
+write has completed, which is after every rank's files and the ``.metadata`` file are on disk (DCP's
+coordinator gathers every rank's write results before it writes the metadata, then tells every rank).
+So ``latest`` names a complete checkpoint at every moment: a run killed while a save is in flight
+resumes from the one before. One save is in flight at a time (the next waits for it), and a run waits
+for its last save before it ends.
+
 Resuming (``--resume latest`` or ``--resume DIR``; automatically after a restart, see
 :func:`restart_count`) loads the state in place, rebuilds the epoch's batches, skips the steps
 already done and restores the random generators just before the next step — so a resumed run
@@ -70,6 +82,24 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if (path / ".metadata").is_file() else None
 
 
+def saved_world_size(path: Path) -> int:
+    """How many ranks wrote checkpoint ``path`` (each wrote its random generators under ``rng_rank{r}``), read
+    from its ``.metadata`` alone — in any process, no process group needed.
+
+    Raises:
+        ValueError: ``path`` holds no random-generator entries (not a checkpoint of a course run).
+    """
+    import re
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    ranks = {int(m.group(1)) for k in keys for m in [re.match(r"rng_rank(\d+)\.", k)] if m}
+    if not ranks:
+        raise ValueError(f"{path} is not a checkpoint of a course run (no rng_rank entries in its metadata)")
+    return max(ranks) + 1
+
+
 def resolve_resume(resume: str | None, root: Path) -> Path | None:
     """Where to resume from: ``--resume latest`` / a folder; after a restart, the latest checkpoint
     if there is one; else None (a fresh start).
@@ -97,6 +127,53 @@ def _barrier(group) -> None:
         dist.barrier(group=group)
 
 
+WRITE_DELAY = "LLMSYS_CHECKPOINT_WRITE_DELAY"  # test hook: seconds each rank's write waits (a slow file system)
+
+
+def _storage_writer(folder: Path):
+    """DCP's ``FileSystemWriter`` for ``folder``; with ``$LLMSYS_CHECKPOINT_WRITE_DELAY`` set, one whose
+    ``write_data`` first waits that many seconds — how the tests hold a save in flight to kill a run
+    during it (tests/course/test_fail_safe.py)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    delay = float(os.environ.get(WRITE_DELAY) or 0)
+    if not delay:
+        return FileSystemWriter(str(folder))
+
+    class SlowWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            import time
+
+            time.sleep(delay)
+            return super().write_data(plan, planner)
+
+    return SlowWriter(str(folder))
+
+
+def _begin(root: Path, step: int, rank: int, group) -> tuple[Path, Path]:
+    """Rank 0 makes an empty ``step....tmp`` (removing one a killed run left), every rank waits for it."""
+    root = Path(root)
+    final, tmp = root / f"step{step:08d}", root / f"step{step:08d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(group)
+    return final, tmp
+
+
+def _commit(root: Path, tmp: Path, final: Path) -> None:
+    """Rank 0, once every rank's files and the metadata are written: ``tmp`` -> ``final``, ``latest`` ->
+    ``final`` (each an atomic rename), and all but the :data:`KEEP` newest complete checkpoints removed."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    pointer = Path(root) / f"{LATEST}.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, Path(root) / LATEST)
+    done = sorted(p for p in Path(root).glob("step*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in done[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=None) -> Path:
     """Write ``state`` as checkpoint ``step`` (collective over ``group``, the run's world).
 
@@ -105,25 +182,87 @@ def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=
     """
     import torch.distributed.checkpoint as dcp
 
-    root = Path(root)
-    final, tmp = root / f"step{step:08d}", root / f"step{step:08d}.tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier(group)
-    dcp.save(state, checkpoint_id=str(tmp), process_group=group if dist.is_initialized() else None)
+    final, tmp = _begin(root, step, rank, group)
+    dcp.save(state, storage_writer=_storage_writer(tmp), process_group=group if dist.is_initialized() else None,
+             no_dist=not dist.is_initialized())
     _barrier(group)
     if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = root / f"{LATEST}.tmp"
-        pointer.write_text(final.name)
-        os.replace(pointer, root / LATEST)
-        done = sorted(p for p in root.glob("step*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in done[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        _commit(root, tmp, final)
     _barrier(group)
     return final
+
+
+def checkpoint_group(group=None):
+    """A gloo group of the ranks of ``group`` (None: the world) for asynchronous saves (collective over
+    those ranks). DCP's background thread plans and finishes a save with collectives (gathers,
+    broadcasts); in a group of their own they never interleave with the main thread's training
+    collectives, and gloo serves the staged host copies on every device. None without a process group."""
+    if not dist.is_initialized():
+        return None
+    ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True, group_desc="checkpoint")
+
+
+class PendingCheckpoint:
+    """A checkpoint being written in the background (:func:`save_checkpoint_async`).
+
+    :meth:`poll` (never blocks, no communication) and :meth:`wait` (blocks; collective over the run's
+    ``group``) commit it on rank 0 once its write has completed; until then ``latest`` names the previous
+    checkpoint and the files sit under ``step....tmp``.
+
+    Attributes:
+        final: the folder the checkpoint will have once committed.
+    """
+
+    def __init__(self, root: Path, tmp: Path, final: Path, future, rank: int, group=None):
+        self.root, self.tmp, self.final, self.future, self.rank = Path(root), tmp, final, future, rank
+        self.group = group
+        self.committed = False
+
+    def _finish(self) -> Path:
+        self.future.result()  # raises what the background write raised
+        if not self.committed:
+            self.committed = True
+            if self.rank == 0:
+                _commit(self.root, self.tmp, self.final)
+        return self.final
+
+    def poll(self) -> bool:
+        """Commit if the write has completed; True once committed (this rank's view; no communication)."""
+        if not self.committed and self.future.done():
+            self._finish()
+        return self.committed
+
+    def wait(self) -> Path:
+        """Block until the write has completed and rank 0 has committed it (collective over ``group``:
+        every rank sees the committed folder afterwards); returns the checkpoint folder.
+
+        Raises:
+            Exception: whatever the background write raised (e.g. a full disk).
+        """
+        self._finish()
+        _barrier(self.group)
+        return self.final
+
+
+def save_checkpoint_async(root: Path, step: int, state: dict, *, rank: int = 0, group=None,
+                          save_group=None) -> PendingCheckpoint:
+    """Start writing ``state`` as checkpoint ``step`` and return once it is staged (copied to host memory):
+    the files are written by a background thread while the caller goes on training
+    (``torch.distributed.checkpoint.async_save``). Collective over ``group`` (the run's world; a barrier
+    before the save) and ``save_group`` (:func:`checkpoint_group` of the same ranks: DCP's own
+    collectives, in the background). The caller must :meth:`PendingCheckpoint.wait` (or see
+    :meth:`PendingCheckpoint.poll` succeed) before the next save and before it exits.
+
+    Returns:
+        The :class:`PendingCheckpoint`.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    final, tmp = _begin(root, step, rank, group)
+    future = dcp.async_save(state, storage_writer=_storage_writer(tmp), process_group=save_group,
+                            no_dist=not dist.is_initialized())
+    return PendingCheckpoint(root, tmp, final, future, rank, group)
 
 
 def load_checkpoint(path: Path, state: dict, *, group=None) -> dict:

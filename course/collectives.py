@@ -39,7 +39,8 @@ plain :func:`isend`'s span is its posting only.
 
 Point-to-point follows NCCL's rules (docs/architecture.md, "Point-to-point under NCCL's rules"):
 messages between two ranks are matched by order (no tags), and an exchange in which both ranks
-send goes through :func:`exchange` / :func:`send_recv` (one ``batch_isend_irecv``).
+send goes through :func:`exchange` / :func:`send_recv` (one ``batch_isend_irecv``), or
+:func:`start_exchange` when the batch should run while the rank computes (wait on it later).
 
 Without a process group (one process) the collectives are identities and nothing is recorded.
 """
@@ -162,6 +163,16 @@ class CommCounter:
         """``{group name: {kind: {"count", "bytes", "traffic_bytes"}}}``."""
         return {name: self.summary(scope, phase, name) for name in sorted({r.group for r in self.records})}
 
+    def seconds_by_group(self) -> dict[str, float]:
+        """``{group name: seconds}``: the summed duration (end - start) of the recorded calls per group, i.e.
+        the time this rank spent inside communication calls, waiting for its peers included (a timed
+        counter only; an ``isend`` counts until it is posted). Empty when no call was timed."""
+        out: dict[str, float] = defaultdict(float)
+        for r in self.records:
+            if r.start is not None and r.end is not None:
+                out[r.group] += r.end - r.start
+        return dict(out)
+
     def counts(self, scope: str | None = None, phase: str | None = None, group: str | None = None) -> dict[str, int]:
         """``{kind: number of calls}`` over the matching records."""
         return {k: int(v["count"]) for k, v in self.summary(scope, phase, group).items()}
@@ -173,6 +184,27 @@ def _clock(x: torch.Tensor) -> float | None:
     return now(x.device) if any(c.timed for c in _ACTIVE) else None
 
 
+RING_STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1, "reduce_scatter": lambda p: p - 1,
+              "all_to_all": lambda p: p - 1, "send": lambda p: 1, "recv": lambda p: 0}
+
+
+def ring_traffic_bytes(kind: str, nbytes: float, p: int) -> float:
+    """Bytes one rank sends for a ``kind`` call about a tensor of ``nbytes`` in a group of ``p`` ranks, with
+    the ring algorithm (module docstring): all-reduce ``2 (p-1)/p N``; all-gather, reduce-scatter and an
+    all-to-all of equal chunks ``(p-1)/p N``; send ``N``; recv 0. The one formula the counter records and
+    the planner (``project/plan.py``) predicts with (Thakur et al. 2005, Sec. 4; Patarasuk and Yuan 2009).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind not in RING_STEPS:
+        raise ValueError(f"unknown communication kind {kind!r}; one of {tuple(RING_STEPS)}")
+    if kind in ("send", "recv"):
+        return float(nbytes) if kind == "send" else 0.0
+    share = (p - 1) / p
+    return (2 if kind == "all_reduce" else 1) * share * nbytes
+
+
 def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start: float | None = None,
             traffic: float | None = None) -> None:
     if not _ACTIVE:
@@ -180,9 +212,8 @@ def _record(kind: str, full: torch.Tensor, group, peer: int | None = None, start
     end = _clock(full)
     nbytes = full.numel() * full.element_size()
     p = group_size(group)
-    share = (p - 1) / p
     if traffic is None:
-        traffic = {"all_reduce": 2 * share * nbytes, "send": float(nbytes), "recv": 0.0}.get(kind, share * nbytes)
+        traffic = ring_traffic_bytes(kind, nbytes, p)
     scope, phase = _SCOPE[-1]
     rec = CommRecord(kind, nbytes, traffic, scope, phase, tuple(full.shape), group_name(group), peer,
                      end if start is None else start, end)
@@ -360,6 +391,36 @@ def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
     Raises:
         ValueError: an unknown kind, or no operation.
     """
+    start_exchange(ops, group, counted).wait()
+
+
+class PendingExchange:
+    """A batch posted by :func:`start_exchange`; :meth:`wait` waits for all of its operations (and
+    records them, with the span from posting to the end of the wait)."""
+
+    def __init__(self, ops: list[P2P], works: list, group, counted: bool, start: float | None):
+        self.ops, self.works, self.group, self.counted, self.start = ops, works, group, counted, start
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        for work in self.works:
+            work.wait()
+        self.done = True
+        if self.counted:
+            for op in self.ops:
+                _record(op.kind, op.tensor, self.group, op.peer, start=self.start)
+
+
+def start_exchange(ops: list[P2P], group=None, counted: bool = True) -> PendingExchange:
+    """Post ``ops`` as one ``batch_isend_irecv`` (like :func:`exchange`) and return at once: compute while
+    the transfer runs, then call ``.wait()`` before touching the tensors (ring attention posts step s+1's
+    transfer before computing step s; Liu et al. 2023, Sec. 3).
+
+    Raises:
+        ValueError: an unknown kind, or no operation.
+    """
     if not ops:
         raise ValueError("exchange needs at least one operation")
     p2p = []
@@ -368,11 +429,7 @@ def exchange(ops: list[P2P], group=None, counted: bool = True) -> None:
             raise ValueError(f"a P2P kind is 'send' or 'recv', not {op.kind!r}")
         p2p.append(dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer, group))
     start = _clock(ops[0].tensor)
-    for work in dist.batch_isend_irecv(p2p):
-        work.wait()
-    if counted:
-        for op in ops:
-            _record(op.kind, op.tensor, group, op.peer, start=start)
+    return PendingExchange(list(ops), dist.batch_isend_irecv(p2p), group, counted, start)
 
 
 def send_recv(send: torch.Tensor, dst: int, recv_into: torch.Tensor, src: int, group=None) -> torch.Tensor:

@@ -131,12 +131,23 @@ class RunConfig:
     max_restarts: int = option(0, "when a rank dies, start every rank again from the latest checkpoint, up to this "
                                   "many times (under torchrun use torchrun's own --max_restarts)",
                                group="checkpoints and restarts")
+    async_checkpoint: bool = option(False, "write each checkpoint in the background (torch.distributed.checkpoint."
+                                           "async_save) while the next steps run; 'latest' names it once its files "
+                                           "are complete", group="checkpoints and restarts")
+    export_hf: str | None = option(None, "after training, write the model and tokenizer as a Hugging Face GPT-2 "
+                                         "folder (GPT2LMHeadModel.from_pretrained(DIR))",
+                                   group="checkpoints and restarts", metavar="DIR")
 
     # What a script sets about itself (not options).
     description: ClassVar[str] = "a course run"
     results_prefix: ClassVar[str] = ""        # results files: {prefix}rank{r}_results_epoch{e}.json
     mesh_options: ClassVar[tuple[str, ...]] = ("dp",)  # the mesh options this script takes
     world_option: ClassVar[str | None] = "dp"  # a mesh size that defaults to torchrun's WORLD_SIZE (else 2)
+    resumes_at_another_world_size: ClassVar[bool] = False  # its checkpoints load at another number of ranks
+
+    def export_refusal(self) -> str | None:
+        """Why this run cannot ``--export_hf`` (None: it can). Scripts whose model is not a GPT-2 say so."""
+        return None
 
     # ---- building it ---------------------------------------------------------------------------
     @classmethod
@@ -264,6 +275,11 @@ class RunConfig:
                               "instead")
         if self.max_restarts and not self.checkpoint_every:
             raise ConfigError("--max_restarts restarts from the latest checkpoint: also give --checkpoint_every N")
+        if self.async_checkpoint and not self.checkpoint_every:
+            raise ConfigError("--async_checkpoint writes the checkpoints of --checkpoint_every N in the background: "
+                              "also give --checkpoint_every N")
+        if self.export_hf is not None and self.export_refusal():
+            raise ConfigError(f"--export_hf: {self.export_refusal()}")
         if self.micro_batches < 1:
             raise ConfigError(f"--micro_batches must be >= 1 (micro-batches per batch), not {self.micro_batches}")
         if self.virtual_stages < 1:
@@ -304,9 +320,19 @@ class RunConfig:
             if not in_torchrun() or os.environ.get("RANK") == "0":  # under torchrun, one process checks
                 check_workdir(self.workdir, self.results_prefix, self.overwrite, resuming=self.resume is not None)
                 if self.resume is not None:
-                    from course.checkpoint import checkpoint_root, resolve_resume
+                    from course.checkpoint import checkpoint_root, resolve_resume, saved_world_size
 
-                    resolve_resume(self.resume, checkpoint_root(self.workdir, self.results_prefix))
+                    found = resolve_resume(self.resume, checkpoint_root(self.workdir, self.results_prefix))
+                    try:
+                        saved = saved_world_size(found)
+                    except ValueError:  # not a run's checkpoint: the script's own checks, or loading, say more
+                        saved = self.world_size
+                    if saved != self.world_size and not self.resumes_at_another_world_size:
+                        raise ConfigError(f"--resume {self.resume}: the checkpoint was written by {saved} ranks and "
+                                          f"this run has {self.world_size}; this script resumes at the same number "
+                                          f"of ranks only (project/run_data_parallel.py resumes at another --dp)")
+                if self.export_hf is not None:
+                    check_export_folder(self.export_hf, self.overwrite)
                 if self.checkpoint_every:
                     from course.checkpoint import check_free_space
                     from course.model import estimate_parameters
@@ -315,6 +341,29 @@ class RunConfig:
                                                                        self.model_max_length))
         except (DataNotFoundError, ValueError, FileNotFoundError) as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_export_folder(folder, overwrite: bool) -> None:
+    """``--export_hf DIR``: refuse, before any process starts, a ``DIR`` that already holds files (unless
+    ``overwrite``: it is replaced at the end of the run) or whose parent cannot be written to.
+
+    Raises:
+        ValueError: naming what to change.
+    """
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
+        raise ValueError(f"--export_hf {folder} already exists and is not empty; pass --overwrite to replace it at the "
+                         "end of the run, or choose another folder")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder.parent, prefix=".write_check_"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--export_hf {folder}: its folder cannot be written to ({exc.strerror or exc}); choose "
+                         "another") from None
 
 
 def check_workdir(workdir, results_prefix: str, overwrite: bool, resuming: bool = False) -> None:

@@ -253,6 +253,22 @@ class TrainingMode:
         state = state[self.checkpoint_key] if self.checkpoint_key else state
         set_state_dict(self.checkpoint_module(), self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    def export_state(self) -> dict[str, torch.Tensor]:
+        """The trained model as one ``transformers.GPT2LMHeadModel`` state dict of full tensors, on every
+        rank (collective in modes whose ranks hold parts of it), for ``--export_hf``
+        (:mod:`course.hf_export`). This default serves modes whose ``self.model`` is that model.
+
+        Raises:
+            NotImplementedError: the mode's model is not a ``GPT2LMHeadModel`` and the mode says nothing else.
+        """
+        from transformers import GPT2LMHeadModel
+
+        model = getattr(self, "model", None)
+        if not isinstance(model, GPT2LMHeadModel):
+            raise NotImplementedError(f"{type(self).__name__} cannot export its {type(model).__name__} as a Hugging "
+                                      "Face GPT-2 (override export_state)")
+        return {name: t.detach() for name, t in model.state_dict().items()}
+
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         """Mode-specific entries of the epoch's results file."""
         return {}
@@ -273,63 +289,105 @@ def validation_loader(dataset, group=None, batch_size: int = 64, collate=None) -
 
 
 class _Checkpoints:
-    """The runner's side of :mod:`course.checkpoint`: what a checkpoint holds, when to write one, resuming."""
+    """The runner's side of :mod:`course.checkpoint`: what a checkpoint holds, when to write one (synchronously,
+    or in the background with ``--async_checkpoint``), resuming — also at another world size."""
 
     def __init__(self, mode: TrainingMode):
-        from course.checkpoint import checkpoint_root
+        from course.checkpoint import checkpoint_group, checkpoint_root
 
         self.mode = mode
         self.every = mode.args.checkpoint_every
         self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
         self.save_seconds: list[float] = []  # each checkpoint written by this run (not counted as training)
+        self.wait_seconds: list[float] = []  # async: each end-of-epoch wait for the save still in flight
         self.load_seconds: float | None = None
+        self.resumed_world_size: int | None = None
+        self.asynchronous = bool(self.every) and bool(getattr(mode.args, "async_checkpoint", False))
+        self.save_group = checkpoint_group(mode.world_group) if self.asynchronous else None
+        self.pending = None  # async: the course.checkpoint.PendingCheckpoint in flight
 
-    def _state(self, epoch: int, global_step: int, stats: dict) -> dict:
+    def _state(self, epoch: int, global_step: int, stats: dict, source: int | None = None) -> dict:
+        """What a checkpoint holds; ``source``: load the random generators and progress another rank
+        wrote (resuming at another world size)."""
         from course.checkpoint import rng_state
 
-        rank = self.mode.rank
+        rank = self.mode.rank if source is None else source
         mine = {"steps": stats["steps"], "losses": list(stats["losses"]), "tokens": stats["tokens"],
                 "time": stats["time"]}
         return {**self.mode.checkpoint_state(), f"rng_rank{rank}": rng_state(self.mode.device),
                 "progress": {"epoch": epoch, "global_step": global_step, f"rank{rank}": mine}}
 
     def maybe_save(self, epoch: int, global_step: int, stats: dict) -> None:
-        from course.checkpoint import save_checkpoint
+        from course.checkpoint import save_checkpoint, save_checkpoint_async
 
+        if self.pending is not None:
+            self.pending.poll()  # commits a finished background save (rank 0), never waits
         if self.every and global_step % self.every == 0:
             began = now(self.mode.device)
-            save_checkpoint(self.root, global_step, self._state(epoch, global_step, stats), rank=self.mode.rank,
-                            group=self.mode.world_group)
+            state = self._state(epoch, global_step, stats)
+            if self.asynchronous:
+                if self.pending is not None:
+                    self.pending.wait()  # one save in flight at a time
+                self.pending = save_checkpoint_async(self.root, global_step, state, rank=self.mode.rank,
+                                                     group=self.mode.world_group, save_group=self.save_group)
+            else:
+                save_checkpoint(self.root, global_step, state, rank=self.mode.rank, group=self.mode.world_group)
             self.save_seconds.append(now(self.mode.device) - began)
 
+    def finish(self) -> None:
+        """Wait for the save still in flight (async) and commit it: an epoch's results are written after
+        its checkpoints are complete, and a run never ends with one half written."""
+        if self.pending is not None:
+            began = now(self.mode.device)
+            self.pending.wait()
+            self.pending = None
+            self.wait_seconds.append(now(self.mode.device) - began)
+
     def extra(self) -> dict:
-        """What the results file records about checkpoints (seconds to write and to load one)."""
+        """What the results file records about checkpoints (seconds to write and to load one; async: the
+        seconds each save held training up — staging — and the end-of-epoch waits)."""
         found = {}
         if self.save_seconds:
             found["checkpoint_save_seconds"] = list(self.save_seconds)
+            found["checkpoint_async"] = self.asynchronous
+        if self.wait_seconds:
+            found["checkpoint_wait_seconds"] = list(self.wait_seconds)
         if self.load_seconds is not None:
             found["checkpoint_load_seconds"] = self.load_seconds
+        if self.resumed_world_size is not None:
+            found["resumed_from_world_size"] = self.resumed_world_size
         return found
 
     def resume(self) -> tuple[int, int, dict | None, Callable | None]:
         """``(epoch, global step, this rank's done-so-far of that epoch, restore-RNG callback)`` from the
-        checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start."""
-        from course.checkpoint import load_checkpoint, resolve_resume, set_rng_state
+        checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start.
+
+        A checkpoint written by ``W`` ranks holds ``W`` entries of random generators and progress; rank
+        ``r`` of this run takes entry ``r % W`` (its own when the world size is the same). Whether the
+        mode's model and optimizer state load at another world size is the mode's business
+        (:meth:`TrainingMode.load_checkpoint_state`; the run scripts refuse what their mode cannot)."""
+        from course.checkpoint import load_checkpoint, resolve_resume, saved_world_size, set_rng_state
 
         path = resolve_resume(self.mode.args.resume, self.root)
         if path is None:
             return 0, 0, None, None
         rank = self.mode.rank
+        saved = saved_world_size(path)
+        source = rank % saved
         empty = {"steps": 0, "losses": [], "tokens": 0, "time": 0.0}
         began = now(self.mode.device)
-        state = load_checkpoint(path, self._state(0, 0, empty), group=self.mode.world_group)
+        state = load_checkpoint(path, self._state(0, 0, empty, source), group=self.mode.world_group)
         self.load_seconds = now(self.mode.device) - began
         self.mode.load_checkpoint_state(state)
-        progress, rng = state["progress"], state[f"rng_rank{rank}"]
+        progress, rng = state["progress"], state[f"rng_rank{source}"]
+        world = dist.get_world_size(self.mode.world_group) if dist.is_initialized() else 1
+        if saved != world:
+            self.resumed_world_size = saved
         if rank == 0:
-            print(f"resuming from {path}: epoch {progress['epoch']}, after step {progress[f'rank{rank}']['steps']} "
-                  f"of it (global step {progress['global_step']})", flush=True)
-        return (progress["epoch"], progress["global_step"], progress[f"rank{rank}"],
+            moved = f", written by {saved} ranks, continued by {world}" if saved != world else ""
+            print(f"resuming from {path}: epoch {progress['epoch']}, after step {progress[f'rank{source}']['steps']} "
+                  f"of it (global step {progress['global_step']}){moved}", flush=True)
+        return (progress["epoch"], progress["global_step"], progress[f"rank{source}"],
                 lambda: set_rng_state(rng, self.mode.device))
 
 
@@ -359,6 +417,7 @@ def run_epochs(mode: TrainingMode) -> list[str]:
                                 show_progress=mode.show_progress, done=done, before_first=restore_rng,
                                 after_step=lambda n, so_far, e=epoch, base=steps_before:
                                 checkpoints.maybe_save(e, base + n, so_far), device=mode.device)
+        checkpoints.finish()
         done = restore_rng = None
         steps_before += n_steps
         losses = mode.batch_losses(stats["losses"])
@@ -394,4 +453,11 @@ def run_epochs(mode: TrainingMode) -> list[str]:
         written.append(str(write_results(args.workdir, mode.rank, epoch, payload, prefix=prefix)))
         if mode.rank == 0 and translations:
             write_json(Path(args.workdir) / f"{prefix}translations_epoch{epoch}.json", translations)
+    if getattr(args, "export_hf", None):
+        from course.hf_export import export_hf
+
+        folder = export_hf(mode.export_state(), args, data.tokenizer, mode=mode.mode, rank=mode.rank,
+                           group=mode.world_group)
+        if mode.rank == 0:
+            print(f"exported the model to {folder} (transformers: GPT2LMHeadModel.from_pretrained)", flush=True)
     return written

@@ -25,6 +25,12 @@ all-to-all), and ranks with the same ``f % ep`` hold replicas of the same expert
 those experts' gradients (the expert-data-parallel group, ``edp_group``; Megatron-LM's
 "expert data parallel"). ``ep`` must divide ``dp * cp``.
 
+**Hybrid sharding** (HSDP, ``--hsdp REPLICAS`` of ``project/run_data_parallel.py``) lays a rank's dp group
+out as ``replicas x shard``: ``dp_rank = replica * shard + shard_rank``, shard fastest. The ``shard``
+neighbouring dp ranks form a ``dp_shard`` group (ZeRO-3 among them), the ranks with the same shard rank a
+``dp_replicate`` group (they hold the same slices); :meth:`Mesh.hybrid_shard_groups` makes them. For
+dp = 4 = 2 x 2: shard groups ``[0,1] [2,3]``, replicate groups ``[0,2] [1,3]``.
+
 :class:`ParallelDims` is plain arithmetic and checks the sizes before any process starts;
 :class:`Mesh` is built once inside every rank (after the launcher formed the process
 group) on top of ``torch.distributed.device_mesh.init_device_mesh`` and hands each part
@@ -145,6 +151,29 @@ class ParallelDims:
     def rank_of(self, pp: int, dp: int, tp: int, cp: int = 0) -> int:
         """The global rank at coordinates ``(pp, dp, cp, tp)``."""
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
+    def hybrid_shard_ranks(self, rank: int, replicas: int) -> dict[str, list[int]]:
+        """The global ranks of ``rank``'s ``"dp_shard"`` and ``"dp_replicate"`` groups when its dp group is
+        laid out as ``replicas x shard`` (hybrid sharding, HSDP; ``shard = dp / replicas``), each in group-rank
+        order: ``dp_rank = replica * shard + shard_rank`` — shard varies fastest, so a shard group is ``shard``
+        neighbouring dp ranks (on GPUs, one node: the all-gathers and reduce-scatters of every layer stay
+        there) and a replicate group takes one rank of each (PyTorch's ``("dp_replicate", "dp_shard")`` mesh).
+
+        Raises:
+            ValueError: ``replicas`` not a divisor of dp.
+        """
+        if not isinstance(replicas, int) or replicas < 1 or self.dp % replicas:
+            raise ValueError(f"--hsdp {replicas} does not divide --dp {self.dp}: the dp ranks are laid out as "
+                             f"replicas x shard; choose a number of replicas that divides {self.dp}")
+        shard = self.dp // replicas
+        c = self.coordinates(rank)
+        replica, shard_rank = divmod(c.dp, shard)
+
+        def at(dp_rank: int) -> int:
+            return self.rank_of(c.pp, dp_rank, c.tp, c.cp)
+
+        return {"dp_shard": [at(replica * shard + s) for s in range(shard)],
+                "dp_replicate": [at(r * shard + shard_rank) for r in range(replicas)]}
 
     def expert_coordinates(self, rank: int) -> tuple[int, int]:
         """``(ep rank, edp rank)`` of global rank ``rank``: with ``f = dp_rank * cp + cp_rank``,
@@ -275,6 +304,26 @@ class Mesh:
                     if self.rank in ranks:
                         mine = group
         return mine
+
+    def hybrid_shard_groups(self, replicas: int) -> tuple:
+        """``(shard group, replicate group)`` of this rank for hybrid sharding with ``replicas`` replicas of
+        ``dp / replicas``-rank shard groups (:meth:`ParallelDims.hybrid_shard_ranks`), named ``"dp_shard"``
+        and ``"dp_replicate"`` for the communication counter. Collective the first time (every rank creates
+        every group); made once per mesh and number of replicas.
+
+        Raises:
+            ValueError: ``replicas`` does not divide dp.
+        """
+        made = self.__dict__.setdefault("_hybrid", {})
+        if replicas not in made:
+            self.dims.hybrid_shard_ranks(self.rank, replicas)  # checks replicas
+            shard = self._new_groups("dp_shard", lambda r: self.dims.hybrid_shard_ranks(r, replicas)["dp_shard"])
+            replicate = self._new_groups("dp_replicate",
+                                         lambda r: self.dims.hybrid_shard_ranks(r, replicas)["dp_replicate"])
+            name_group(shard, "dp_shard")
+            name_group(replicate, "dp_replicate")
+            made[replicas] = (shard, replicate)
+        return made[replicas]
 
     @property
     def coordinates(self) -> Coordinates:

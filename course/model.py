@@ -6,6 +6,11 @@ Presets (``PRESETS``):
   takes a few minutes on 2 cores. Divisible for 2 or 4 pipeline stages and tp_size 2 or 4.
 * ``small``  — 6 layers, 384 wide, 6 heads: a laptop-GPU size.
 * ``gpt2``   — the 124M GPT-2 of Radford et al. 2019 (12 layers, 768 wide, 12 heads), for GPUs.
+* ``gpt2-xl`` — the 1.5B GPT-2 (48 layers, 1600 wide, 25 heads; Radford et al. 2019, Table 2): a model
+  for the planner (``project/plan.py``) and for multi-GPU runs; 25 heads admit tp 1, 5 or 25 only.
+* ``gpt3-6.7b`` — a 7B-class model: GPT-3 6.7B (32 layers, 4096 wide, 32 heads of 128; Brown et al.
+  2020, Table 2.1), the GPT-2 architecture at that size (GPT-3's alternating locally banded sparse
+  attention layers are not modelled: every layer attends densely here).
 
 The vocabulary size comes from the course tokenizer, and ``n_positions`` from
 ``--model_max_length``.
@@ -18,6 +23,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=4, n_embd=128, n_head=4),
     "small": dict(n_layer=6, n_embd=384, n_head=6),
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
+    "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25),
+    "gpt3-6.7b": dict(n_layer=32, n_embd=4096, n_head=32),
 }
 
 DEFAULT_CPU_PRESET = "tiny"
@@ -81,6 +88,32 @@ def estimate_parameters(preset: str, vocab_size: int, n_positions: int = 128, **
     inner = fields.get("n_inner") or 4 * h
     per_block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
     return vocab_size * h + n_positions * h + layers * per_block + 2 * h
+
+
+def matmul_parameters(preset: str, vocab_size: int, **overrides) -> dict[str, int]:
+    """The weights that take part in matrix products, per token: ``{"blocks": L (4 h^2 + 2 h inner),
+    "head": V h}`` — attention's QKV (3 h^2) and output projection (h^2), the MLP's two matrices
+    (2 h inner) in each of L blocks, and the LM head (tied to the embedding: V h; the embedding lookup
+    itself multiplies nothing). Biases, layer norms and position embeddings are left out (O(h) per token)."""
+    fields = dict(PRESETS[preset], **overrides)
+    h, layers = fields["n_embd"], fields["n_layer"]
+    inner = fields.get("n_inner") or 4 * h
+    return {"blocks": layers * (4 * h * h + 2 * h * inner), "head": vocab_size * h}
+
+
+def model_flops_per_token(preset: str, vocab_size: int, seq_len: int, **overrides) -> float:
+    """Model FLOPs of one token's forward and backward pass: ``6 N + 12 L h s``.
+
+    ``N`` = :func:`matmul_parameters` (blocks and LM head): each weight costs 2 FLOPs per token in the
+    forward pass (a multiply and an add) and 4 in the backward pass (the input's and the weight's
+    gradients); ``12 L h s`` is attention's ``Q K^T`` and ``softmax · V`` (2 · 2 s h FLOPs per token and
+    layer forward, times 3). Activation recomputation is not counted (these are *model* FLOPs, the
+    numerator of MFU; Chowdhery et al. 2022, PaLM, Appendix B; Narayanan et al. 2021, Sec. 5.1).
+    The full s x s attention matrix is counted, as the course's eager attention computes it.
+    """
+    fields = dict(PRESETS[preset], **overrides)
+    n = sum(matmul_parameters(preset, vocab_size, **overrides).values())
+    return 6.0 * n + 12.0 * fields["n_layer"] * fields["n_embd"] * seq_len
 
 
 def count_parameters(model) -> int:

@@ -21,6 +21,7 @@ from course.launch import context
 from course.mesh import Mesh
 from course.model import parameter_fingerprint
 from course.task import build_model, prepare_data, worker_env_quiet
+from data_parallel.data_order import DATA_ORDER, regrouped_batches
 from data_parallel.gradients import average_gradients
 from data_parallel.partition import partition_dataset
 
@@ -61,6 +62,8 @@ class DataParallelTraining(TrainingMode):
         self.sharding, self.grad_sync = sharding, grad_sync
         self.dp_rank, self.dp_size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         self.initial_sha = self.fingerprint()
+        self.order_dp = self.dp_size  # whose data order the epoch in progress follows (data_order.py)
+        self.resumed_order: tuple[int, int] | None = None  # (epoch, dp) of a checkpoint's data order
 
     def fingerprint(self) -> str:
         if self.sharding is None:
@@ -79,7 +82,29 @@ class DataParallelTraining(TrainingMode):
                                    seed=args.seed + epoch)
         steps = common_steps(len(loader), args.max_batches, self.dp_group)
         # END ASSIGN5_1_3
+        self.order_dp = self.dp_size
+        if self.resumed_order is not None and self.resumed_order[0] == epoch and self.resumed_order[1] != self.dp_size:
+            # resumed at another dp in mid-epoch: the epoch keeps the global batches of the run that began it
+            self.order_dp = self.resumed_order[1]
+            loader, steps = regrouped_batches(data.train, args.batch_size, data.collate, args.seed + epoch,
+                                              self.order_dp, self.dp_rank, self.dp_size, args.max_batches)
         return loader, steps
+
+    # ---- checkpoints: model and optimizer (ZeRO: memory.sharded_checkpoint), and the data order ----
+
+    def checkpoint_state(self) -> dict:
+        """The model and optimizer (ZeRO-1/2/3: the sharding's state, keyed independently of dp) and
+        ``data_order``: the dp whose global batches the epoch in progress follows (:mod:`data_parallel.data_order`)."""
+        sharded = self.sharding is not None and getattr(self.sharding, "zero", 0)
+        state = self.sharding.checkpoint_state() if sharded else super().checkpoint_state()
+        return {**state, DATA_ORDER: torch.tensor([self.order_dp], dtype=torch.int64, device="cpu")}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        if self.sharding is not None and getattr(self.sharding, "zero", 0):
+            self.sharding.load_checkpoint_state(state)
+        else:
+            super().load_checkpoint_state(state)
+        self.resumed_order = (int(state["progress"]["epoch"]), int(state[DATA_ORDER][0]))
 
     def train_step(self, batch: dict) -> StepOutcome:
         """Forward and backward on this rank's shard, gradients averaged over the dp group, optimizer step."""
@@ -94,14 +119,32 @@ class DataParallelTraining(TrainingMode):
                                after_backward=lambda m: average_gradients(m, self.dp_group))
         # END ASSIGN5_1_3
 
+    def export_state(self) -> dict:
+        """The replica's weights as the GPT-2's state dict (ZeRO-3: every unit gathered first; copies, since
+        the gathered storage is freed after)."""
+        if self.sharding is None:
+            return super().export_state()
+        with self.sharding.summon_full_params():
+            return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+
     def evaluation(self) -> Evaluation:
         # Validation and BLEU are shared out over the ranks too, then summed / gathered.
         if self.sharding is not None:
             self.sharding.begin_evaluation()
         return Evaluation(self.model, self.device, group=self.dp_group)
 
+    def training(self, epoch: int):
+        if self.sharding is not None and hasattr(self.sharding, "training"):
+            return self.sharding.training()
+        return super().training(epoch)
+
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
-        return {"param_sha256": self.fingerprint(), "initial_param_sha256": self.initial_sha}
+        extra = {"param_sha256": self.fingerprint(), "initial_param_sha256": self.initial_sha}
+        if self.order_dp != self.dp_size:
+            extra["data_order_dp"] = self.order_dp
+        if self.sharding is not None and hasattr(self.sharding, "epoch_extra"):
+            extra.update(self.sharding.epoch_extra(stats["steps"]))
+        return extra
 
     def config(self) -> dict:
         return {**self.args.record(), "world_size": self.dp_size, "mode": self.mode,
@@ -129,7 +172,7 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     With ``args.save_checkpoint``, the final weights go to ``<workdir>/checkpoint_data_parallel.pt``
     (a ``torch.save`` file made from a DCP checkpoint, :func:`course.checkpoint.save_final_weights`).
 
-    ``make_sharding(model, args, dp_group)`` (optional, picklable) builds the object that does
+    ``make_sharding(model, args, dp_group, mesh)`` (optional, picklable) builds the object that does
     the training step instead (:class:`DataParallelTraining`'s ``sharding``); its ``optimizer``
     is the run's optimizer.
 
@@ -141,16 +184,8 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     worker_env_quiet()
     device = context().device
     mesh = Mesh.build(dp=world_size)
-    data = prepare_data(args)
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    sharding = make_sharding(model, args, mesh.dp_group) if make_sharding is not None else None
-    optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
-                                                                                   lr=args.learning_rate)
-    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
-    mode = DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
-                                grad_sync=grad_sync, rank=rank,
-                                world_group=mesh.group("world"), throughput_group=mesh.dp_group,
-                                show_progress=rank == 0)
+    mode = dp_training(rank, args, prepare_data(args), device, mesh, make_sharding, grad_sync_factory)
+    model, sharding = mode.model, mode.sharding
     written = run_epochs(mode)
     final_sha = mode.fingerprint()
     if args.save_checkpoint:
@@ -160,3 +195,20 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
             save_final_weights({k: v.detach().clone() for k, v in model.state_dict().items()},
                                Path(args.workdir) / "checkpoint_data_parallel.pt", rank=rank, group=mesh.dp_group)
     return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}
+
+
+def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None,
+                grad_sync_factory=None) -> DataParallelTraining:
+    """This rank's :class:`DataParallelTraining` over ``mesh.dp_group``: the GPT-2 of ``args`` (same seed
+    on every rank) on ``device``, AdamW at ``args.learning_rate`` — or the optimizer of the sharding that
+    ``make_sharding(model, args, dp_group, mesh)`` builds — and the ``grad_sync`` of ``grad_sync_factory(args,
+    model, dp_group)`` (see :func:`run_dp`). What :func:`run_dp` trains; the parity harness
+    (``project/parity.py``) steps it directly."""
+    model = build_model(args, data.tokenizer.vocab_size).to(device)
+    sharding = make_sharding(model, args, mesh.dp_group, mesh) if make_sharding is not None else None
+    optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
+                                                                                   lr=args.learning_rate)
+    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
+    return DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
+                                grad_sync=grad_sync, rank=rank, world_group=mesh.group("world"),
+                                throughput_group=mesh.dp_group, show_progress=rank == 0)

@@ -36,6 +36,7 @@ DP, PP, TP = "notebooks/01_data_parallel.ipynb", "notebooks/02_pipeline_parallel
 COMM = "notebooks/04_communication.ipynb"
 MEM = "notebooks/05_memory.ipynb"
 THREE_D = "notebooks/06_3d_parallelism.ipynb"
+CP = "notebooks/07_context_parallelism.ipynb"
 MOE = "notebooks/08_mixture_of_experts.ipynb"
 
 KEYS: dict[str, Key] = {k.key: k for k in [
@@ -65,6 +66,10 @@ KEYS: dict[str, Key] = {k.key: k for k in [
         ("a5_2_4", "a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4")),
     Key("a5_6_3", "3D training step: dp-only averaging, tied sum, global grad-norm clip", THREE_D, 10,
         ("a5_2_4", "a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4", "a5_6_2")),
+    Key("a5_7_1", "blockwise attention with an online softmax (causal, by block), own backward", CP, 10),
+    Key("a5_7_2", "ring attention across the cp group (overlapped, NCCL-safe), zig-zag load balance", CP, 10,
+        ("a5_7_1",)),
+    Key("a5_7_3", "Ulysses: all-to-all between sequence and head sharding", CP, 10),
     Key("a5_8_1", "router (top-k gating, capacity, auxiliary and z-losses) and single-process MoE layer", MOE, 10),
     Key("a5_8_2", "expert parallelism: count exchange, all-to-all dispatch and combine", MOE, 10, ("a5_8_1",)),
     Key("a5_8_3", "EP x DP on the mesh: dense and expert gradient groups; MoE GPT-2 training", MOE, 10,

@@ -55,8 +55,10 @@ def build_tiny_gpt2(preset: str = "tiny", vocab_size: int = 1000, n_positions: i
 
 def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 4, seq_len: int = 64,
                   vocab_size: int = 1000, checkpointing: bool = False, precision: str = "fp32",
-                  lr: float = 1e-3) -> dict:
-    """Train ``steps`` steps (+1 warm-up) with ZeRO ``zero`` and measure (see the module docstring)."""
+                  lr: float = 1e-3, timed_comm: bool = False) -> dict:
+    """Train ``steps`` steps (+1 warm-up) with ZeRO ``zero`` and measure (see the module docstring). With
+    ``timed_comm`` the result's ``comm_seconds`` lists, per timed step, the seconds spent in communication
+    calls per group (:meth:`course.collectives.CommCounter.seconds_by_group`)."""
     from course.collectives import group_rank, group_size
 
     dp, rank = group_size(group), group_rank(group)
@@ -65,8 +67,8 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
     sharded = ShardedStep(model, zero, group, torch.optim.Adam, activation_checkpointing=checkpointing,
                           precision=precision, lr=lr)
     params_ = [p for p in model.parameters()]
-    times, held, saved, losses, peak = [], None, None, [], 0
-    with CommCounter(timed=False) as counter:
+    times, held, saved, losses, peak, comm_seconds = [], None, None, [], 0, []
+    with CommCounter(timed=timed_comm) as counter:
         for step in range(steps + 1):
             batch = random_batch(step, batch_size, seq_len, vocab_size, rank, device)
             counter.reset()
@@ -83,6 +85,7 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
             times.append(clock.seconds)
             if step:  # the timed steps
                 peak = max(peak, memory.peak_bytes)
+                comm_seconds.append(counter.seconds_by_group())
             losses.append(loss.item())
             saved = s.activation_bytes
             comm = counter.summary()
@@ -95,7 +98,7 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
             "comm_traffic_bytes": sum(v["traffic_bytes"] for v in comm.values()),
             "step_time_median": timed[len(timed) // 2], "step_time_min": timed[0], "step_time_max": timed[-1],
             "peak_rss_bytes": peak_rss_bytes(), "peak_memory_bytes": peak, "memory": memory.measure,
-            "timer": clock.timer, "losses": losses, "checkpointing": checkpointing, "precision": precision}
+            "timer": clock.timer, "comm_seconds": comm_seconds, "losses": losses, "checkpointing": checkpointing, "precision": precision}
 
 
 def memory_breakdown(rank: int, world_size: int, stages=(0, 1, 2, 3), steps: int = 3, preset: str = "tiny",

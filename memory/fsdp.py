@@ -176,9 +176,9 @@ class FullyShardedModel:
                 if id(p) in owner:
                     raise ValueError(f"parameter {names.get(id(p))} is in two units; tied weights must be in one unit")
                 owner[id(p)] = f"unit{i}"
-            self.units.append(ShardedUnit(module, params, group, f"unit{i}"))
+            self.units.append(self.make_unit(module, params, group, f"unit{i}"))
         rest = [p for p in unique_parameters(model.parameters()) if p.requires_grad and id(p) not in owner]
-        self.root = ShardedUnit(model, rest, group, "root", is_root=True)
+        self.root = self.make_unit(model, rest, group, "root", is_root=True)
         self.units.append(self.root)
         self.param_names = [[names[id(p)] for p in u.params] for u in self.units]
         self._handles = []
@@ -187,6 +187,11 @@ class FullyShardedModel:
             self._handles.append(unit.module.register_forward_hook(unit.post_forward))
             for p in unit.params:
                 self._handles.append(p.register_post_accumulate_grad_hook(unit.post_accumulate_grad))
+
+    def make_unit(self, module: nn.Module, params: list[nn.Parameter], group, name: str,
+                  is_root: bool = False) -> ShardedUnit:
+        """One unit (:class:`ShardedUnit`); hybrid sharding (:mod:`memory.hsdp`) makes its own kind."""
+        return ShardedUnit(module, params, group, name, is_root)
 
     def shard_parameters(self) -> list[nn.Parameter]:
         """This rank's slices, one per unit (give these to the optimizer)."""

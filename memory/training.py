@@ -1,5 +1,6 @@
-"""The memory options of a data-parallel run: ``--zero {0,1,2,3}``, ``--activation_checkpointing``,
-``--precision {fp32,bf16}``, as one object that does a training step.
+"""The memory options of a data-parallel run: ``--zero {0,1,2,3}``, ``--hsdp REPLICAS``,
+``--activation_checkpointing``, ``--precision {fp32,bf16}``, as one object that does a training step
+(and writes and loads the sharded state of a checkpoint, :mod:`memory.sharded_checkpoint`).
 
 :class:`ShardedStep` is built by the run script's worker and handed to
 ``data_parallel.DataParallelTraining(sharding=...)``; with ``zero=0`` it is plain data
@@ -19,10 +20,14 @@ import contextlib
 import torch
 
 from course import collectives
+from course.collectives import CommCounter
 from course.epoch_runner import StepOutcome, to_device
 from course.loss import model_loss
 from memory.checkpointing import apply_activation_checkpointing
 from memory.fsdp import FullyShardedModel
+from memory.hsdp import HybridShardedModel
+from memory.accounting import storage_bytes
+from memory.sharded_checkpoint import ZERO_FLAT, ZERO_UNITS, check_names, flat_state, gather_flat
 from memory.zero import ZeroOptimizer, unique_parameters
 
 PRECISIONS = ("fp32", "bf16")
@@ -59,17 +64,23 @@ class ShardedStep:
         blocks: the units of ZeRO-3 and of checkpointing (default :func:`model_blocks`).
         activation_checkpointing: recompute each block in backward (:mod:`memory.checkpointing`).
         precision: ``"fp32"`` or ``"bf16"`` (autocast; fp32 master weights and reductions).
+        hybrid: ``(shard group, replicate group)`` for hybrid sharding with ``zero=3``
+            (:class:`memory.hsdp.HybridShardedModel`; :meth:`course.mesh.Mesh.hybrid_shard_groups`);
+            None: ZeRO-3 over the whole ``group``.
 
     Raises:
-        ValueError: ``zero`` not in 0..3, or an unknown precision.
+        ValueError: ``zero`` not in 0..3, an unknown precision, or ``hybrid`` without ``zero=3``.
     """
 
     def __init__(self, model, zero: int, group=None, optimizer_class=torch.optim.AdamW, blocks=None,
-                 activation_checkpointing: bool = False, precision: str = "fp32", **optimizer_options):
+                 activation_checkpointing: bool = False, precision: str = "fp32", hybrid=None, **optimizer_options):
         if zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero must be 0, 1, 2 or 3, not {zero}")
+        if hybrid is not None and zero != 3:
+            raise ValueError(f"hybrid sharding is ZeRO-3 inside a shard group: use zero=3, not {zero}")
         autocast("cpu", precision)  # checks the name
         self.model, self.zero, self.group, self.precision = model, zero, group, precision
+        self.hybrid = hybrid
         self.checkpointing = activation_checkpointing
         self.dp = collectives.group_size(group)
         blocks = model_blocks(model) if blocks is None else blocks
@@ -83,10 +94,14 @@ class ShardedStep:
         elif zero in (1, 2):
             self.optimizer = ZeroOptimizer(model.parameters(), optimizer_class, group=group, stage=zero,
                                            **optimizer_options)
-        else:
+        elif hybrid is None:
             self.fsdp = FullyShardedModel(model, blocks, group=group)
+        else:
+            self.fsdp = HybridShardedModel(model, blocks, shard_group=hybrid[0], replicate_group=hybrid[1])
+        if self.fsdp is not None:
             self.optimizer = optimizer_class(self.fsdp.shard_parameters(), **optimizer_options)
         self._evaluating = None
+        self.counter = None  # the communication of the training steps (training()), per group
 
     # -- the step -----------------------------------------------------------------------------------
 
@@ -152,13 +167,78 @@ class ShardedStep:
 
     def config(self) -> dict:
         """What the results files record about the memory options."""
-        return {"zero": self.zero, "precision": self.precision,
-                "activation_checkpointing": bool(getattr(self, "checkpointing", False))}
+        found = {"zero": self.zero, "precision": self.precision,
+                 "activation_checkpointing": bool(getattr(self, "checkpointing", False))}
+        if self.hybrid is not None:
+            found["hsdp"] = {"replicas": collectives.group_size(self.hybrid[1]),
+                             "shard": collectives.group_size(self.hybrid[0])}
+        return found
+
+    # -- what the results files record ----------------------------------------------------------------
+
+    def training(self):
+        """A communication counter around an epoch's training steps (counts and bytes; no GPU sync)."""
+        self.counter = CommCounter(timed=False)
+        return self.counter
+
+    def epoch_extra(self, steps: int) -> dict:
+        """``model_state_bytes``: parameters, gradients and optimizer state this rank holds now, counted by
+        storage (:func:`memory.accounting.storage_bytes`; gradients as of the last step's reduction);
+        ``comm_per_step``: the collectives of a training step per group and kind (count, bytes, ring
+        traffic bytes of this rank)."""
+        held = {k: storage_bytes(v) for k, v in self.category_tensors().items()}
+        per_step = {}
+        if self.counter is not None:
+            per_step = {name: {kind: {k: v / max(1, steps) for k, v in summary.items()} for kind, summary in kinds.items()}
+                        for name, kinds in self.counter.by_group().items()}
+        return {"model_state_bytes": held, "comm_per_step": per_step}
+
+    # -- checkpoints (memory.sharded_checkpoint) -------------------------------------------------------
+
+    def checkpoint_state(self) -> dict:
+        """ZeRO-1/2/3's state keyed independently of the number of ranks (:mod:`memory.sharded_checkpoint`):
+        every flat buffer and its Adam state as a ``DTensor`` of its global length, sharded as the ranks
+        hold it. (ZeRO-0 keeps the per-parameter layout of ``torch.distributed.checkpoint.state_dict``:
+        :meth:`course.epoch_runner.TrainingMode.checkpoint_state`.)
+
+        Raises:
+            ValueError: ``zero=0`` (nothing sharded).
+        """
+        if self.zero == 0:
+            raise ValueError("ZeRO-0 checkpoints are the training mode's (nothing is sharded)")
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        if self.zero in (1, 2):
+            opt = self.optimizer
+            return {ZERO_FLAT: flat_state(opt.shard, opt.numel, opt.optimizer, self.group,
+                                          [names[id(p)] for p in opt.params])}
+        group = self.fsdp.group
+        return {ZERO_UNITS: {u.name: flat_state(u.shard, u.numel, self.optimizer, group, [names[id(p)] for p in u.params])
+                             for u in self.fsdp.units}}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """After DCP loaded :meth:`checkpoint_state` in place (each rank its new slices): check that the
+        buffers hold this model's parameters; ZeRO-1/2: all-gather the slices into every rank's whole
+        flat buffer (its parameters).
+
+        Raises:
+            ValueError: the checkpoint's buffers hold other parameters (another model).
+        """
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        if self.zero in (1, 2):
+            opt = self.optimizer
+            check_names(state[ZERO_FLAT]["names"], [names[id(p)] for p in opt.params], "flat buffer")
+            gather_flat(opt.flat, opt.shard, self.group)
+        else:
+            for u in self.fsdp.units:
+                check_names(state[ZERO_UNITS][u.name]["names"], [names[id(p)] for p in u.params], f"unit {u.name}")
 
 
-def build_sharding(model, args, group) -> ShardedStep:
+def build_sharding(model, args, group, mesh=None) -> ShardedStep:
     """The ``make_sharding`` of ``project/run_data_parallel.py``: a :class:`ShardedStep` from the
-    options ``--zero``, ``--activation_checkpointing``, ``--precision`` with AdamW at
-    ``--learning_rate`` (as plain data parallelism)."""
+    options ``--zero``, ``--hsdp``, ``--activation_checkpointing``, ``--precision`` with AdamW at
+    ``--learning_rate`` (as plain data parallelism). ``--hsdp R`` > 1 takes its shard and replicate groups
+    from ``mesh`` (:meth:`course.mesh.Mesh.hybrid_shard_groups`; collective the first time)."""
+    replicas = getattr(args, "hsdp", 1) or 1
+    hybrid = mesh.hybrid_shard_groups(replicas) if replicas > 1 else None
     return ShardedStep(model, args.zero, group, torch.optim.AdamW, activation_checkpointing=args.activation_checkpointing,
-                       precision=args.precision, lr=args.learning_rate)
+                       precision=args.precision, hybrid=hybrid, lr=args.learning_rate)

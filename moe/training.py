@@ -147,6 +147,12 @@ class MoETraining(TrainingMode):
     def evaluation(self) -> Evaluation:
         return Evaluation(self.model.gathered(), self.device, group=self.mesh.dp_cp_group)
 
+    def export_state(self) -> dict:
+        """``--dense --top_k 1`` (``project/run_moe.py`` refuses the rest): the GPT-2 itself, for ``--export_hf``."""
+        if not (isinstance(self.model, DenseGPT2) and self.model.top_k == 1):
+            raise NotImplementedError("only the dense GPT-2 of top-1 (--dense --top_k 1) is transformers' GPT-2")
+        return {name: t.detach() for name, t in self.model.model.state_dict().items()}
+
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         steps = max(1, stats["steps"])
         routing = None
@@ -188,14 +194,22 @@ def run_moe(rank: int, world_size: int, args) -> dict:
     return train_moe(rank, world_size, args, prepare_data(args))
 
 
+def moe_training(rank: int, args, data, mesh: Mesh) -> MoETraining:
+    """This rank's :class:`MoETraining` on ``mesh`` (its ep, dp x cp and edp groups): the model of
+    :func:`build_moe_model` on the worker's device. What :func:`train_moe` trains; the parity harness
+    (``project/parity.py``) steps it directly."""
+    device = context().device
+    model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
+    return MoETraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
+                       throughput_group=mesh.dp_cp_group, show_progress=rank == 0)
+
+
 def train_moe(rank: int, world_size: int, args, data, mesh: Mesh | None = None, keep_model: bool = False) -> dict:
     """:func:`run_moe` on prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh;
     with ``keep_model`` the result also holds the trained ``"model"`` (in this process only: it is not picklable)."""
-    device = context().device
     mesh = mesh or Mesh.build(dp=world_size, ep=args.ep)
-    model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
-    mode = MoETraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
-                       throughput_group=mesh.dp_cp_group, show_progress=rank == 0)
+    mode = moe_training(rank, args, data, mesh)
+    model = mode.model
     written = run_epochs(mode)
     results = [json.loads(open(path).read()) for path in written]
     out = {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],

@@ -228,21 +228,28 @@ class StageTraining(PipelineMode):
         dist.broadcast_object_list(box, src=global_rank(group, self.runner.n_stages - 1), group=group)
         return box[0]
 
-    def evaluation(self) -> Evaluation:
+    def gather_model(self):
+        """Every stage's parameters gathered in the pp group into this rank's full GPT-2 (``self.model``,
+        moved to the device); collective over pp. Returns the model."""
         from pipeline.gpt2_stages import named_stage_parameters
 
-        group = self.mesh.pp_group
         pieces: list = [None] * self.runner.n_stages
         dist.all_gather_object(pieces, {k: v.cpu() for k, v in named_stage_parameters(self.model, self.stage).items()},
-                               group=group)
+                               group=self.mesh.pp_group)
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for piece in pieces:
                 for name, value in piece.items():
                     params[name].copy_(value)
-        self.model.to(self.device)
-        return Evaluation(self.model, self.device, logits_fn=lambda m, b: m(input_ids=b["input_ids"]).logits,
-                          group=group)
+        return self.model.to(self.device)
+
+    def export_state(self) -> dict:
+        """The stages gathered over pp (:meth:`gather_model`) as the GPT-2's state dict."""
+        return {name: t.detach() for name, t in self.gather_model().state_dict().items()}
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.gather_model(), self.device, logits_fn=lambda m, b: m(input_ids=b["input_ids"]).logits,
+                          group=self.mesh.pp_group)
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         return {"timeline": self.timeline, "peak_in_flight": self.peak_in_flight,
@@ -270,12 +277,20 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     """
     from course.launch import context
     from course.mesh import Mesh
-    from pipeline.gpt2_stages import gpt2_stage
 
     worker_env_quiet()
-    device = context().device
     mesh = Mesh.build(pp=world_size)
-    data = prepare_data(args)
+    return {"results": run_epochs(stage_training(args, prepare_data(args), context().device, mesh))}
+
+
+def stage_training(args, data, device, mesh) -> StageTraining:
+    """This rank's :class:`StageTraining` on ``mesh`` (its pp group): the whole GPT-2 built (same seed on
+    every rank), cut into this rank's stage (or ``args.virtual_stages`` chunks for a schedule that takes
+    them), placed by layer count or, with ``args.balance == "auto"``, by measured cost. What
+    :func:`run_stage_worker` trains; the parity harness (``project/parity.py``) steps it directly."""
+    from pipeline.gpt2_stages import gpt2_stage
+
+    world_size = mesh.dims.pp
     model = build_model(args, data.tokenizer.vocab_size)
     n_virtual = args.virtual_stages
     balance = None
@@ -291,7 +306,7 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     stage.to(device)
     training = StageTraining(args, data, device, mesh, model, stage, tied)
     training.balance = balance
-    return {"results": run_epochs(training)}
+    return training
 
 
 def valid_interleaved_micro(n_stages: int, m: int) -> int:

@@ -6,9 +6,9 @@
 Each notebook is run top to bottom by a Jupyter kernel (``nbclient``), in its own folder, as a learner
 would run it; its outputs are written back into the file (to a temporary name, then renamed), with
 ``metadata.llmsys.source_sha256``: a hash of every cell's source at the time of the run. The test
-``tests/course/test_notebook_outputs.py`` compares that hash with the cells now in the file, so a
-notebook whose cells changed after its outputs were made is noticed, without asking its numbers to
-repeat. The machine the outputs came from (cores, torch, when) is recorded beside the hash.
+``tests/instructor/test_notebook_outputs.py`` compares that hash with the cells now in the file, so
+a notebook whose cells changed after its outputs were made is noticed, without asking its numbers
+to repeat (instructor-only: the student release clears every output). The machine the outputs came from (cores, torch, when) is recorded beside the hash.
 
 A cell that raises stops the run with the notebook's name and the cell, unless the cell is tagged
 ``raises-exception`` (it is meant to show an error).

@@ -31,6 +31,7 @@ class DataParallelConfig(RunConfig):
     description = "Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1)."
     mesh_options = ("dp",)
     world_option = "dp"
+    resumes_at_another_world_size = True  # data_parallel/data_order.py; ZeRO: memory/sharded_checkpoint.py
 
     dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
                             old=("world_size",))
@@ -49,6 +50,9 @@ class DataParallelConfig(RunConfig):
     zero: int = option(0, "ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, 2 also "
                           "gradients, 3 also parameters (FSDP, each GPT-2 block a unit)", group=MEMORY,
                        choices=(0, 1, 2, 3))
+    hsdp: int = option(1, "hybrid sharding with --zero 3: the dp ranks as REPLICAS x (dp / REPLICAS); ZeRO-3 inside "
+                          "each group of dp / REPLICAS neighbouring ranks, its gradient slices averaged across the "
+                          "REPLICAS groups (1: ZeRO-3 over all ranks)", group=MEMORY, metavar="REPLICAS")
     activation_checkpointing: bool = option(False, "recompute each GPT-2 block's activations in the backward pass",
                                             group=MEMORY)
     precision: str = option("fp32", "bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
@@ -64,9 +68,12 @@ class DataParallelConfig(RunConfig):
             raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}: each rank takes "
                               f"batch_size // dp examples; try --batch_size "
                               f"{max(self.dp, self.batch_size // self.dp * self.dp)}")
-        if self.zero and (self.checkpoint_every or self.resume):
-            raise ConfigError(f"--zero {self.zero} cannot write or resume checkpoints yet (the optimizer state is "
-                              "sharded); drop --checkpoint_every/--resume, or use --zero 0")
+        if self.hsdp < 1 or self.dp % self.hsdp:
+            raise ConfigError(f"--hsdp {self.hsdp} must be a number of replicas that divides --dp {self.dp} (the dp ranks "
+                              f"are laid out as replicas x shard); try --hsdp {2 if self.dp % 2 == 0 else 1}")
+        if self.hsdp > 1 and self.zero != 3:
+            raise ConfigError(f"--hsdp {self.hsdp} shards with ZeRO-3 inside each group of {self.dp // self.hsdp} ranks: "
+                              "also give --zero 3")
         if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise ConfigError(f"--bucket_mb must be > 0 (MB per bucket), not {self.bucket_mb}; try --bucket_mb 25")
         if not 0 < self.topk_ratio <= 1:
@@ -84,6 +91,30 @@ class DataParallelConfig(RunConfig):
         if memory and comm:
             raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
                               f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
+
+
+    def check_environment(self) -> None:
+        super().check_environment()
+        if self.resume is not None:
+            check_resume_layout(self)
+
+
+def check_resume_layout(config: DataParallelConfig) -> None:
+    """The checkpoint to resume holds the state of this run's kind: plain data parallelism (any --zero 0 run),
+    ZeRO-1/2 (one flat buffer), or ZeRO-3 (its units; with or without --hsdp) — each at any --dp.
+
+    Raises:
+        ConfigError: naming the --zero to resume with.
+    """
+    from course.checkpoint import checkpoint_root, resolve_resume
+    from memory.sharded_checkpoint import FAMILIES, ZERO_FLAT, ZERO_UNITS, checkpoint_family
+
+    path = resolve_resume(config.resume, checkpoint_root(config.workdir, config.results_prefix))
+    family = checkpoint_family(path)
+    mine = ZERO_UNITS if config.zero == 3 else ZERO_FLAT if config.zero in (1, 2) else "model"
+    if family is not None and family != mine:
+        raise ConfigError(f"--resume {config.resume}: the checkpoint holds the state of a {FAMILIES[family]} run, this "
+                          f"run has --zero {config.zero}; resume with {FAMILIES[family]} (at any --dp)")
 
 
 def parse_args(argv=None) -> DataParallelConfig:
@@ -106,14 +137,15 @@ def main(argv=None) -> int:
     from data_parallel.training import run_dp
 
     make_sharding = None
-    if args.zero or args.activation_checkpointing or args.precision != "fp32":
+    if args.zero or args.activation_checkpointing or args.precision != "fp32":  # (--hsdp needs --zero 3)
         from memory.training import build_sharding as make_sharding
     factory = grad_sync_factory(args)
     sync = ("average_gradients" if factory is None else f"compression={args.compression}" if args.compression != "none"
             else f"buckets of {args.bucket_mb or 25.0} MB, overlap={args.overlap}")
     print(f"data parallel: dp={args.dp} device={args.device} backend={args.backend} "
           f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.dp} per rank), "
-          f"gradients: {sync if not args.zero else f'ZeRO-{args.zero}'}, precision={args.precision}, "
+          f"gradients: {sync if not args.zero else f'ZeRO-{args.zero}'}"
+          f"{f' (HSDP: {args.hsdp} replicas x {args.dp // args.hsdp})' if args.hsdp > 1 else ''}, precision={args.precision}, "
           f"activation_checkpointing={args.activation_checkpointing}", flush=True)
     try:
         launch(run_dp, args.dp, args, make_sharding, factory, device=args.device, backend=args.backend,

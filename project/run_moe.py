@@ -65,6 +65,15 @@ class MoERunConfig(RunConfig):
         if self.ep is None:
             self.ep = self.dp
 
+    def export_refusal(self) -> str | None:
+        if self.dense and self.top_k == 1:
+            return None  # the dense counterpart of a top-1 MoE is GPT-2 itself
+        if self.dense:
+            return (f"--dense --top_k {self.top_k} trains a GPT-2 whose would-be MoE blocks hold MLPs {self.top_k} times "
+                    "as wide as the others (transformers' GPT2Config has one n_inner); only --top_k 1 exports")
+        return ("transformers has no GPT-2 with mixture-of-experts MLPs to load it into; export works for the dense "
+                "runs of run_data_parallel.py, run_pipeline.py, run_tensor_parallel.py and run_3d.py")
+
     def check(self) -> None:
         from moe.config import MoEConfig
 

@@ -50,6 +50,13 @@ class TensorParallelConfig(RunConfig):
     def world_size(self) -> int:
         return self.tp
 
+    def export_refusal(self) -> str | None:
+        kinds = set(str(self.block_types).split(","))
+        if kinds - {"tp"}:
+            return (f"--block_types {self.block_types}: spd and parallel blocks compute another function than "
+                    "GPT-2's with the same weights; only --block_types tp exports as transformers' GPT-2")
+        return None
+
     def check(self) -> None:
         if self.tp >= 1 and self.sequence_parallel and self.model_max_length % self.tp:
             # Sequences are padded up to a multiple of tp; the longest (model_max_length) would then

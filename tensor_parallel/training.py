@@ -19,6 +19,7 @@ from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epoch
 from course.launch import context
 from course.mesh import Mesh
 from course.task import build_model, prepare_data, worker_env_quiet
+from tensor_parallel.export import hf_state_dict
 from tensor_parallel.gpt2 import TensorParallelGPT2
 
 RESULTS_PREFIX = "tensor_parallel_"
@@ -87,6 +88,10 @@ class TensorParallelTraining(TrainingMode):
         return supervised_step(self.model, self.optimizer, batch, self.device, loss_fn=tp_loss,
                                after_backward=lambda m: m.sync_grads())
 
+    def export_state(self) -> dict:
+        """The shards gathered over tp as ``transformers``' GPT-2 (:func:`tensor_parallel.export.hf_state_dict`)."""
+        return hf_state_dict(self.model)
+
     def evaluation(self) -> Evaluation:
         # Every rank of a tp group evaluates and translates the same sentences: all take part in every forward.
         return Evaluation(self.model, self.device, logits_fn=tp_logits)
@@ -103,6 +108,19 @@ class TensorParallelTraining(TrainingMode):
 
     def progress_desc(self, epoch: int) -> str:
         return f"epoch {epoch} (tp_size {self.mesh.dims.tp})"
+
+
+def tp_training(rank: int, args, data, mesh: Mesh) -> TensorParallelTraining:
+    """This rank's :class:`TensorParallelTraining` over ``mesh.tp_group``: the GPT-2 of ``args`` (same seed
+    on every rank) cut into this rank's shards (``args.block_types``, ``args.sequence_parallel``) on the
+    worker's device. What :func:`train_tp` trains; the parity harness (``project/parity.py``) steps it
+    directly."""
+    device = context().device
+    hf_model = build_model(args, data.tokenizer.vocab_size)
+    model = TensorParallelGPT2(hf_model, block_types=args.block_types, sequence_parallel=args.sequence_parallel,
+                               group=mesh.tp_group).to(device)
+    return TensorParallelTraining(args, data, device, model, hf_model.config.n_layer, mesh, rank=rank,
+                                  world_group=mesh.group("world"), show_progress=rank == 0)
 
 
 def run_tp(rank: int, world_size: int, args) -> dict:
@@ -127,16 +145,8 @@ def train_tp(rank: int, world_size: int, args, data, mesh: Mesh | None = None) -
     """:func:`run_tp` on already prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh."""
     import json
 
-    device = context().device
     mesh = mesh or Mesh.build(tp=world_size)
-    hf_model = build_model(args, data.tokenizer.vocab_size)
-    model = TensorParallelGPT2(hf_model, block_types=args.block_types, sequence_parallel=args.sequence_parallel,
-                               group=mesh.tp_group).to(device)
-    n_layer = hf_model.config.n_layer
-    del hf_model
-    mode = TensorParallelTraining(args, data, device, model, n_layer, mesh, rank=rank, world_group=mesh.group("world"),
-                                  show_progress=rank == 0)
-    written = run_epochs(mode)
+    written = run_epochs(tp_training(rank, args, data, mesh))
     results = [json.loads(open(path).read()) for path in written]
     return {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],
             "validation_loss": [r["validation_loss"] for r in results]}

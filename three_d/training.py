@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
+import tensor_parallel
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
 from course.task import build_model, prepare_data, worker_env_quiet
@@ -215,7 +216,10 @@ class ThreeDTraining(TrainingMode):
             found.append(seen[0] if seen else float("nan"))
         return found
 
-    def evaluation(self) -> Evaluation:
+    def gather_model(self):
+        """Every stage's parameters gathered in the pp group into this rank's full tensor-parallel GPT-2
+        (:class:`tensor_parallel.TensorParallelGPT2`, the one the stage was cut from; moved to the device);
+        collective over pp. Returns it."""
         full = self.stage.full_model
         pieces: list = [None] * self.mesh.dims.pp
         mine = {name: p.detach().cpu() for name, p in self.stage.named_parameters()}
@@ -228,7 +232,15 @@ class ThreeDTraining(TrainingMode):
                         params[name].copy_(value)
         head = pieces[-1].get("lm_head.weight")  # how far the tied copies drifted apart (0: kept equal)
         self.tied_difference = 0.0 if head is None else float((head - pieces[0]["wte.weight"]).abs().max())
-        full.to(self.device)
+        return full.to(self.device)
+
+    def export_state(self) -> dict:
+        """The stages gathered over pp (:meth:`gather_model`), then the shards over tp, as ``transformers``'
+        GPT-2 (:func:`tensor_parallel.hf_state_dict`)."""
+        return tensor_parallel.hf_state_dict(self.gather_model())
+
+    def evaluation(self) -> Evaluation:
+        full = self.gather_model()
         return Evaluation(full, self.device, group=self.eval_group,
                           logits_fn=lambda m, b: m.gather_logits(m(b["input_ids"], b.get("attention_mask")).logits))
 

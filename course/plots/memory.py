@@ -43,3 +43,32 @@ def plot_loss_by_precision(curves: dict[str, list[float]], ax=None):
     ax.set_ylabel("training loss")
     ax.legend()
     return ax
+
+
+def plot_what_fits(rows: list[dict], device_bytes: float, axes=None):
+    """One heatmap per model of ``rows`` (``memory.formulas.what_fits_grid``): GB of model state per rank
+    for each ZeRO stage (rows) and dp (columns), the number written in each cell, cells that fit in
+    ``device_bytes`` in green and the others in red. Returns the axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    stages = sorted({r["stage"] for r in rows})
+    dps = sorted({r["dp"] for r in rows})
+    if axes is None:
+        _, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 2.8), squeeze=False)
+        axes = axes[0]
+    for ax, model in zip(axes, models):
+        cell = {(r["stage"], r["dp"]): r for r in rows if r["model"] == model}
+        fits = [[float(cell[(s, d)]["fits"]) for d in dps] for s in stages]
+        ax.imshow(fits, cmap=ListedColormap(["#f4b6b6", "#b6e3b6"]), vmin=0, vmax=1, aspect="auto")
+        for i, s in enumerate(stages):
+            for j, d in enumerate(dps):
+                ax.text(j, i, f"{cell[(s, d)]['bytes_per_rank'] / 1e9:.3g}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(dps)), [str(d) for d in dps])
+        ax.set_yticks(range(len(stages)), [f"ZeRO-{s}" for s in stages])
+        ax.set_xlabel("dp")
+        ax.set_title(f"{model}: GB per rank", fontsize=9)
+    axes[0].figure.suptitle(f"model state per rank; green fits in {device_bytes / 1e9:g} GB", fontsize=10)
+    axes[0].figure.tight_layout()
+    return axes

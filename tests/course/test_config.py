@@ -7,12 +7,14 @@ import dataclasses
 import pytest
 
 from project.run_3d import ThreeDConfig
+from project.run_context_parallel import ContextParallelConfig
 from project.run_data_parallel import DataParallelConfig
 from project.run_moe import MoERunConfig
 from project.run_pipeline import PipelineConfig
 from project.run_tensor_parallel import TensorParallelConfig
 
-CONFIGS = (DataParallelConfig, PipelineConfig, TensorParallelConfig, ThreeDConfig, MoERunConfig)
+CONFIGS = (DataParallelConfig, PipelineConfig, TensorParallelConfig, ThreeDConfig, MoERunConfig,
+           ContextParallelConfig)
 SHARED = ("--device", "--backend", "--workdir", "--batch_size", "--preset", "--seed", "--checkpoint_every", "--resume")
 
 
@@ -58,3 +60,29 @@ def test_a_configuration_is_checked_before_anything_runs_and_records_every_field
         ThreeDConfig.for_test(dp=2, pp=2, tp=2, micro_batches=4, batch_size=12, device="cpu")
     with pytest.raises(ConfigError, match="this run takes --dp, not --tp 2"):
         DataParallelConfig.for_test(dp=2, tp=2, device="cpu")
+
+
+def test_context_parallel_configuration_refuses_what_cannot_run_before_any_process():
+    from course.config import ConfigError
+
+    config = ContextParallelConfig.for_test(dp=2, cp=2, seq_len=256, batch_size=4, device="cpu")
+    assert config.world_size == 4 and config.dims.cp == 2 and config.layout == "zigzag"
+    assert ContextParallelConfig.for_test(cp=2, attention="ulysses", device="cpu").layout == "contiguous"
+    with pytest.raises(ConfigError, match=r"6 heads are not divisible by 4; choose cp in \[1, 2, 3, 6\]"):
+        ContextParallelConfig.for_test(cp=4, attention="ulysses", preset="small", device="cpu")
+    with pytest.raises(ConfigError, match="must be divisible by 8 .* try --seq_len 1016"):
+        ContextParallelConfig.for_test(cp=4, seq_len=1020, device="cpu")
+    with pytest.raises(ConfigError, match="Ulysses always uses the contiguous layout"):
+        ContextParallelConfig.for_test(cp=2, attention="ulysses", layout="zigzag", device="cpu")
+    with pytest.raises(ConfigError, match="this run takes --dp, --cp, not --tp 2"):
+        ContextParallelConfig.for_test(cp=2, tp=2, device="cpu")
+
+
+def test_context_parallel_script_stops_on_indivisible_heads_with_a_message(capsys, tmp_path):
+    from project.run_context_parallel import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--cp", "3", "--attention", "ulysses", "--preset", "tiny", "--seq_len", "384", "--device", "cpu",
+              "--workdir", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "4 heads are not divisible by 3" in capsys.readouterr().err

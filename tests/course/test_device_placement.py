@@ -76,7 +76,8 @@ def factory_calls(path: Path):
 def test_every_tensor_factory_names_its_device():
     files = modules()
     names = {f.relative_to(REPO).parts[0] for f in files}
-    assert {"course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d"} <= names
+    assert {"course", "data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d",
+            "context_parallel"} <= names
     calls, unplaced, used = 0, [], set()
     for path in files:
         rel = path.relative_to(REPO).as_posix()

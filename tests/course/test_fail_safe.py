@@ -7,6 +7,9 @@
   checkpoints through the same pipeline training mode as 1F1B).
 * A rank killed mid-epoch under ``--max_restarts`` (the launcher) or ``torchrun --max_restarts``
   restarts the group from the latest checkpoint and ends with the uninterrupted run's losses.
+* A run killed while an asynchronous save (``--async_checkpoint``) is being written — held in flight by a
+  slow writer, ``$LLMSYS_CHECKPOINT_WRITE_DELAY`` — resumes from the last complete checkpoint, which
+  ``latest`` still names, and repeats the uninterrupted run's losses.
 
 The runs are small (tiny GPT-2, short sequences, a few steps) and share one trained tokenizer.
 Dropout stays on (the default), so equal losses also show that every rank's random generators
@@ -82,7 +85,8 @@ def tokenizer_file(tmp_path_factory):
     return path
 
 
-def start(mode: str, workdir: Path, tokenizer: Path, *extra: str, max_batches: int = STEPS) -> subprocess.Popen:
+def start(mode: str, workdir: Path, tokenizer: Path, *extra: str, max_batches: int = STEPS,
+          env: dict | None = None) -> subprocess.Popen:
     script, options, _, _ = MODES[mode]
     workdir.mkdir(parents=True, exist_ok=True)
     if not (workdir / tokenizer.name).exists():
@@ -94,7 +98,7 @@ def start(mode: str, workdir: Path, tokenizer: Path, *extra: str, max_batches: i
     # background (``pytest &``, a CI runner), the shell has it ignored, the run would inherit that, and
     # Python installs no KeyboardInterrupt handler for an ignored SIGINT.
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -219,6 +223,37 @@ def test_a_killed_run_resumed_repeats_the_uninterrupted_losses(mode, tmp_path, t
     resumed = losses(workdir, mode)
     assert resumed == uninterrupted(mode), (f"resumed after {pointer}:\n{resumed}\nuninterrupted:\n"
                                             f"{uninterrupted(mode)}")
+
+
+@needs_proc
+@pytest.mark.needs_solution
+@pytest.mark.timeout(240)
+def test_a_run_killed_during_an_async_save_resumes_from_the_last_complete_checkpoint(tmp_path, tokenizer_file,
+                                                                                      uninterrupted):
+    from course.checkpoint import WRITE_DELAY
+
+    workdir = tmp_path / "work"
+    root = workdir / "checkpoints"
+    first, second = f"step{EVERY:08d}", f"step{2 * EVERY:08d}"
+    # Every write waits 10 s: the save of step 3 completes while steps 4-6 run, the save of step 6 is in flight.
+    proc = start("dp", workdir, tokenizer_file, "--checkpoint_every", str(EVERY), "--async_checkpoint",
+                 env={WRITE_DELAY: "10"})
+    in_flight = lambda: ((root / "latest").is_file() and (root / "latest").read_text() == first  # noqa: E731
+                         and (root / f"{second}.tmp").is_dir())
+    wait_for(in_flight, 180, f"the save of {second} in flight", proc, workdir)
+    everyone = descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert_all_gone(everyone)
+    finish(proc, workdir)
+    assert (root / "latest").read_text() == first and not (root / second).exists(), (
+        f"the checkpoint of step {2 * EVERY} was reported complete before its files were: {sorted(root.iterdir())}")
+    assert not results(workdir, "dp"), "the run finished before it was killed"
+
+    log = finish(start("dp", workdir, tokenizer_file, "--checkpoint_every", str(EVERY), "--async_checkpoint",
+                       "--resume", "latest"), workdir)
+    assert f"resuming from {root / first}" in log, log[-3000:]
+    assert losses(workdir, "dp") == uninterrupted("dp")
+    assert (root / "latest").read_text() == f"step{STEPS // EVERY * EVERY:08d}", "the last async save was not committed"
 
 
 @needs_proc

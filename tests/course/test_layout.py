@@ -27,7 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "course"
-PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "moe")
+PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe")
 TOOLS = "instructor"
 SCRIPTS = ("project", "modal_run")
 PACKAGES = (LIBRARY, *PARTS, TOOLS, "project")

@@ -11,10 +11,15 @@ def test_zero_stage_must_be_0_to_3(tmp_path, capsys):
     assert "--zero" in capsys.readouterr().err
 
 
-def test_sharded_runs_refuse_checkpoints(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        parse_args(["--zero", "2", "--checkpoint_every", "5", "--workdir", str(tmp_path)])
-    assert "--zero 2 cannot write or resume checkpoints" in capsys.readouterr().err
+def test_sharded_runs_write_checkpoints_and_hsdp_needs_zero3_and_a_divisor_of_dp(tmp_path, capsys):
+    assert parse_args(["--zero", "2", "--checkpoint_every", "5", "--workdir", str(tmp_path)]).zero == 2
+    assert parse_args(["--dp", "4", "--zero", "3", "--hsdp", "2", "--workdir", str(tmp_path)]).hsdp == 2
+    for argv, message in ((["--dp", "4", "--zero", "2", "--hsdp", "2"], "also give --zero 3"),
+                          (["--dp", "4", "--zero", "3", "--hsdp", "3"], "--hsdp 3 must be a number of replicas that "
+                                                                         "divides --dp 4")):
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--workdir", str(tmp_path)])
+        assert message in capsys.readouterr().err
 
 
 def test_precision_choices(tmp_path, capsys):

@@ -1,0 +1,210 @@
+"""Ring attention across the cp group, forward and backward (assignment 5.7.2).
+
+Liu, Zaharia & Abbeel 2023 (Ring Attention with Blockwise Transformers for Near-Infinite
+Context), Sec. 3 and Alg. 1. Each of the ``p`` ranks of the cp group holds one shard of the
+sequence: its queries, keys and values (``layout`` says which positions). Attention needs every
+query against every key, so the key/value shards travel around the ring: at step s rank r
+computes its queries against the keys/values that started on rank ``r - s`` (mod p), folding
+them into its online softmax (:func:`context_parallel.blockwise_attention.attend_blocks`), while
+it passes them on to rank ``r + 1`` and receives the next ones from rank ``r - 1``. After p
+steps every rank has seen every key; p - 1 transfers overlap with p computations::
+
+    step 0: rank 0 computes with KV0, rank 1 with KV1, ...   and sends its KV to the right
+    step 1: rank 0 computes with KV(p-1), rank 1 with KV0, ...
+    ...
+
+Overlap: the batch that moves the next block is posted (:func:`course.collectives.start_exchange`)
+*before* the current block is computed and waited for *after*, so the transfer runs during the
+computation; each step's send and receive are one ``batch_isend_irecv`` (safe under NCCL's rules:
+docs/architecture.md, "Point-to-point under NCCL's rules").
+
+The backward pass travels the same ring: the keys/values go round again (recomputing each
+tile's probabilities from the saved log-sum-exp), the query gradient accumulates at home, and the
+gradient of each key/value block travels *with* the block, each rank adding what its queries
+contribute; after the last step one more transfer sends every block's finished gradient to its
+home rank (the right neighbour).
+
+With a causal mask the tiles whose keys all come after their queries are skipped; how much each
+rank computes then depends on the layout (:mod:`context_parallel.layouts`).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from context_parallel.blockwise_attention import _check, attend_blocks, attend_blocks_backward
+from context_parallel.layouts import SequenceLayout
+from context_parallel.online_softmax import SoftmaxState, finish
+from course.collectives import P2P, global_rank, group_rank, group_size, start_exchange
+
+
+def _now(device: torch.device) -> float:
+    """``time.time()`` (seconds; the clock of :class:`course.collectives.CommRecord`), after the device's
+    queued work (timers synchronise the device)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
+class _Recorder:
+    """Per-step record of one pass: which block (its home rank), tiles computed, compute and wait spans
+    (wall clock), and the CPU seconds of the computation (``time.thread_time``: on a CPU shared by more
+    ranks than cores it is the work done, where the wall clock also counts the waits for a core)."""
+
+    def __init__(self, stats: dict | None, name: str, device: torch.device):
+        self.stats, self.name, self.device = stats, name, device
+        self.steps: list[dict] = []
+        self.mark = _now(device) if stats is not None else 0.0
+        self.cpu_mark = time.thread_time()
+
+    def computed(self, step: int, src: int, tiles: int) -> None:
+        if self.stats is None:
+            return
+        end, cpu = _now(self.device), time.thread_time()
+        self.steps.append({"step": step, "src": src, "tiles": tiles, "compute": (self.mark, end), "wait": (end, end),
+                           "cpu_seconds": cpu - self.cpu_mark})
+        self.mark = end
+
+    def waited(self) -> None:
+        if self.stats is None or not self.steps:
+            return
+        end = _now(self.device)
+        self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], end)
+        self.mark, self.cpu_mark = end, time.thread_time()
+
+    def close(self) -> None:
+        if self.stats is None:
+            return
+        self.stats[self.name] = self.steps
+        self.stats[f"{self.name}_tiles"] = sum(s["tiles"] for s in self.steps)
+        self.stats[f"{self.name}_compute_seconds"] = sum(s["compute"][1] - s["compute"][0] for s in self.steps)
+        self.stats[f"{self.name}_wait_seconds"] = sum(s["wait"][1] - s["wait"][0] for s in self.steps)
+        self.stats[f"{self.name}_cpu_seconds"] = sum(s["cpu_seconds"] for s in self.steps)
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention with its own backward (see the module docstring). Use :func:`ring_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: SequenceLayout, group, causal: bool, block_size: int, scale: float,
+                stats: dict | None):
+        p, r = group_size(group), group_rank(group)
+        right, left = global_rank(group, (r + 1) % p), global_rank(group, (r - 1) % p)
+        q_pos = layout.positions(r)
+        state = SoftmaxState.empty(q, v.size(-1))
+        kv = torch.stack([k, v]).contiguous()  # one message per step: (2, batch, heads, local_len, head_dim)
+        record = _Recorder(stats, "forward", q.device)
+        # BEGIN ASSIGN5_7_2
+        for step in range(p):
+            pending = None
+            if step < p - 1:  # post the next transfer before computing on the block we have
+                incoming = torch.empty_like(kv)
+                pending = start_exchange([P2P("send", kv, right), P2P("recv", incoming, left)], group)
+            src = (r - step) % p  # the rank this block started on
+            tiles = attend_blocks(state, q, kv[0], kv[1], q_pos, layout.positions(src), scale, block_size, causal)
+            record.computed(step, src, tiles)
+            if pending is not None:
+                pending.wait()
+                kv = incoming
+                record.waited()
+        # END ASSIGN5_7_2
+        record.close()
+        out, lse = finish(state)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout, ctx.group, ctx.causal, ctx.block_size, ctx.scale, ctx.stats = (layout, group, causal, block_size,
+                                                                                  scale, stats)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        layout, group, causal, block_size, scale = ctx.layout, ctx.group, ctx.causal, ctx.block_size, ctx.scale
+        p, r = group_size(group), group_rank(group)
+        right, left = global_rank(group, (r + 1) % p), global_rank(group, (r - 1) % p)
+        q_pos = layout.positions(r)
+        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(dim=-1)
+        dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
+        kv = torch.stack([k, v]).contiguous()
+        dkv = None  # the gradient of the block this rank holds, as far as the ranks before it got
+        record = _Recorder(ctx.stats, "backward", q.device)
+        # BEGIN ASSIGN5_7_2
+        pending_dkv = incoming_dkv = None
+        for step in range(p):
+            pending_kv = None
+            if step < p - 1:
+                incoming_kv = torch.empty_like(kv)
+                pending_kv = start_exchange([P2P("send", kv, right), P2P("recv", incoming_kv, left)], group)
+            src = (r - step) % p
+            gq, gk, gv, tiles = attend_blocks_backward(q, kv[0], kv[1], dout, lse, delta, q_pos,
+                                                       layout.positions(src), scale, block_size, causal)
+            dq += gq
+            record.computed(step, src, tiles)
+            if pending_dkv is not None:  # the block's gradient so far, from the left
+                pending_dkv.wait()
+                dkv = incoming_dkv
+            dkv = torch.stack([gk, gv]) if dkv is None else dkv + torch.stack([gk, gv])
+            if p > 1:  # pass it on with the block (after the last step: to the block's home, the right neighbour)
+                incoming_dkv = torch.empty_like(dkv)
+                pending_dkv = start_exchange([P2P("send", dkv, right), P2P("recv", incoming_dkv, left)], group)
+            if pending_kv is not None:
+                pending_kv.wait()
+                kv = incoming_kv
+            record.waited()
+        if pending_dkv is not None:
+            pending_dkv.wait()
+            dkv = incoming_dkv
+        # END ASSIGN5_7_2
+        record.close()
+        dk, dv = dkv[0], dkv[1]
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SequenceLayout, group=None,
+                   causal: bool = True, block_size: int = 128, scale: float | None = None,
+                   stats: dict | None = None) -> torch.Tensor:
+    """Attention of this rank's queries over the whole sequence's keys, the keys travelling the ring
+    (Liu et al. 2023, Ring Attention, Alg. 1).
+
+    Args:
+        q, k, v: (batch, heads, local_len, head_dim): this rank's shard of the queries, keys and
+            values, holding the positions ``layout.positions(rank in group)``.
+        layout: the :class:`context_parallel.layouts.SequenceLayout` of the shards (cp = size of ``group``).
+        group: the context-parallel group (the ``cp`` group of the run's mesh; None: the world).
+        causal: query t sees keys 0..t (by global position).
+        block_size: rows and columns of a tile of scores inside a step.
+        scale: factor of the scores (default ``head_dim ** -0.5``).
+        stats: optional dict that receives, per pass (``forward``, ``backward``), the list of steps
+            (block's home rank ``src``, ``tiles`` computed, ``compute`` and ``wait`` spans in
+            seconds of ``time.time()``, ``cpu_seconds`` of the computation) and their totals
+            (``forward_tiles``, ``forward_compute_seconds``, ``forward_cpu_seconds``, ...).
+
+    Returns:
+        (batch, heads, local_len, head_dim): this rank's rows of the attention output; the same as
+        :func:`torch.nn.functional.scaled_dot_product_attention` over the whole sequence, sharded
+        by ``layout``. Gradients flow to this rank's ``q``, ``k``, ``v``.
+
+    Raises:
+        ValueError: shapes that do not fit, or a layout for another cp size or sequence length.
+    """
+    _check(q, k, v, block_size)
+    p = group_size(group)
+    if layout.cp != p:
+        raise ValueError(f"the layout is for cp = {layout.cp} ranks, the group has {p}")
+    if q.size(-2) != layout.local_len or k.size(-2) != layout.local_len:
+        raise ValueError(f"each rank holds {layout.local_len} of the {layout.seq_len} positions, but q has "
+                         f"{q.size(-2)} and k {k.size(-2)}")
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    return RingAttention.apply(q, k, v, layout, group, causal, block_size, scale, stats)
+
+
+def ring_traffic_bytes(batch: int, seq_len: int, hidden: int, cp: int, element_size: int = 4) -> dict[str, float]:
+    """Bytes one rank sends per attention layer in :func:`ring_attention` (``hidden = heads * head_dim``).
+
+    Forward: p - 1 key/value blocks of ``2 * batch * seq_len/p * hidden`` elements. Backward: the
+    key/value blocks again (p - 1) and the travelling gradient of the keys/values (p transfers: the
+    last one home).
+    """
+    block = 2 * batch * seq_len // cp * hidden * element_size
+    return {"forward": float((cp - 1) * block), "backward": float((2 * cp - 1) * block if cp > 1 else 0)}

@@ -1,0 +1,26 @@
+"""The exercise checks of notebooks/05_memory.ipynb: right answers pass, the plausible wrong ones fail."""
+import pytest
+
+from memory import checks
+
+
+@pytest.mark.parametrize("answer, ok", [(16.6, True), (16.64, True), (31.4, False), (1.88, False),
+                                        (33.3, False), (None, False), ("x", False)])
+def test_zero2(answer, ok, capsys):
+    assert checks.check_zero2_gb(answer) is ok
+    assert ("right" if ok else "not yet") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("z1, z3, ok", [(8, 4, True), (4, 4, False), (8, 2, False), (16, 4, False), (None, 4, False)])
+def test_smallest_dp(z1, z3, ok):
+    assert checks.check_smallest_dp(z1, z3) is ok
+
+
+def test_activation_and_gelu():
+    s, b, h, a = 1024, 8, 1600, 25
+    plain = s * b * h * (34 + 5 * a * s / h) / 1e9
+    assert checks.check_activation_gb(plain, 34 * s * b * h / 4 / 1e9)
+    assert not checks.check_activation_gb(plain, plain / 4)  # SP without selective recomputation
+    assert not checks.check_activation_gb(s * b * h * 34 / 1e9, 34 * s * b * h / 4 / 1e9)  # the s^2 term left out
+    assert checks.check_fused_gelu_bytes(72)
+    assert not checks.check_fused_gelu_bytes(34) and not checks.check_fused_gelu_bytes(66)
