@@ -13,8 +13,10 @@ rows, so a dp rank pipelines ``batch_size / (dp x micro_batch_size)`` of them. A
 ``--repeats`` rounds in which every factorisation takes ``--steps`` timed steps in turn (the slowest
 rank's time), so a change in the machine's load touches all of them alike; the report gives each
 factorisation's median tokens/s with the min-max, its ratio to the fastest, the 1F1B bubble of its
-pipeline by the formula, and what it communicated per step, by group (kinds, messages, bytes —
-:class:`course.collectives.CommCounter`), with the machine it ran on.
+pipeline by the formula, what it communicated per step, by group (kinds, messages, bytes —
+:class:`course.collectives.CommCounter`), and the memory of its fullest rank (bytes of parameters,
+gradients and AdamW state held after a step, plus the peak bytes of activations saved for the backward
+pass), with the machine it ran on.
 
 On one machine every byte goes through the loopback and all ranks share the cores, so the
 fastest factorisation here is the one with the least communication and the smallest bubble.
@@ -74,7 +76,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     worker_env_quiet()
     device = context().device
     world = dist.group.WORLD
-    variants, comm, micro = {}, {}, {}
+    variants, comm, micro, memory = {}, {}, {}, {}
     for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
         model = build_gpt2("tiny", cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
         ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
@@ -90,14 +92,15 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
                 name_group(mesh.group(name), name)  # each mesh names anew: name it for this run's counts
             name_group(mesh.embedding_group, "embedding")
             with CommCounter() as counter:
-                three_d_step(ranked.stage, ranked.runner, mesh, ids, ids.clone(), micro[key], "1f1b", 1.0)
+                out = three_d_step(ranked.stage, ranked.runner, mesh, ids, ids.clone(), micro[key], "1f1b", 1.0)
             optimizer.step()
             comm[key] = counter.by_group()
+            memory[key] = held_bytes(ranked.stage, optimizer) | {"activations": out["result"].peak_activation_bytes}
 
         variants[key] = step
     times = interleaved(variants, cfg["repeats"], cfg["warmup"], device, group=world, inner=cfg["steps"])
     report = [{"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "micro_batches": micro[key],
-               "step_s": seconds, "comm": copy.deepcopy(comm[key])}
+               "step_s": seconds, "comm": copy.deepcopy(comm[key]), "memory": [memory[key]]}
               for repeat in range(cfg["repeats"]) for key, per in times.items() for seconds in [per[repeat]]]
     gathered = [None] * world_size
     dist.all_gather_object(gathered, report, group=world)
@@ -107,6 +110,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
         if r == 0:
             continue
         for mine, theirs in zip(report, rows):
+            mine["memory"] += theirs["memory"]
             for group, kinds in theirs["comm"].items():
                 target = mine["comm"].setdefault(group, {})
                 for kind, value in kinds.items():
@@ -116,9 +120,20 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     return report
 
 
+def held_bytes(module, optimizer) -> dict:
+    """Bytes this rank holds: ``params`` and ``grads`` of ``module`` and the tensors of ``optimizer``'s state
+    (AdamW: two moments per parameter and a step counter per tensor)."""
+    params = list(module.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {"params": sum(p.numel() * p.element_size() for p in params),
+            "grads": sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None),
+            "optimizer": sum(t.numel() * t.element_size() for t in state)}
+
+
 def summarise(report: list[dict], cfg: dict) -> list[dict]:
     """One row per factorisation: median and min-max tokens/s (:func:`course.benchmarking.summarise`), ratio to
-    the fastest, bubble, bytes per group."""
+    the fastest, bubble, bytes per group, ``memory_bytes`` (the fullest rank: held bytes and peak
+    activations) and ``memory`` (that rank's bytes by category)."""
     from course.benchmarking import summarise as stats
     from pipeline import bubble_fraction
 
@@ -128,6 +143,7 @@ def summarise(report: list[dict], cfg: dict) -> list[dict]:
         mine = [r for r in report if (r["dp"], r["pp"], r["tp"]) == key]
         tps = stats([tokens / r["step_s"] for r in mine])
         comm = mine[-1]["comm"]
+        fullest = max(mine[-1].get("memory", [{}]), key=lambda m: sum(m.values()))
         rows.append({"dp": key[0], "pp": key[1], "tp": key[2], "micro_batches": mine[-1]["micro_batches"],
                      "tokens_per_s_median": tps["median"], "tokens_per_s_min": tps["min"],
                      "tokens_per_s_max": tps["max"], "repeats": tps["n"],
@@ -135,7 +151,8 @@ def summarise(report: list[dict], cfg: dict) -> list[dict]:
                      "megabytes_per_step": {g: sum(v.get("bytes", 0) for v in kinds.values()) / 1e6
                                             for g, kinds in comm.items()},
                      "messages_per_step": {g: sum(v.get("count", 0) for v in kinds.values())
-                                           for g, kinds in comm.items()}})
+                                           for g, kinds in comm.items()},
+                     "memory_bytes": sum(fullest.values()), "memory": fullest})
     best = max(r["tokens_per_s_median"] for r in rows)
     for r in rows:
         r["ratio_to_fastest"] = r["tokens_per_s_median"] / best

@@ -1,0 +1,50 @@
+"""Answer checks for the exercises of notebooks/06_3d_parallelism.ipynb.
+
+Each ``check_*`` compares a learner's answer with the value worked out here from the formulas (not from the
+assignment code, which may not be written yet), prints whether it is right and, if not, a hint, and returns
+True or False.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _report(name: str, answer, expected, hint: str, rel: float = 1e-3) -> bool:
+    try:
+        ok = math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        ok = False
+    print(f"{name}: {'right' if ok else 'not yet'} ({answer!r})" + ("" if ok else f" — hint: {hint}"))
+    return ok
+
+
+def check_factorisation_count(answer) -> bool:
+    """Exercise 1: how many ``(dp, pp, tp)`` with ``dp * pp * tp = 16`` does a model of 8 blocks and 4 heads allow
+    (pp at most the blocks, tp dividing the heads)?"""
+    found = sum(1 for pp in range(1, 17) for tp in range(1, 17)
+                if 16 % (pp * tp) == 0 and pp <= 8 and 4 % tp == 0)
+    return _report("factorisations of 16", answer, found,
+                   "list the ordered triples whose product is 16 (there are 15), then drop pp > 8 and tp not dividing 4")
+
+
+def check_bubble_choice(answer) -> bool:
+    """Exercise 2: 8 ranks, a global batch of 32 rows in micro-batches of 2 rows: give the 1F1B bubble fraction
+    ``(p - 1) / (m + p - 1)`` of dp 1 x pp 4 x tp 2 (m = the micro-batches one dp rank pipelines)."""
+    m = 32 // (1 * 2)
+    return _report("bubble of dp 1 x pp 4 x tp 2", answer, (4 - 1) / (m + 4 - 1),
+                   "one dp rank pipelines all 32 rows: m = 32 / 2 = 16 micro-batches over p = 4 stages")
+
+
+def check_mfu(answer) -> bool:
+    """Exercise 3: a 1.3-billion-parameter GPT (count only 6 N FLOPs per token) trains on 64 GPUs at 989 TFLOP/s
+    peak each, a step of 1024 sequences of 2048 tokens taking 2.0 s. What is its MFU (a fraction)?"""
+    flops = 6 * 1.3e9 * 1024 * 2048
+    return _report("MFU", answer, flops / (2.0 * 64 * 989e12),
+                   "model FLOPs per step = 6 N x tokens per step; divide by step time x GPUs x peak (PaLM, App. B)")
+
+
+def check_mfu_from_hfu(answer) -> bool:
+    """Exercise 4: a run reports 52% of peak counting full activation recomputation (the blocks' forward twice:
+    96 B s l h^2 instead of 72; leave out the attention and vocabulary terms). What MFU is that?"""
+    return _report("MFU of a 52% HFU run with full recomputation", answer, 0.52 * 72 / 96,
+                   "model FLOPs leave the recomputed forward out: 3 passes' worth (72) of the 4 counted (96)")
