@@ -1,5 +1,9 @@
 """Worker functions the data-parallel notebook launches (spawned processes import them from here).
 
+:func:`gradient_demos` is the one launch of sections 2 and 3 of notebooks/01_data_parallel.ipynb: it runs
+:func:`all_reduce_demo`, :func:`gpt2_gradient_demo` and :func:`gpt2_token_weighted_gradient_demo` in the same
+two processes, since starting processes that import ``transformers`` costs seconds each time.
+
 The notebook's throughput measurement (world size 1 against 2) is the course's one data-parallel
 throughput worker, ``communication.experiments.dp_throughput_worker`` (variant ``average_gradients``).
 """
@@ -9,21 +13,22 @@ import torch
 import torch.distributed as dist
 
 
-def all_reduce_demo(rank: int, world_size: int) -> dict:
+def all_reduce_demo(rank: int, world_size: int, dp_group=None) -> dict:
     """Each rank starts with ``[rank+1, 10*(rank+1)]`` and all-reduces it (SUM) over the dp group.
 
+    ``dp_group``: the group to reduce over (None: build the mesh ``dp = world_size`` and take its dp group).
     Returns the tensor before and after, to show that every rank ends with the same sum.
     """
     from course.mesh import Mesh
 
-    dp_group = Mesh.build(dp=world_size).dp_group
+    dp_group = dp_group if dp_group is not None else Mesh.build(dp=world_size).dp_group
     before = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], device="cpu")  # a demonstration on the host (gloo)
     after = before.clone()
     dist.all_reduce(after, op=dist.ReduceOp.SUM, group=dp_group)
     return {"before": before.tolist(), "after": after.tolist()}
 
 
-def gpt2_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int) -> dict:
+def gpt2_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int, dp_group=None) -> dict:
     """Gradients of a tiny GPT-2 on this rank's rows of ``batch``, averaged over the dp group.
 
     ``batch`` is one global batch (dict of (B, T) tensors, B divisible by world_size);
@@ -37,7 +42,7 @@ def gpt2_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int)
     from data_parallel.gradients import average_gradients
 
     worker_env_quiet()
-    dp_group = Mesh.build(dp=world_size).dp_group
+    dp_group = dp_group if dp_group is not None else Mesh.build(dp=world_size).dp_group
     model = build_gpt2("tiny", vocab_size, dropout=0.0, seed=0)
     per_rank = batch["input_ids"].shape[0] // world_size
     mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
@@ -47,7 +52,7 @@ def gpt2_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int)
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int) -> dict:
+def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, vocab_size: int, dp_group=None) -> dict:
     """The exact data-parallel gradient of the batch's per-token mean loss.
 
     Each rank sums its shard's token losses, divides by the **global** number of target tokens
@@ -64,7 +69,7 @@ def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, v
     from course.task import worker_env_quiet
 
     worker_env_quiet()
-    dp_group = Mesh.build(dp=world_size).dp_group
+    dp_group = dp_group if dp_group is not None else Mesh.build(dp=world_size).dp_group
     model = build_gpt2("tiny", vocab_size, dropout=0.0, seed=0)
     per_rank = batch["input_ids"].shape[0] // world_size
     mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
@@ -78,3 +83,18 @@ def gpt2_token_weighted_gradient_demo(rank: int, world_size: int, batch: dict, v
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
     return {"grads": {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
             "tokens": int(tokens), "global_tokens": int(global_tokens)}
+
+
+def gradient_demos(rank: int, world_size: int, batch: dict, vocab_size: int) -> dict:
+    """The three demonstrations in one launch, over one mesh's dp group (``dp = world_size``).
+
+    ``batch``: one global batch (dict of (B, T) tensors, B divisible by world_size).
+    Returns ``{"all_reduce": all_reduce_demo's, "averaged": gpt2_gradient_demo's, "exact":
+    gpt2_token_weighted_gradient_demo's}`` (see each function).
+    """
+    from course.mesh import Mesh
+
+    dp_group = Mesh.build(dp=world_size).dp_group
+    return {"all_reduce": all_reduce_demo(rank, world_size, dp_group),
+            "averaged": gpt2_gradient_demo(rank, world_size, batch, vocab_size, dp_group),
+            "exact": gpt2_token_weighted_gradient_demo(rank, world_size, batch, vocab_size, dp_group)}

@@ -58,7 +58,7 @@ def check_bubbles(gpipe, interleaved, zb_h1) -> bool:
                   "(Narayanan et al. 2021, Sec. 2.2.2)")
     ok &= _report("ZB-H1 bubble", zb_h1, get_schedule("zb-h1").bubble(4, 8),
                   "with F, B and W of equal time the deferred W's fill two thirds of 1F1B's bubble: "
-                  "(p - 1) / (3 m + p - 1) (Qi et al. 2023, Sec. 3)")
+                  "(p - 1) / (3 m + p - 1) (Qi et al. 2024, Sec. 2.1)")
     return bool(ok)
 
 
