@@ -6,16 +6,7 @@ True or False. The formulas are tested against the code they describe (tests/dat
 """
 from __future__ import annotations
 
-import math
-
-
-def _report(name: str, answer, expected, hint: str, rel: float = 1e-6) -> bool:
-    try:
-        ok = math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=1e-9)
-    except (TypeError, ValueError):
-        ok = False
-    print(f"{name}: {'right' if ok else 'not yet'} ({answer!r})" + ("" if ok else f" — hint: {hint}"))
-    return ok
+from course.exercise_checks import report as _report
 
 
 def effective_batch_size(per_rank_batch: int, dp: int, accumulation_steps: int = 1) -> int:
