@@ -1,7 +1,8 @@
 """Repository-wide pytest set-up: markers from the one table of keys, longer time limits for notebooks,
-a fast path for selecting assignments (``pytest -k a5_1_1``), and ranks reused between tests
-(:mod:`course.launch_pool`; a test marked ``fresh_processes`` gets processes of its own)."""
+a fast path for selecting assignments (``pytest -k a5_1_1``), a failed rank's error shown first, and ranks
+reused between tests (:mod:`course.launch_pool`; a test marked ``fresh_processes`` gets processes of its own)."""
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,10 @@ import pytest
 from course.tree import check_tree
 from instructor.keys import KEYS, marker_lines
 
+ROOT = Path(__file__).resolve().parent
 NOTEBOOK_TIMEOUT_S = 900  # a whole notebook, executed top to bottom on 2 CPU cores
-_ONLY_KEYS = re.compile(r"^[\s()]*(a5_\d+_\d+)([\s()]+or[\s()]+a5_\d+_\d+)*[\s()]*$")
+_KEY = r"a5_\d+_\d+"
+_ONLY_KEYS = re.compile(rf"^[\s()]*({_KEY})([\s()]+or[\s()]+{_KEY})*[\s()]*$")
 
 
 def pytest_configure(config):
@@ -62,10 +65,18 @@ def selected_keys(config) -> set[str] | None:
     (e.g. ``-k a5_1_1``, ``-m "a5_2_1 or a5_2_2"``); None otherwise."""
     for expr in (config.getoption("keyword", ""), config.getoption("markexpr", "")):
         if expr and _ONLY_KEYS.match(expr):
-            keys = set(re.findall(r"a5_\d+_\d+", expr))
+            keys = set(re.findall(_KEY, expr))
             if keys <= set(KEYS):
                 return keys
     return None
+
+
+def may_hold_tests_of(path: Path, keys: set[str]) -> bool:
+    """Whether the test file ``path`` can hold a test marked with one of ``keys``: its text names
+    the marker (``pytest.mark.a5_1_1``, module-level ``pytestmark`` included). Test files, classes
+    and tests never carry a key in their names (tests/instructor/test_selection.py checks both)."""
+    text = path.read_text(encoding="utf-8")
+    return any(f"mark.{k}" in text for k in keys)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -77,8 +88,7 @@ def pytest_ignore_collect(collection_path, config):
     if collection_path.suffix == ".ipynb":
         return True
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        text = collection_path.read_text(encoding="utf-8")
-        if not any(f"mark.{k}" in text or k in collection_path.name for k in keys):
+        if not may_hold_tests_of(collection_path, keys):
             return True
     return None
 
@@ -87,3 +97,87 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.timeout(NOTEBOOK_TIMEOUT_S))
+
+
+# ---- a failed rank, as the student needs to see it ----------------------------------------------------
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
+
+
+@lru_cache(maxsize=None)
+def _block_lines(path: str) -> tuple[tuple[int, int], ...]:
+    """1-based (first, last) lines between the assignment markers of the file ``path`` (none if not ours)."""
+    from instructor.blocks import BEGIN, END
+
+    try:
+        if not Path(path).resolve().is_relative_to(ROOT):
+            return ()
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError):
+        return ()
+    found, start = [], None
+    for i, line in enumerate(lines, 1):
+        if BEGIN.match(line):
+            start = i + 1
+        elif END.match(line) and start is not None:
+            found.append((start, i - 1))
+            start = None
+    return tuple(found)
+
+
+def rank_failure_summary(message: str) -> str:
+    """The first lines a student reads when a launched rank failed: which rank raised what, and the
+    line of the assignment code (between the markers) it was in — else the innermost line of the
+    course's code outside the launcher and the tests."""
+    lines = message.split("\n")
+    head = lines[0].rstrip(":")
+    frames = [(m.group(1), int(m.group(2)), m.group(3), i) for i, line in enumerate(lines) if (m := _FRAME.match(line))]
+    last = max((i for *_, i in frames), default=-1)
+    error = next((line.strip() for line in lines[last + 2:] if line.strip() and not line.startswith(" ")), "")
+    if not error and last >= 0:
+        error = next((line.strip() for line in lines[last + 1:] if line.strip() and not line.startswith("    ")), "")
+
+    def code_at(path, line):
+        try:
+            return Path(path).read_text(encoding="utf-8").split("\n")[line - 1].strip()
+        except (OSError, IndexError, UnicodeDecodeError):
+            return ""
+
+    def shown(path):
+        try:
+            return str(Path(path).resolve().relative_to(ROOT))
+        except ValueError:
+            return path
+
+    ours = [(p, n, f) for p, n, f, _ in frames if any(lo <= n <= hi for lo, hi in _block_lines(p))]
+    course = [(p, n, f) for p, n, f, _ in frames
+              if Path(p).resolve().is_relative_to(ROOT) and not shown(p).startswith(("tests/", "course/launch.py"))]
+    where = ours[-1] if ours else course[-1] if course else None
+    summary = [f"{head}: {error}" if error else head]
+    if where:
+        label = "your code" if ours else "in"
+        summary.append(f"  {label}: {shown(where[0])}:{where[1]} in {where[2]}")
+        text = code_at(where[0], where[1])
+        if text:
+            summary.append(f"      {text}")
+    return "\n".join(summary)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test failed because a launched rank failed (``course.launch.RankFailure``): the report starts
+    with the rank's error and the line of the student's code, then the rank's own traceback and where
+    the other ranks were — not the launcher's source, which is what pytest would show first."""
+    outcome = yield
+    report = outcome.get_result()
+    excinfo = call.excinfo
+    if excinfo is None or not report.failed or excinfo.typename != "RankFailure":
+        return
+    message = str(excinfo.value)
+    tests = [e for e in excinfo.traceback if Path(str(e.path)).resolve().is_relative_to(ROOT / "tests")]
+    support = ROOT / "tests" / "support"
+    entry = next((e for e in reversed(tests) if not Path(str(e.path)).resolve().is_relative_to(support)),
+                 tests[-1] if tests else None)
+    launched = f"\n\n(the ranks were launched by {Path(str(entry.path)).relative_to(ROOT)}:{entry.lineno + 1})" \
+        if entry is not None else ""
+    report.longrepr = f"{rank_failure_summary(message)}\n\n{message}{launched}"

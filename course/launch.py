@@ -413,12 +413,20 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
                 raise RankFailure(died, death_report(died, procs[died].exitcode, Path(stack_dir) / f"rank{died}.stack")
                                   + f"\nrank {rank} then raised (its peer was gone):\n{value}")
             if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
-                where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
+                waited = _timed_out_too(results, rank)
+                where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items()
+                         if r not in waited}
                 absent = sorted(r for r, w in where.items() if not w.in_collective)
                 if absent:
                     head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
                             f"rank {rank} raised")
+                elif waited:
+                    head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
+                            f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
+                            f"raised")
                 report = "\n" + hang_report(where) if where else ""
+                report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
+                                  for r, v in sorted(waited.items()))
             raise RankFailure(rank, f"{head}:\n{value}{report}")
         outputs[rank] = pickle.loads(value)
     return outputs
@@ -434,6 +442,29 @@ def _died(procs, outputs, exclude: int, wait: float = 1.0) -> int | None:
         if dead or time.monotonic() > deadline:
             return dead[0] if dead else None
         time.sleep(0.1)
+
+
+def _timed_out_too(results, rank: int, wait: float = 1.0) -> dict[int, str]:
+    """The other ranks whose own waits timed out (or lost their peer) around the same time as ``rank``'s:
+    ``{rank: traceback}`` of the reports that arrive within ``wait`` seconds. Those ranks were waiting
+    too, so they are not among the ones that never arrived."""
+    found, deadline = {}, time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            other, status, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue_module.Empty:
+            break
+        if other != rank and status == "error" and _TIMED_OUT.search(value):
+            found[other] = value
+    return found
+
+
+def _innermost_frame(traceback_text: str) -> str:
+    """``path:line in function`` of the innermost frame of a traceback outside torch (the caller's wait)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
+    library = re.compile(r"/site-packages/|/torch/|(^|/)course/[^/]+\.py$")  # torch's and the course library's
+    own = [f for f in frames if not library.search(f[0]) or "/tests/" in f[0]] or frames
+    return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else "(no traceback)"
 
 
 def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:

@@ -1,6 +1,6 @@
 """Grade a submission key by key, trusting nothing in it but the student's code.
 
-    python instructor/grade.py                                  # grade this tree (the reference: full marks)
+    python instructor/grade.py                                  # grade this tree (yours, or the reference)
     python instructor/grade.py --submission ../alice            # grade Alice's copy of the course
     python instructor/grade.py --submission ../alice --keys a5_1_1 a5_1_2 --json results.json
 
@@ -8,42 +8,47 @@
 block (``ASSIGN5_x_y``) of the files that hold blocks (:mod:`instructor.submission`). Nothing
 else is read.
 
-**How a key is graded**: in a fresh copy of *this* (the instructor's) tree, in which only that
-key's blocks hold the submission's code (the other keys keep the reference solution), pytest
-runs the key's tests from this tree with this tree's ``conftest.py`` and ``pyproject.toml``,
-in a process session of its own, with a time limit. Its results come only from the grader's
-pytest plugin (:mod:`instructor.grading_plugin`), which writes them to a file outside the copy.
-The key scores ``points × passed / expected``, where the expected tests are those this tree's
-own collection lists for the key (a missing test counts as failed), and **zero** when:
+**How a key is graded**:
 
-* the pytest process ended without the plugin's complete session record (``os._exit``, a
-  kill, a crash; printed summary lines are never read, so a forged one counts for nothing),
-* it ran past the time limit (a block that sleeps or hangs in a collective),
-* the test files, ``conftest.py``, ``pyproject.toml`` or the instructor tools in the copy
-  changed while it ran, or the plugin saw pytest's reporting internals patched,
-* the key's blocks cannot be taken from the submission (missing file or block, code that
-  does not parse).
+1. Every submitted block of the key is checked against the block policy
+   (:mod:`instructor.policy`: the imports, names and constructs an assignment may use, and that
+   the code stays inside its block). A block that breaks a rule scores the key 0 without
+   running, with the rule, file and line named, and is listed for the instructor to review.
+2. The key's tests run in a fresh copy of *this* (the instructor's) tree in which the key's
+   blocks hold the submission's code, the keys it depends on keep their reference solution and
+   every other key's block is its stub — no reference solution the key does not need is in the
+   copy. Pytest runs the key's tests from this tree with this tree's ``conftest.py`` and
+   ``pyproject.toml``, in a process session of its own, with a time limit.
+3. The results come only from the grader's pytest plugin (:mod:`instructor.grading_plugin`),
+   which writes them to a file outside the copy. The key scores ``points × passed / expected``,
+   where the expected tests are those this tree's own collection lists for the key (a missing
+   test counts as failed), and **zero** when:
 
-After each key every process it started is ended — also those that left its session: the
-grader makes itself the "child subreaper" of its descendants (Linux ``prctl``), so orphans
-are re-parented to it, and kills every process that carries the key's run id in its
-environment or descends from the grader.
+   * the pytest process ended without the plugin's complete session record (``os._exit``, a
+     kill, a crash; printed summary lines are never read, so a forged one counts for nothing),
+   * it ran past the time limit (a block that sleeps or hangs in a collective),
+   * the test files, ``conftest.py``, ``pyproject.toml`` or the instructor tools in the copy
+     changed while it ran, or the plugin saw pytest's or torch's internals patched,
+   * the key's blocks cannot be taken from the submission (missing file or block, code that
+     does not parse) or break the block policy.
 
-**Threat model.** Defended: the submission's tests, conftest, configuration, reports and
-plugins (none of them is used); edits to test or config files during a run (detected);
-code in one key's blocks affecting another key (it never runs there); early exits, hangs,
-forged output, processes left behind; patching pytest's report objects or ``CallInfo``
-(detected). *Not* defended: the student's code runs with the grader's rights and in the same
-process as pytest, so a determined attacker can read the grader's files (including the
-reference solutions of the other keys in the copy) or subvert the plugin from inside the
-process. Run the grader inside the throw-away container the autograding service provides
-(Gradescope: :mod:`instructor.gradescope` builds the bundle), never on a machine with
-anything to protect, and review submissions flagged for tampering.
+4. Every process the key started is ended — also those that left its session: the grader makes
+   itself the "child subreaper" of its descendants (Linux ``prctl``), so orphans are re-parented
+   to it, and kills every process that carries the key's run id in its environment or descends
+   from the grader.
 
-**Feedback**: per failed test its name, the exception or assertion message in full (the
-``NotImplementedError("Assignment 5.x.y: ...")`` text included), and the first line of the
-student's own code in the traceback; the full tracebacks go to ``--log_dir``. The same text is
-in the Gradescope ``results.json`` (``--json``).
+**Feedback**: per failed test its name, the exception or assertion message (up to
+:data:`instructor.leaks.FEEDBACK_CHARS` characters; the ``NotImplementedError("Assignment 5.x.y:
+...")`` text included), and the first line of the student's own code in the traceback. A message
+that quotes a line of reference code — as written or encoded (:mod:`instructor.leaks`) — is
+withheld and listed for review. The full tracebacks go to ``--log_dir`` (instructor only), with
+``review.txt`` listing what needs a look. The same text is in the Gradescope ``results.json``
+(``--json``).
+
+**Threat model**: docs/grading.md. In short, the walls are the policy, the copy without
+unneeded reference code, the checks after the run and the withheld feedback; the student's
+code still runs with the grader's user rights, so run the grader only inside a throw-away
+container (Gradescope: :mod:`instructor.gradescope` builds the bundle).
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ import ctypes
 import hashlib
 import json
 import os
+import resource
 import secrets
 import signal
 import subprocess
@@ -66,9 +72,14 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(ROOT))
 
 from instructor.keys import KEYS  # noqa: E402
-from instructor.submission import SubmissionError, grading_tree, submission_root  # noqa: E402
+from instructor.leaks import FEEDBACK_CHARS, ReferenceLines  # noqa: E402
+from instructor.submission import (PolicyError, SubmissionError, grading_tree, submission_root,  # noqa: E402
+                                   submitted_code)
 
 RUN_ID_VAR = "LLMSYS_GRADE_RUN"
+DEFAULT_TIMEOUT = 300.0  # seconds per key: above every key's time measured on a loaded machine (docs/grading.md)
+WITHHELD = ("this test's message was withheld: it contained course code that is not yours (reference code, "
+            "perhaps encoded). Your instructor has been told and will look at it.")
 GUARDED = ("tests", "conftest.py", "pyproject.toml", "instructor")  # must not change during a key's run
 
 
@@ -90,6 +101,8 @@ class KeyResult:
     seconds: float
     output: str
     failures: list = field(default_factory=list)  # TestFeedback of each test that did not pass
+    review: list = field(default_factory=list)    # what the instructor should look at (policy, tampering, leaks)
+    cpu_seconds: float = 0.0                      # CPU time of the key's pytest and every process it started
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -245,37 +258,53 @@ def _student_line(spliced, frames) -> str:
     return ""
 
 
-def grade_key(key: str, timeout: float = 600.0, root: Path = ROOT, submission: Path | None = None,
-              expected: list[str] | None = None, log_dir: Path | None = None) -> KeyResult:
-    """Grade ``key`` of ``submission`` (default: the tree ``root`` itself) against ``root``'s tests."""
+def grade_key(key: str, timeout: float = DEFAULT_TIMEOUT, root: Path = ROOT, submission: Path | None = None,
+              expected: list[str] | None = None, log_dir: Path | None = None,
+              references: ReferenceLines | None = None, enforce_policy: bool = True) -> KeyResult:
+    """Grade ``key`` of ``submission`` (default: the tree ``root`` itself) against ``root``'s tests.
+
+    ``references``: the reference lines feedback may not show (default: those of ``root``, less the
+    submission's own code). ``enforce_policy=False`` skips the block policy — only for the grader's
+    own tests of the walls behind it.
+    """
     spec = KEYS[key]
     start = time.monotonic()
+    source = submission_root(submission or root, root)
+    if references is None:
+        references = ReferenceLines.of_tree(root, submitted_code(source, root))
 
-    def zero(reason: str, failures=()) -> KeyResult:
-        return KeyResult(key, spec.topic, 0, len(expected or []), 0.0, spec.points, time.monotonic() - start,
-                         reason, list(failures))
+    def zero(reason: str, failures=(), review=()) -> KeyResult:
+        return _withheld(KeyResult(key, spec.topic, 0, len(expected or []), 0.0, spec.points,
+                                   time.monotonic() - start, reason, list(failures), list(review)), references)
 
     with tempfile.TemporaryDirectory(prefix=f"grade_{key}_") as tmp:
         tmp = Path(tmp)
         try:
-            spliced = grading_tree(root, submission_root(submission or root, root), key, tmp / "tree")
+            spliced = grading_tree(root, source, key, tmp / "tree", enforce_policy=enforce_policy)
+        except PolicyError as exc:
+            return zero(f"your code for {spec.number} breaks the block policy (instructor/policy.py), so it was not "
+                        f"run; scored 0:\n{exc}", review=[f"block policy: {exc}"])
         except SubmissionError as exc:
             return zero(f"your code for {spec.number} could not be taken from the submission: {exc}")
         before = _digest(tmp / "tree")
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = _run_pytest(tmp / "tree", key, tmp / "record.jsonl", timeout)
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
         if result["timed_out"]:
             return zero(f"timed out after {timeout:.0f} s (a hung worker or an endless loop?); scored 0")
         finish = result["finish"]
         if result["start"] is None or finish is None:
             tail = "\n".join(result["output"].strip().splitlines()[-15:])
             return zero("pytest ended without the grader's complete session record (it exited early, was killed "
-                        f"or crashed); scored 0. Last lines it printed:\n{tail}")
+                        f"or crashed); scored 0. Last lines it printed:\n{tail}", review=["incomplete session record"])
         if _digest(tmp / "tree") != before:
             return zero("the tests, conftest.py, pyproject.toml or instructor tools changed while the tests ran; "
-                        "scored 0")
+                        "scored 0", review=["test or configuration files changed during the run"])
         if finish["tampered"]:
-            return zero(f"pytest's reporting internals were patched during the run ({', '.join(finish['tampered'])}); "
-                        "scored 0")
+            what = ", ".join(finish["tampered"])
+            return zero(f"pytest's or torch's internals were patched during the run ({what}); scored 0",
+                        review=[f"tampering: {what}"])
         tests = finish["tests"]
         wanted = expected if expected is not None else finish["collected"]
         failures, passed, long = [], 0, []
@@ -292,7 +321,7 @@ def grade_key(key: str, timeout: float = 600.0, root: Path = ROOT, submission: P
             if nodeid.endswith("::<collection>"):
                 failures.append(TestFeedback(nodeid, entry["message"]))
                 long.append(f"==== {nodeid}\n{entry['longrepr']}\n")
-        if log_dir is not None and long:
+        if log_dir is not None and long:  # the instructor's copy: full tracebacks, nothing withheld
             log_dir.mkdir(parents=True, exist_ok=True)
             (log_dir / f"{key}.txt").write_text("\n".join(long), encoding="utf-8")
     total = len(wanted)
@@ -300,9 +329,31 @@ def grade_key(key: str, timeout: float = 600.0, root: Path = ROOT, submission: P
         return zero("no tests found for this key")
     if any(f.name.endswith("::<collection>") for f in failures):
         passed = 0
-    output = "all tests passed" if not failures else "not passed:\n" + "\n".join(_describe(f) for f in failures)
-    return KeyResult(key, spec.topic, passed, total, round(spec.points * passed / total, 2), spec.points,
-                     time.monotonic() - start, output, failures)
+    return _withheld(KeyResult(key, spec.topic, passed, total, round(spec.points * passed / total, 2), spec.points,
+                               time.monotonic() - start, "", failures, cpu_seconds=cpu), references)
+
+
+def _withheld(result: KeyResult, references: ReferenceLines) -> KeyResult:
+    """``result`` with every message cut to :data:`FEEDBACK_CHARS` and every one that quotes reference code
+    (plain or encoded, :mod:`instructor.leaks`) replaced by a notice; its summary ``output`` rebuilt."""
+    for f in result.failures:
+        message = f.message if len(f.message) <= FEEDBACK_CHARS else \
+            f.message[:FEEDBACK_CHARS] + f"\n[... {len(f.message) - FEEDBACK_CHARS} more characters cut]"
+        found = references.found_in(message)
+        if found:
+            result.review.append(f"feedback of {f.name} withheld: it quoted reference code ({found[0]}): {found[1]!r}")
+            message = WITHHELD
+        f.message = message
+    if result.failures:
+        result.output = "not passed:\n" + "\n".join(_describe(f) for f in result.failures)
+    elif not result.output:
+        result.output = "all tests passed"
+    else:
+        found = references.found_in(result.output[:FEEDBACK_CHARS])
+        if found:
+            result.review.append(f"a message withheld: it quoted reference code ({found[0]}): {found[1]!r}")
+            result.output = f"scored 0; {WITHHELD}"
+    return result
 
 
 def _describe(f: TestFeedback) -> str:
@@ -325,41 +376,61 @@ def gradescope(results: list[KeyResult]) -> dict:
 
 
 def print_table(results: list[KeyResult]) -> None:
-    print(f"{'key':<8} {'topic':<58} {'tests':>7} {'points':>9} {'time':>6}")
+    print(f"{'key':<8} {'topic':<52} {'tests':>7} {'points':>9} {'cpu':>6} {'time':>6}")
     for r in results:
-        print(f"{r.key:<8} {r.topic[:58]:<58} {f'{r.passed}/{r.total}':>7} {f'{r.points:g}/{r.max_points}':>9} "
-              f"{r.seconds:>5.0f}s")
+        print(f"{r.key:<8} {r.topic[:52]:<52} {f'{r.passed}/{r.total}':>7} {f'{r.points:g}/{r.max_points}':>9} "
+              f"{r.cpu_seconds:>5.0f}s {r.seconds:>5.0f}s")
     total, best = sum(r.points for r in results), sum(r.max_points for r in results)
-    print(f"{'total':<8} {'':<58} {'':>7} {f'{total:g}/{best}':>9}")
+    print(f"{'total':<8} {'':<52} {'':>7} {f'{total:g}/{best}':>9}")
     for r in results:
         if r.passed < r.total or r.total == 0:
             print(f"\n{r.key}: {r.output}")
+    flagged = [r for r in results if r.review]
+    if flagged:
+        print("\nFOR THE INSTRUCTOR TO REVIEW:")
+        for r in flagged:
+            for note in r.review:
+                print(f"  {r.key}: {note}")
 
 
-def grade(keys: list[str], submission: Path | None = None, timeout: float = 600.0,
-          log_dir: Path | None = None, root: Path = ROOT, quiet: bool = False) -> list[KeyResult]:
+def grade(keys: list[str], submission: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
+          log_dir: Path | None = None, root: Path = ROOT, quiet: bool = False,
+          enforce_policy: bool = True) -> list[KeyResult]:
     """Grade ``keys`` of ``submission`` (None: this tree) key by key (:func:`main`'s work; it makes this
     process the subreaper of everything the keys start, see :func:`become_subreaper`)."""
     become_subreaper()
     expected = expected_tests(root, keys)
+    references = ReferenceLines.of_tree(root, submitted_code(submission_root(submission or root, root), root))
     results = []
     for key in keys:
         if not quiet:
             print(f"grading {key} ...", flush=True)
-        results.append(grade_key(key, timeout, root, submission, expected[key], log_dir))
+        results.append(grade_key(key, timeout, root, submission, expected[key], log_dir, references, enforce_policy))
+        if log_dir is not None and results[-1].review:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / "review.txt").open("a", encoding="utf-8").write(
+                "".join(f"{key}: {note}\n" for note in results[-1].review))
     return results
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Grade a submission key by key (only the code between the markers "
-                                                 "is taken from it).")
+    parser = argparse.ArgumentParser(description="Grade a submission key by key: only the code between the markers "
+                                                 "is taken from it, each block is checked against the block policy "
+                                                 "(instructor/policy.py), and each key's tests run in a fresh copy of "
+                                                 "this tree (docs/grading.md).")
     parser.add_argument("--submission", default=None,
-                        help="the student's copy of the course (default: this tree, i.e. the reference solution)")
+                        help="the copy of the course to grade (default: this tree itself: in a student's copy, the "
+                             "student's own code; in the instructor's tree, the reference solution)")
     parser.add_argument("--keys", nargs="+", default=list(KEYS), choices=list(KEYS), metavar="KEY",
                         help="keys to grade (default: all)")
     parser.add_argument("--json", default=None, help="write the Gradescope results.json here")
     parser.add_argument("--log_dir", default=None, help="write each key's full tracebacks here (default: beside --json)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per key")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds allowed per key (default {DEFAULT_TIMEOUT:.0f}; every key takes well under a "
+                             "minute on 2 CPU cores, docs/grading.md)")
+    parser.add_argument("--skip_policy", action="store_true",
+                        help="do not check the blocks against the block policy: only to try the grader's other "
+                             "walls (tests/instructor/test_grading.py), never to grade")
     args = parser.parse_args(argv)
     from course.tree import check_tree
 
@@ -372,13 +443,13 @@ def main(argv=None) -> int:
         parser.error(f"--submission {submission} is not a folder")
     log_dir = Path(args.log_dir) if args.log_dir else (Path(args.json).resolve().parent / "grading_logs"
                                                         if args.json else None)
-    results = grade(args.keys, submission, args.timeout, log_dir)
+    results = grade(args.keys, submission, args.timeout, log_dir, enforce_policy=not args.skip_policy)
     print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(gradescope(results), indent=2))
         print(f"wrote {args.json}")
     if log_dir is not None and log_dir.is_dir():
-        print(f"full tracebacks: {log_dir}")
+        print(f"full tracebacks (and review.txt, if anything needs a look): {log_dir}")
     return 0
 
 

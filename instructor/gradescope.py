@@ -30,7 +30,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(ROOT))
 
 from course.data import multi30k_files, resolve_data_dir  # noqa: E402
-from instructor.release import course_files  # noqa: E402
+from instructor.blocks import course_files  # noqa: E402
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.

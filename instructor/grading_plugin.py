@@ -14,7 +14,13 @@ A pytest process that ends without a ``finish`` line carrying the nonce (``os._e
 a crash) scores zero; nothing pytest prints is read, so a forged summary line counts for
 nothing. At the end the plugin checks that the pytest internals that decide outcomes are the
 ones it saw at load time (a submission that patches ``TestReport`` or ``CallInfo`` is reported
-as tampering). The threat model is in ``instructor/grade.py``.
+as tampering), and that no function or class the tests lean on was replaced: every public
+callable of ``torch``, ``torch.Tensor``, ``torch.nn.Module``, ``torch.distributed``,
+``torch.nn.functional``, ``torch.testing``, ``math``, ``builtins``, ``pytest`` and pytest's
+runner, fixtures and outcomes is the object it was when the session started (tests that
+monkeypatch put things back before the session ends; a wrapper whose ``__wrapped__`` is the original,
+as torch puts on some of its functions when a submodule loads, is the same function). The threat
+model is in docs/grading.md.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from _pytest import reports, runner
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _STATE: dict = {}
+_GONE = object()
 
 
 def _internals() -> dict:
@@ -35,6 +42,47 @@ def _internals() -> dict:
             "TestReport.__init__": reports.TestReport.__init__,
             "TestReport.from_item_and_call": reports.TestReport.__dict__.get("from_item_and_call"),
             "TestReport.outcome": reports.TestReport.__dict__.get("outcome")}
+
+
+def _watched() -> dict:
+    """``{"module.name": (namespace, name, object)}`` of every public callable the tests lean on."""
+    import builtins
+    import math
+
+    from _pytest import fixtures, outcomes, python
+
+    spaces = {"builtins": builtins, "math": math, "pytest": pytest, "_pytest.runner": runner,
+              "_pytest.reports": reports, "_pytest.python": python, "_pytest.fixtures": fixtures,
+              "_pytest.outcomes": outcomes}
+    try:
+        import torch
+        import torch.distributed
+        import torch.nn.functional
+        import torch.testing
+
+        spaces.update({"torch": torch, "torch.Tensor": torch.Tensor, "torch.nn.Module": torch.nn.Module,
+                       "torch.distributed": torch.distributed, "torch.nn.functional": torch.nn.functional,
+                       "torch.testing": torch.testing})
+    except ImportError:
+        pass
+    found = {}
+    for label, space in spaces.items():
+        for name, value in list(vars(space).items()):
+            if not name.startswith("_") or (name.startswith("__") and label in ("torch.Tensor", "torch.nn.Module")):
+                if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
+                    found[f"{label}.{name}"] = (space, name, value)
+    return found
+
+
+def _unwrapped(value):
+    """``value`` without the wrappers torch puts on its own functions when a submodule loads lazily
+    (``torch._dynamo`` wraps ``torch.manual_seed``; the wrapper's ``__wrapped__`` is the original)."""
+    import inspect
+
+    try:
+        return inspect.unwrap(value) if callable(value) else value
+    except ValueError:  # a cycle of __wrapped__
+        return value
 
 
 def _write(event: dict) -> None:
@@ -48,7 +96,8 @@ def pytest_configure(config):
     path, nonce = os.environ.pop("LLMSYS_GRADE_RECORD", None), os.environ.pop("LLMSYS_GRADE_NONCE", None)
     if not path or not nonce:
         return
-    _STATE.update(nonce=nonce, handle=open(path, "a", encoding="utf-8"), internals=_internals(), tests={})
+    _STATE.update(nonce=nonce, handle=open(path, "a", encoding="utf-8"), internals=_internals(), tests={},
+                  watched=_watched())
     _write({"event": "start", "pid": os.getpid()})
 
 
@@ -109,6 +158,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     now = _internals()
     tampered = [name for name, value in _STATE["internals"].items() if now[name] is not value]
+    tampered += [label for label, (space, name, value) in _STATE["watched"].items()
+                 if _unwrapped(vars(space).get(name, _GONE)) is not _unwrapped(value)]
     _write({"event": "finish", "exitstatus": int(exitstatus), "collected": _STATE.get("collected", []),
             "markers": _STATE.get("markers", {}),
             "tests": _STATE["tests"], "tampered": tampered})

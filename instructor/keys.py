@@ -17,7 +17,9 @@ class Key:
     topic: str
     notebook: str
     points: int
-    depends_on: tuple[str, ...] = field(default=())  # keys whose stubs may also make this key's tests fail
+    # keys whose code this key's tests also run: their stubs make this key's tests fail too, and this
+    # key's grading copy keeps their reference solutions (instructor/submission.py)
+    depends_on: tuple[str, ...] = field(default=())
 
     @property
     def number(self) -> str:
@@ -44,7 +46,7 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_2_1", "clock-cycle schedule _clock_cycles and module splitting _split_module", PP, 10),
     Key("a5_2_2", "Pipe.forward / Pipe.compute over per-stage workers", PP, 10, ("a5_2_1",)),
     Key("a5_2_3", "GPT-2 pipeline preparation (tied embedding / LM head included)", PP, 10, ("a5_2_1", "a5_2_2")),
-    Key("a5_2_4", "multi-process pipeline with GPipe and 1F1B schedules", PP, 10),
+    Key("a5_2_4", "multi-process pipeline with GPipe and 1F1B schedules", PP, 10, ("a5_2_3",)),  # rendezvous: GPT-2
     Key("a5_2_5", "interleaved 1F1B: virtual stages, Megatron's action order", PP, 10, ("a5_2_3", "a5_2_4")),
     Key("a5_2_6", "zero-bubble ZB-H1: backward split into input and weight gradients", PP, 10, ("a5_2_3", "a5_2_4")),
     Key("a5_3_1", "Megatron conjugate operators f and g, scatter/gather", TP, 10),
@@ -87,6 +89,17 @@ def marker_lines() -> list[str]:
     """The ``name: description`` lines pytest registers (``config.addinivalue_line("markers", ...)``)."""
     return ([f"{k.key}: Assignment {k.number} {k.topic}" for k in KEYS.values()]
             + [f"{name}: {text}" for name, text in OTHER_MARKERS.items()])
+
+
+def requirements(key: str) -> set[str]:
+    """The keys ``key`` depends on, directly or through other keys (``depends_on``, followed to the end)."""
+    found, todo = set(), list(KEYS[key].depends_on)
+    while todo:
+        k = todo.pop()
+        if k not in found:
+            found.add(k)
+            todo += KEYS[k].depends_on
+    return found
 
 
 def key_of_marker(name: str) -> Key | None:

@@ -3,7 +3,7 @@
     python instructor/release.py --out ../student-release
 
 The body of every ``# BEGIN ASSIGN5_x_y`` ... ``# END ASSIGN5_x_y`` block in the packages,
-scripts and notebooks becomes one line, indented like the block,
+scripts and notebooks becomes one line, indented like the block (:mod:`instructor.blocks`),
 
     raise NotImplementedError("Assignment 5.1.2: implement average_gradients (...). See
         notebooks/01_data_parallel.ipynb; check with: pytest -k a5_1_2")
@@ -16,171 +16,21 @@ directly or through an earlier cell's results) starts, in the release, with
 ``require("a5_1_2", ...)`` (:mod:`course.assignments`) and is tagged ``raises-exception``:
 while those assignments are stubs the cell stops with their message and the notebook goes on,
 so a student can run a notebook to the end before solving everything above a cell.
-Instructor-only files (this script, the grading-integrity check) are left out.
-
-Errors (:class:`ReleaseError`, naming file and line): a BEGIN without END, an END without
-BEGIN, nested blocks, a BEGIN and END of different keys, an unknown key, a block that is
-not inside a function (its stub would break the import).
+Instructor-only files (this script, the grading-integrity check, the Gradescope bundle, the
+instructor tools' tests) are left out. Marker errors raise :class:`ReleaseError` naming file and line.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import json
-import re
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from instructor.keys import KEYS, key_of_marker  # noqa: E402
-
-BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
-END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
-ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
-INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py"}
-INSTRUCTOR_ONLY_DIRS = ("tests/instructor/",)  # the tests of the instructor tools
-SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
-
-
-class ReleaseError(ValueError):
-    """A marker problem; the message names the file and line."""
-
-
-@dataclass
-class Block:
-    marker: str
-    begin: int  # 0-based line index of the BEGIN line
-    end: int    # 0-based line index of the END line
-    indent: str
-
-
-def find_blocks(lines: list[str], where: str) -> list[Block]:
-    """The marker blocks of ``lines`` (no trailing newlines), checked for pairing and keys."""
-    blocks, open_block = [], None
-    for i, line in enumerate(lines):
-        b, e = BEGIN.match(line), END.match(line)
-        if b:
-            if open_block:
-                raise ReleaseError(f"{where}:{i + 1}: BEGIN {b.group(2)} inside the block opened at line "
-                                   f"{open_block.begin + 1} (blocks do not nest)")
-            if key_of_marker(b.group(2)) is None:
-                raise ReleaseError(f"{where}:{i + 1}: unknown assignment key {b.group(2)} "
-                                   "(declare it in instructor/keys.py)")
-            open_block = Block(b.group(2), i, -1, b.group(1))
-        elif e:
-            if not open_block:
-                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} without a BEGIN")
-            if e.group(2) != open_block.marker:
-                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} closes BEGIN {open_block.marker} "
-                                   f"of line {open_block.begin + 1}")
-            open_block.end = i
-            blocks.append(open_block)
-            open_block = None
-        elif ANY_MARKER.search(line):
-            raise ReleaseError(f"{where}:{i + 1}: malformed marker line {line.strip()!r} "
-                               "(write '# BEGIN ASSIGN5_x_y' / '# END ASSIGN5_x_y' alone on the line)")
-    if open_block:
-        raise ReleaseError(f"{where}:{open_block.begin + 1}: BEGIN {open_block.marker} has no END")
-    return blocks
-
-
-def _enclosing_functions(source: str) -> list[tuple[int, int, str]]:
-    """(first line, last line, qualified name) of every function, 1-based."""
-    found = []
-
-    def visit(node, prefix):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found.append((child.lineno, child.end_lineno, prefix + child.name))
-                visit(child, prefix + child.name + ".")
-            elif isinstance(child, ast.ClassDef):
-                visit(child, prefix + child.name + ".")
-            else:
-                visit(child, prefix)
-
-    visit(ast.parse(source), "")
-    return found
-
-
-def stub_message(marker: str, where: str | None) -> str:
-    key = key_of_marker(marker)
-    what = f"implement {where}" if where else "implement this cell"
-    return (f"Assignment {key.number}: {what} ({key.topic}). See {key.notebook}; "
-            f"check with: pytest -k {key.key}")
-
-
-def stub_source(source: str, where: str, python_file: bool = True,
-                only: set[str] | None = None) -> tuple[str, list[str]]:
-    """``source`` with every block replaced by its stub; also the markers stubbed.
-
-    The marker lines stay around each stub: the student writes the solution between them,
-    and the grader takes exactly that code from a submission (``instructor/submission.py``).
-    With ``only``, just the blocks of those markers are stubbed; the others keep their
-    solution code.
-    """
-    lines = source.split("\n")
-    blocks = find_blocks(lines, where)
-    if not blocks:
-        return source, []
-    functions = _enclosing_functions(source) if python_file else []
-    stubbed = []
-    for block in reversed(blocks):
-        if only is not None and block.marker not in only:
-            continue
-        stubbed.append(block.marker)
-        name = None
-        if python_file:
-            inside = [f for f in functions if f[0] < block.begin + 1 <= f[1]]
-            if not inside:
-                raise ReleaseError(f"{where}:{block.begin + 1}: block {block.marker} is not inside a function; "
-                                   "its stub would break the import")
-            name = max(inside, key=lambda f: f[0])[2]
-        stub = f"{block.indent}raise NotImplementedError({stub_message(block.marker, name)!r})"
-        lines[block.begin + 1:block.end] = [stub]
-    return "\n".join(lines), stubbed
-
-
-def stub_notebook(text: str, where: str, only: set[str] | None = None) -> tuple[str, list[str]]:
-    """A notebook (JSON text) with solution cells stubbed and every output cleared."""
-    nb = json.loads(text)
-    markers = []
-    for index, cell in enumerate(nb.get("cells", [])):
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if cell["cell_type"] == "code":
-            source, found = stub_source(source, f"{where} cell {index}", python_file=False, only=only)
-            markers += found
-            cell["outputs"], cell["execution_count"] = [], None
-            needs = cell.get("metadata", {}).get("needs", [])
-            unknown = [k for k in needs if k not in KEYS]
-            if unknown:
-                raise ReleaseError(f"{where} cell {index}: metadata 'needs' names unknown keys {unknown}")
-            if needs:
-                # The cell stops with the assignment's message while its code is a stub, and the
-                # notebook goes on (Jupyter and nbclient continue after a cell tagged raises-exception).
-                args = ", ".join(repr(k) for k in needs)
-                source = f"from course.assignments import require; require({args})  # this cell needs them\n" + source
-                tags = cell["metadata"].setdefault("tags", [])
-                if "raises-exception" not in tags:
-                    tags.append("raises-exception")
-            cell["source"] = source
-    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n", markers
-
-
-def course_files(root: Path) -> list[str]:
-    """The files of the course: git's tracked and untracked-but-not-ignored files, else a walk."""
-    try:
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
-                             capture_output=True, check=True)
-        names = [n for n in out.stdout.decode().split("\0") if n and (root / n).is_file()]
-    except (OSError, subprocess.CalledProcessError):
-        names = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                 and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
-    return sorted(names)
+from instructor.blocks import ReleaseError, course_files, is_instructor_only, stub_notebook, stub_source  # noqa: E402
 
 
 def make_release(src: Path, out: Path, only: set[str] | None = None) -> dict[str, int]:
@@ -190,7 +40,7 @@ def make_release(src: Path, out: Path, only: set[str] | None = None) -> dict[str
     """
     counts: dict[str, int] = {}
     for name in course_files(src):
-        if name in INSTRUCTOR_ONLY or name.startswith(INSTRUCTOR_ONLY_DIRS):
+        if is_instructor_only(name):
             continue
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)

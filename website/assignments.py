@@ -16,7 +16,7 @@ import posixpath
 from pathlib import Path
 
 from instructor.keys import Key
-from instructor.release import course_files
+from instructor.blocks import course_files
 from website.blocks import FoundBlock
 from website.markdown import escape
 

@@ -1,7 +1,7 @@
 """The reference blocks of a course tree, found with the student release's own parser.
 
 :func:`reference_blocks` lists every block between a BEGIN and an END ASSIGN5_x_y comment line in the
-course's Python files and notebook code cells (``instructor.release.find_blocks`` pairs and checks
+course's Python files and notebook code cells (``instructor.blocks.find_blocks`` pairs and checks
 the markers; this module writes no parser of its own), with the function each block sits in.
 :func:`release_lines` is what the student release shows: every line of the course's files outside
 the blocks. The site uses both to say where each assignment is solved (``website/assignments.py``)
@@ -13,11 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    from instructor.release import INSTRUCTOR_ONLY, INSTRUCTOR_ONLY_DIRS, _enclosing_functions, course_files, find_blocks
-except ImportError as exc:  # the student release leaves the release tool out
-    raise ImportError("the course's site is built from the instructor's tree: it needs instructor/release.py "
-                      "(left out of the student release) to find the reference blocks") from exc
+from instructor.blocks import _enclosing_functions, course_files, find_blocks, is_instructor_only
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,7 @@ def _cell_source(cell: dict) -> str:
 def _chunks(root: Path):
     """(file, cell index or None, text, is code) for every text file of the release's course files."""
     for name in course_files(root):
-        if name in INSTRUCTOR_ONLY or name.startswith(INSTRUCTOR_ONLY_DIRS):
+        if is_instructor_only(name):
             continue  # left out of the release, never published
         try:
             text = (root / name).read_text(encoding="utf-8")
@@ -73,7 +69,7 @@ def reference_blocks(root: Path) -> list[FoundBlock]:
     """Every reference block of the course tree at ``root``, in file order.
 
     Raises:
-        instructor.release.ReleaseError: a marker problem, naming file and line.
+        instructor.blocks.ReleaseError: a marker problem, naming file and line.
     """
     return _scan(Path(root))[0]
 

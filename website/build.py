@@ -30,7 +30,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from instructor.keys import KEYS, Key  # noqa: E402
-from instructor.release import ReleaseError  # noqa: E402
+from instructor.blocks import ReleaseError  # noqa: E402
 from website.checks import check_site  # noqa: E402
 from website.stage import SiteError, stage  # noqa: E402
 

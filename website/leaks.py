@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bs4 import BeautifulSoup
 
-from instructor.release import stub_message
+from instructor.blocks import stub_message
 from website.blocks import scan
 
 MIN_CHARS = 12

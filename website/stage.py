@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from instructor.keys import KEYS, Key
-from instructor.release import stub_notebook, stub_source
+from instructor.blocks import stub_notebook, stub_source
 from website import assignments
 from website.blocks import scan
 from website.markdown import LinkMap, escape, split_sections

@@ -8,14 +8,19 @@
 * overlap: with ``dist.all_reduce`` and the returned work handles watched, the first
   bucket's all-reduce must start before the backward pass has produced its last gradient,
   no handle may be waited on before the backward pass ends, and every handle must be
-  waited on before ``finish()`` returns.
+  waited on before ``finish()`` returns;
+* order: the ranks' all-reduces are matched by the order they are issued in, so every rank
+  launches the buckets in bucket order — also with a model whose gradients arrive in another
+  order than the buckets' (a later bucket fills first) and a layer only rank 0 uses (its
+  bucket never fills on rank 1); the gradients are then the average with the missing ones
+  as zeros.
 """
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.launch import launch
+from tests.support.launching import launch_once
 
 pytestmark = pytest.mark.a5_4_2
 
@@ -98,7 +103,7 @@ def equality_worker(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_bucketed_equals_average_gradients_and_ddp_step_for_step(world_size):
-    outputs = launch(equality_worker, world_size, timeout=150, collective_timeout=30)
+    outputs = launch_once(equality_worker, world_size, timeout=150)
     for rank, out in outputs.items():
         assert "unused.weight" in out["average_gradients"]["grads_none"]
         for variant in ("overlap", "no_overlap"):
@@ -140,16 +145,19 @@ class WorkSpy:
 
 
 def overlap_worker(rank, world_size):
-    return {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
+    """The overlap runs (with and without) and the bucket-order run, in one launch."""
+    out = {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
+    out["order"] = _order_run(rank, world_size)
+    return out
 
 
 _OVERLAP = {}
 
 
 def overlap_runs():
-    """One launch for both overlap tests."""
+    """One launch for the overlap tests and the bucket-order test."""
     if not _OVERLAP:
-        _OVERLAP.update(launch(overlap_worker, 2, timeout=90, collective_timeout=30))
+        _OVERLAP.update(launch_once(overlap_worker, 2, timeout=90))
     return _OVERLAP
 
 
@@ -182,6 +190,65 @@ def _overlap_run(rank, world_size, overlap):
     finally:
         dist.all_reduce = real
     return {"log": log, "n_buckets": len(reducer.buckets)}
+
+
+class Reversed(nn.Module):
+    """Layers used in the opposite order to their registration, so the backward pass produces the
+    gradients of the last buckets first; ``rank0_only`` (registered last: the first buckets) is used
+    on rank 0 only."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 3), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(6, 8)])
+        self.rank0_only = nn.Linear(8, 8)
+
+    def forward(self, x, use_rank0_only):
+        h = torch.tanh(self.layers[3](x))
+        if use_rank0_only:
+            h = torch.tanh(self.rank0_only(h))
+        return self.layers[0](torch.tanh(self.layers[1](torch.tanh(self.layers[2](h)))))
+
+
+def _order_run(rank, world_size):
+    from communication.buckets import BucketedReducer
+
+    torch.manual_seed(0)
+    model = Reversed()
+    reducer = BucketedReducer(model, group=None, bucket_mb=1e-6, overlap=True)  # one parameter per bucket
+    launched, real = [], dist.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        launched.append(next((b for b, buffer in enumerate(reducer.buffers) if buffer is tensor), -1))
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = spy
+    try:
+        x, y = next(batches(world_size, rank))
+        reducer.before_backward()
+        nn.functional.mse_loss(model(x, rank == 0), y).backward()
+        reducer.finish()
+    finally:
+        dist.all_reduce = real
+    return {"launched": launched, "n_buckets": len(reducer.buckets),
+            "grads": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def test_buckets_start_in_bucket_order_on_every_rank_whatever_order_they_fill_in():
+    outputs = {rank: out["order"] for rank, out in overlap_runs().items()}
+    for rank, out in outputs.items():
+        assert out["launched"] == list(range(out["n_buckets"])), (
+            f"rank {rank} started the buckets' all-reduces in the order {out['launched']}: ranks match all-reduces by "
+            "the order they are issued in, and rank 1 never fills the buckets of the layer only rank 0 uses — start "
+            "bucket b only after buckets 0..b-1 (DDP's rule), whichever bucket fills first")
+    torch.manual_seed(0)
+    model = Reversed()
+    for rank in range(2):  # the average over the ranks, a missing gradient counting as zeros
+        x, y = next(batches(2, rank))
+        (nn.functional.mse_loss(model(x, rank == 0), y) / 2).backward()
+    for name, p in model.named_parameters():
+        for rank, out in outputs.items():
+            torch.testing.assert_close(out["grads"][name], p.grad, **TOL,
+                                       msg=f"rank {rank}: {name} is not the average over the ranks")
 
 
 def _positions(log, kind):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.launch import launch
+from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
 pytestmark = pytest.mark.a5_4_3
 
@@ -92,7 +93,7 @@ def reducer_worker(rank, world_size):
 
 
 def test_topk_reducer_with_ratio_one_equals_average_gradients():
-    outputs = launch(reducer_worker, 2, timeout=90, collective_timeout=30)
+    outputs = launch(reducer_worker, 2, timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for rank, out in outputs.items():
         for got, want in zip(out["topk"], out["average_gradients"]):
             assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), f"rank {rank}: top-k with ratio 1 must average"

@@ -1,17 +1,19 @@
 """Assignment 5.4.1 — ring all-reduce and recursive doubling from send/recv (graded).
 
-Real gloo runs with 2, 3 and 4 ranks. While the student's all-reduce runs, the collectives of
-``torch.distributed`` are switched off (it must be built from point-to-point messages); the
-result is compared with ``dist.all_reduce``: bit for bit on integers (any order of addition
-gives the same sum), within rounding on floats, for sizes that the group size does not divide
-(unequal chunks), sizes smaller than the group, several shapes, SUM and AVG, the whole world
-and a sub-group whose group ranks are not the global ranks.
+One launch of 4 real gloo ranks runs both algorithms on groups of 2, 3 and 4 ranks: ranks {0, 1},
+ranks {0, 1, 2}, the whole world (``group=None``), and ranks {1, 2, 3}, whose group ranks are not
+their global ranks. While the student's all-reduce runs, the collectives of ``torch.distributed``
+are switched off (it must be built from point-to-point messages); the result is compared with
+``dist.all_reduce``: bit for bit on integers (any order of addition gives the same sum), within
+rounding on floats, for sizes that the group size does not divide (unequal chunks), sizes
+smaller than the group, several shapes, SUM and AVG. One launch, so a deadlocked solution costs
+one collective timeout, not one per group size.
 """
 import pytest
 import torch
 import torch.distributed as dist
 
-from course.launch import launch
+from tests.support.launching import launch_once
 
 pytestmark = pytest.mark.a5_4_1
 
@@ -68,48 +70,51 @@ def _run(fn, group, seed):
     return out
 
 
+# group name -> (its global ranks, its size); None: the world (group=None)
+GROUPS = {"ranks 0-1": ([0, 1], 2), "ranks 0-2": ([0, 1, 2], 3), "world": (None, 4), "ranks 1-3": ([1, 2, 3], 3)}
+
+
 def all_reduce_worker(rank, world_size):
     from communication.ring import ring_all_reduce, tree_all_reduce
 
-    sub = dist.new_group([1, 2, 3]) if world_size == 4 else None  # group ranks 0, 1, 2 are global ranks 1, 2, 3
+    groups = {name: dist.new_group(ranks) if ranks else None for name, (ranks, _) in GROUPS.items()}
     out = {}
     for which, fn in (("ring", ring_all_reduce), ("tree", tree_all_reduce)):
         try:
-            results = {"world": _run(fn, None, seed=1)}
-            if sub is not None and rank != 0:
-                results["sub"] = _run(fn, sub, seed=2)
-            out[which] = results
+            out[which] = {name: _run(fn, groups[name], seed=seed) for seed, (name, (ranks, _)) in
+                          enumerate(GROUPS.items()) if ranks is None or rank in ranks}
         except NotImplementedError as exc:  # a stub: that function's test fails, the other one still runs
             out[which] = exc
-    if world_size == 3:
+    if rank < 3:
         trace = []
         try:
-            ring_all_reduce(torch.arange(10, dtype=torch.int64), group=None, trace=trace)
+            ring_all_reduce(torch.arange(10, dtype=torch.int64), group=groups["ranks 0-2"], trace=trace)
             out["trace"] = trace
         except NotImplementedError as exc:
             out["trace"] = exc
     return out
 
 
-_RUNS = {}
+def runs():
+    """One launch of 4 ranks runs both algorithms on every group (process start-up dominates the time)."""
+    return launch_once(all_reduce_worker, 4, timeout=120)
 
 
-def runs(world_size):
-    """One launch per world size runs both algorithms (process start-up dominates the test's time)."""
-    if world_size not in _RUNS:
-        _RUNS[world_size] = launch(all_reduce_worker, world_size, timeout=120, collective_timeout=30)
-    return _RUNS[world_size]
-
-
-def _check(all_outputs, world_size, which):
+def _check(all_outputs, size, which):
     outputs = {rank: out[which] for rank, out in all_outputs.items()}
     for rank, results in outputs.items():
         if isinstance(results, Exception):
             raise results
+    names = [name for name, (_, n) in GROUPS.items() if n == size]
+    outputs = {rank: {name: cases for name, cases in results.items() if name in names}
+               for rank, results in outputs.items()}
+    outputs = {rank: results for rank, results in outputs.items() if results}
+    assert sum(len(results) for results in outputs.values()) == sum(
+        len(GROUPS[name][0] or range(4)) for name in names), f"{which}: a rank is missing results"
     for rank, results in outputs.items():
         for group_name, cases in results.items():
             for c in cases:
-                where = f"{which} all-reduce, {group_name} group of {world_size} ranks, rank {rank}, shape {c['shape']}"
+                where = f"{which} all-reduce, group {group_name} ({size} ranks), rank {rank}, shape {c['shape']}"
                 assert c["same_object"], f"{where}: must reduce in place and return the tensor it was given"
                 assert c["got_int"].shape == c["input_int"].shape, f"{where}: shape changed"
                 wrong = (c["got_int"] != c["want_int"]).reshape(-1).nonzero().reshape(-1).tolist()
@@ -124,18 +129,18 @@ def _check(all_outputs, world_size, which):
                     f"{which}, {group_name} group: ranks hold different float results (shape {c['shape']})"
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_ring_all_reduce_equals_dist_all_reduce(world_size):
-    _check(runs(world_size), world_size, "ring")
+@pytest.mark.parametrize("group_size", [2, 3, 4])
+def test_ring_all_reduce_equals_dist_all_reduce(group_size):
+    _check(runs(), group_size, "ring")
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_tree_all_reduce_equals_dist_all_reduce(world_size):
-    _check(runs(world_size), world_size, "tree")
+@pytest.mark.parametrize("group_size", [2, 3, 4])
+def test_tree_all_reduce_equals_dist_all_reduce(group_size):
+    _check(runs(), group_size, "tree")
 
 
 def test_ring_trace_sends_to_the_right_neighbour_2_p_minus_1_messages():
-    outputs = runs(3)
+    outputs = {rank: out for rank, out in runs().items() if rank < 3}  # the ring of ranks 0-2
     for rank, out in outputs.items():
         if isinstance(out["trace"], Exception):
             raise out["trace"]

@@ -33,6 +33,12 @@ def hanging_worker(rank, world_size):
         time.sleep(120)
 
 
+def receive_first_worker(rank, world_size):
+    buf = torch.zeros(1)
+    dist.recv(buf, src=1 - rank)  # both ranks receive before they send: neither message is ever sent
+    dist.send(buf, dst=1 - rank)
+
+
 def test_every_rank_runs_in_one_group():
     out = launch(sum_worker, 3, 1.0, timeout=60)
     assert sorted(out) == [0, 1, 2]
@@ -68,6 +74,17 @@ def test_a_deadlock_names_the_rank_that_never_reached_the_collective():
     assert "rank(s) [1] never reached the collective that rank 0 timed out in" in message, message
     assert "rank 1:" in message and "hanging_worker" in message, message  # where rank 1 was instead
     assert time.monotonic() - start < 60
+    assert not multiprocessing.active_children(), "the launcher left processes behind"
+
+
+def test_a_deadlock_where_every_rank_waits_is_called_one_and_names_where_each_waited():
+    """Both ranks receive first: each times out waiting for the other, and neither is blamed for not arriving."""
+    with pytest.raises(RankFailure) as info:
+        launch(receive_first_worker, 2, timeout=90, collective_timeout=5)
+    message = str(info.value)
+    assert "ranks [0, 1] all timed out waiting" in message and "a deadlock" in message, message
+    assert "never reached" not in message, message
+    assert message.count("receive_first_worker") >= 2, "where each rank waited"
     assert not multiprocessing.active_children(), "the launcher left processes behind"
 
 

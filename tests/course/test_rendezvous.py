@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from course.launch import RankFailure, launch
+from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 from course.nccl_rules import ENV, TIMEOUT_ENV
 from tests.support import rendezvous as support
 
@@ -64,7 +65,7 @@ def test_batched_exchange_finishes_rendezvous(nccl_rules):
 def test_ring_and_tree_all_reduce_rendezvous(nccl_rules):
     """Ring and recursive doubling at p = 2 (twice, in two sub-groups), 3 and 4 under NCCL's rules equal
     dist.all_reduce (integers exactly)."""
-    out = launch(support.all_reduce_worker, 4, device="cpu", timeout=120)
+    out = launch(support.all_reduce_worker, 4, device="cpu", timeout=120, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for rank, cases in out.items():
         for name, got, want in cases:
             assert torch.equal(got, want), f"rank {rank}: {name} differs from dist.all_reduce"
@@ -75,7 +76,7 @@ def test_ring_and_tree_all_reduce_rendezvous(nccl_rules):
 @pytest.mark.a5_2_4
 def test_gpipe_and_1f1b_rendezvous(nccl_rules):
     """GPipe and 1F1B at p = 4 under NCCL's rules: they finish, and equal one process."""
-    out = launch(support.schedules_worker, 4, ["gpipe", "1f1b"], 1, device="cpu", timeout=200)
+    out = launch(support.schedules_worker, 4, ["gpipe", "1f1b"], 1, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for i, schedule in enumerate(["gpipe", "1f1b"]):
         support.check_equal_to_single_process({r: res[i] for r, res in out.items()}, 4, schedule)
 
@@ -84,14 +85,14 @@ def test_gpipe_and_1f1b_rendezvous(nccl_rules):
 def test_interleaved_rendezvous(nccl_rules):
     """Interleaved 1F1B (v = 2) at p = 2 under NCCL's rules: activations travel both ways between the
     two ranks (rank 1's chunk 0 feeds rank 0's chunk 1); it finishes and equals one process."""
-    out = launch(support.schedules_worker, 2, ["interleaved"], 2, device="cpu", timeout=200)
+    out = launch(support.schedules_worker, 2, ["interleaved"], 2, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     support.check_equal_to_single_process({r: res[0] for r, res in out.items()}, 2, "interleaved")
 
 
 @pytest.mark.a5_2_6
 def test_zero_bubble_rendezvous(nccl_rules):
     """ZB-H1 at p = 4 under NCCL's rules: it finishes and equals one process."""
-    out = launch(support.schedules_worker, 4, ["zb-h1"], 1, device="cpu", timeout=200)
+    out = launch(support.schedules_worker, 4, ["zb-h1"], 1, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     support.check_equal_to_single_process({r: res[0] for r, res in out.items()}, 4, "zb-h1")
 
 
@@ -104,6 +105,6 @@ def test_three_d_step_rendezvous(nccl_rules):
 
     cases = [dict(dp=1, pp=2, tp=2, n_chunk=4, schedule="1f1b", max_norm=0.5),
              dict(dp=2, pp=2, tp=1, n_chunk=2, schedule="gpipe", max_norm=0.5)]
-    out = launch(layouts_worker, 4, cases, device="cpu", timeout=200)
+    out = launch(layouts_worker, 4, cases, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for i, case in enumerate(cases):
         check({rank: r[i] for rank, r in out.items()}, case)

@@ -39,8 +39,9 @@ def epochs_worker(rank, world_size, n_epochs, max_batches):
 @pytest.fixture(scope="module")
 def two_runs():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    return [launch(epochs_worker, 2, 3, None, timeout=90) for _ in range(2)]
+    return [launch(epochs_worker, 2, 3, None, timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT) for _ in range(2)]
 
 
 @pytest.mark.timeout(150)
@@ -72,6 +73,7 @@ def test_ranks_agree_on_the_number_of_steps(two_runs):
 @pytest.mark.timeout(150)
 def test_max_batches_caps_the_steps():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    out = launch(epochs_worker, 2, 1, 1, timeout=90)
+    out = launch(epochs_worker, 2, 1, 1, timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     assert [out[rank][0]["steps"] for rank in range(2)] == [1, 1]

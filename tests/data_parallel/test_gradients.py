@@ -2,7 +2,10 @@
 
 Real 2- and 3-process gloo runs: after ``average_gradients`` every rank must hold the
 gradient that one process computes on the whole global batch (the mean of the ranks'
-mean losses), identical on every rank.
+mean losses), identical on every rank; parameters without a gradient stay without one.
+In a world of 4 split into two groups of 2 (the dp groups of a run that also splits the
+model), each group averages over its own two ranks only. ``setup`` joins the group at the
+address and port it is given, whatever the environment says.
 """
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.launch import launch
+from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT, launch_once
 
 pytestmark = pytest.mark.a5_1_2
 
@@ -51,6 +55,22 @@ def grad_worker(rank, world_size):
     return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
 
 
+GROUPS = ([0, 1], [2, 3])  # two data-parallel groups in a world of 4
+
+
+def group_worker(rank, world_size):
+    from data_parallel.gradients import average_gradients
+
+    groups = [dist.new_group(ranks) for ranks in GROUPS]  # every rank creates every group, in the same order
+    mine = groups[rank // 2]
+    model = make_model()
+    x, y = global_batch(world_size)
+    shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    average_gradients(model, group=mine)
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def setup_worker(rank, world_size, bogus_ports):
     import os
 
@@ -70,7 +90,7 @@ def setup_worker(rank, world_size, bogus_ports):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_averaged_gradients_equal_single_process_gradients(world_size):
-    outputs = launch(grad_worker, world_size, timeout=120, collective_timeout=60)
+    outputs = launch_once(grad_worker, world_size, timeout=120)
 
     model = make_model()
     x, y = global_batch(world_size)
@@ -93,11 +113,33 @@ def test_averaged_gradients_equal_single_process_gradients(world_size):
                 assert torch.equal(outputs[rank][name], outputs[0][name]), f"{name} differs between ranks"
 
 
+def test_each_group_averages_over_its_own_ranks_only():
+    """Two groups of 2 in a world of 4: ranks 0-1 hold the average of shards 0-1, ranks 2-3 of shards 2-3
+    (an all-reduce over the world, or a division by the world's size, gives something else)."""
+    outputs = launch_once(group_worker, 4, timeout=120)
+    x, y = global_batch(4)
+    for ranks in GROUPS:
+        model = make_model()
+        losses = [nn.functional.mse_loss(model(x[r * PER_RANK:(r + 1) * PER_RANK]), y[r * PER_RANK:(r + 1) * PER_RANK])
+                  for r in ranks]
+        (sum(losses) / len(ranks)).backward()
+        for name, p in model.named_parameters():
+            if p.grad is None:
+                continue
+            for rank in ranks:
+                got = outputs[rank][name]
+                assert torch.allclose(got, p.grad, **TOL), (
+                    f"rank {rank} {name}: not the average over its group {ranks} (ratio "
+                    f"{float((got / p.grad).median()):.3f}; all-reduce in the group you are given, divide by its size)")
+    assert not torch.allclose(outputs[0]["first.weight"], outputs[2]["first.weight"]), \
+        "the two groups hold the same gradient: they must not average across each other"
+
+
 def test_setup_joins_the_group_at_the_given_address_and_cleanup_leaves_it():
     from course.launch import free_port
 
-    outputs = launch(setup_worker, 2, [free_port(), free_port()], timeout=90, collective_timeout=30,
-                     init_process_group=False)
+    outputs = launch(setup_worker, 2, [free_port(), free_port()], timeout=90,
+                     collective_timeout=GRADED_COLLECTIVE_TIMEOUT, init_process_group=False)
     for rank, (joined, total, still_initialized) in outputs.items():
         assert joined == (True, rank, 2)
         assert total == 3.0, "the group must connect both ranks (all_reduce of 1 and 2)"

@@ -10,7 +10,9 @@ marks on the untouched keys, and leave no process behind:
   assertions removed; module-level code that patches pytest when the module is imported;
 * code in blocks: a fake pytest summary followed by ``os._exit(0)``; sleeping forever; patching
   pytest's ``TestReport``; starting a child that leaves the session and would outlive the run;
-  rewriting another key's test files, or its own, on disk.
+  rewriting another key's test files, or its own, on disk. The block policy refuses every one of
+  them before anything runs (checked first); the walls behind it are then tried with the policy
+  switched off (``--skip_policy``).
 
 The Gradescope bundle is built and run on the reference and on the student release.
 """
@@ -29,7 +31,8 @@ from pathlib import Path
 import pytest
 
 from instructor.keys import KEYS
-from instructor.release import course_files, find_blocks, make_release
+from instructor.blocks import course_files, find_blocks
+from instructor.release import make_release
 from instructor.submission import marker_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,12 +58,13 @@ def make_submission(out: Path, blocks: dict[str, str], files: dict[str, str] | N
     return out
 
 
-def grade(submission: Path, keys: list[str], tmp: Path, timeout: float) -> dict[str, dict]:
-    """Grade with the command line; ``{key: Gradescope test entry}``."""
+def grade(submission: Path, keys: list[str], tmp: Path, timeout: float = 300, policy: bool = True) -> dict[str, dict]:
+    """Grade with the command line; ``{key: Gradescope test entry}``. ``policy=False`` switches the block
+    policy off, to try the walls behind it (every attack here is also refused by the policy)."""
     out = tmp / "results.json"
     done = subprocess.run([sys.executable, str(GRADER), "--submission", str(submission), "--keys", *keys,
-                           "--json", str(out), "--timeout", str(timeout)], capture_output=True, text=True,
-                          timeout=timeout * len(keys) + 180)
+                           "--json", str(out), "--timeout", str(timeout), *([] if policy else ["--skip_policy"])],
+                          capture_output=True, text=True, timeout=timeout * len(keys) + 180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return {t["name"].split(":")[0]: t for t in json.loads(out.read_text())["tests"]}
 
@@ -93,7 +97,7 @@ HOSTILE_FILES = {
 }
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)
 def test_attacks_in_blocks_and_files_score_zero_and_leave_no_process(tmp_path):
     pid_file = tmp_path / "escaped.pid"
     blocks = {
@@ -126,17 +130,23 @@ def test_attacks_in_blocks_and_files_score_zero_and_leave_no_process(tmp_path):
     files["data_parallel/gradients.py"] = ((REPO / "data_parallel/gradients.py").read_text()
                                            + "\nimport _pytest.reports\n_pytest.reports.TestReport.outcome = 'passed'\n")
     submission = make_submission(tmp_path / "submission", blocks, files)
-    start = time.monotonic()
-    results = grade(submission, ["a5_1_1", "a5_2_1", "a5_2_2", "a5_2_4", "a5_1_2"], tmp_path, timeout=25)
-    for key in ("a5_1_1", "a5_2_1", "a5_2_2"):
+    # with the block policy on, every attack that reaches outside is refused before anything runs (sleeping
+    # does not reach outside: the time limit is what stops it)
+    refused = grade(submission, ["a5_1_1", "a5_2_2", "a5_2_4"], tmp_path)
+    for key, result in refused.items():
+        assert result["score"] == 0 and "breaks the block policy" in result["output"], (key, result["output"])
+    # the walls behind the policy: the sleeper alone with a short limit (no honest key shares it) ...
+    slept = grade(submission, ["a5_2_1"], tmp_path, timeout=20, policy=False)["a5_2_1"]
+    assert slept["score"] == 0 and "timed out after 20 s" in slept["output"], slept["output"]
+    # ... the others with the grader's own limit
+    results = grade(submission, ["a5_1_1", "a5_2_2", "a5_2_4", "a5_1_2"], tmp_path, policy=False)
+    for key in ("a5_1_1", "a5_2_2"):
         assert results[key]["score"] == 0, f"{key} was attacked and scored {results[key]['score']}"
     # a5_2_4's attack sits in gpipe_actions only: its GPipe tests fail, its 1F1B tests (reference code) pass
     assert 0 < results["a5_2_4"]["score"] < results["a5_2_4"]["max_score"], results["a5_2_4"]
     assert "without the grader's complete session record" in results["a5_1_1"]["output"]
-    assert "timed out after 25 s" in results["a5_2_1"]["output"]
     assert "NotImplementedError" in results["a5_2_2"]["output"] or "patched" in results["a5_2_2"]["output"]
     assert results["a5_1_2"]["score"] == results["a5_1_2"]["max_score"], results["a5_1_2"]["output"]
-    assert time.monotonic() - start < 300
     deadline = time.monotonic() + 10
     while not pid_file.is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -174,7 +184,7 @@ def test_rewriting_test_files_on_disk_scores_zero_for_the_key_that_did_it(tmp_pa
     lines[getitem.begin + 1:getitem.end] = [getitem.indent + line for line in
                                            textwrap.dedent(blocks["a5_1_1"]).strip("\n").split("\n")]
     path.write_text("\n".join(lines))
-    results = grade(submission, ["a5_1_1", "a5_2_1", "a5_1_2"], tmp_path, timeout=60)
+    results = grade(submission, ["a5_1_1", "a5_2_1", "a5_1_2"], tmp_path, policy=False)  # pathlib: refused
     for key in ("a5_1_1", "a5_2_1"):
         assert results[key]["score"] == 0 and "changed while the tests ran" in results[key]["output"], results[key]
     assert results["a5_1_2"]["score"] == results["a5_1_2"]["max_score"], results["a5_1_2"]["output"]
@@ -185,7 +195,7 @@ def test_rewriting_test_files_on_disk_scores_zero_for_the_key_that_did_it(tmp_pa
 def test_feedback_shows_the_full_stub_message_and_the_students_line(tmp_path):
     release = tmp_path / "release"
     make_release(REPO, release)
-    results = grade(release, ["a5_1_2"], tmp_path, timeout=120)
+    results = grade(release, ["a5_1_2"], tmp_path)
     output = results["a5_1_2"]["output"]
     assert results["a5_1_2"]["score"] == 0
     assert ("NotImplementedError: Assignment 5.1.2: implement average_gradients (process group set-up and all-reduce "
@@ -216,3 +226,28 @@ def test_gradescope_bundle_grades_the_reference_and_the_release(tmp_path):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         payload = json.loads((root / "results" / "results.json").read_text())
         assert payload["score"] == (20 if label == "reference" else 0), (label, payload)
+
+
+@pytest.mark.timeout(300)
+def test_a_deadlocked_ring_fails_its_key_fast_and_is_named_a_deadlock(tmp_path):
+    """A student's ring all-reduce in which every rank receives before it sends (the honest mistake that
+    once cost 266 s over 7 relaunches): one launch, each rank's wait ends after the graded collective timeout,
+    and the student reads that every rank was waiting for another (a deadlock), with where each one waited."""
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
+
+    honest = "incoming = send_recv(chunks[send_c].contiguous(), right, torch.empty_like(chunks[recv_c]), left, group)"
+    text = (REPO / "communication" / "ring.py").read_text()
+    assert text.count(honest) == 1, "the ring's exchange line moved: update this test"
+    indent = text.split(honest)[0].rsplit("\n", 1)[1]
+    receive_first = (f"incoming = recv(torch.empty_like(chunks[recv_c]), left, group)\n"
+                     f"{indent}isend(chunks[send_c].contiguous(), right, group).wait()")
+    submission = make_submission(tmp_path / "submission", {},
+                                 {"communication/ring.py": text.replace(honest, receive_first)})
+    start = time.monotonic()
+    result = grade(submission, ["a5_4_1"], tmp_path)["a5_4_1"]
+    elapsed = time.monotonic() - start
+    assert result["score"] < result["max_score"], result["output"]
+    assert "all timed out waiting" in result["output"] and "a deadlock" in result["output"], result["output"][:3000]
+    assert "your code: communication/ring.py:" in result["output"], result["output"][:3000]
+    # one launch of the ring's cases, not one per test: a few collective timeouts, not seven relaunches
+    assert elapsed < 8 * GRADED_COLLECTIVE_TIMEOUT + 60, f"the deadlocked key took {elapsed:.0f} s to grade"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from instructor.release import ReleaseError, find_blocks, make_release, stub_notebook, stub_source
+from instructor.blocks import ReleaseError, find_blocks, stub_notebook, stub_source
+from instructor.release import make_release
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,6 +98,12 @@ def test_release_of_this_repository_parses_has_only_stubs_and_keeps_instructor_f
     # The stubbed packages still import.
     code = "import data_parallel, data_parallel.training, course.launch"
     subprocess.run([sys.executable, "-c", code], cwd=release, check=True, timeout=120)
+    # The grader ships whole: its --help runs from the release alone (-S: no installed copy of the course
+    # can fill in a module the release lacks) and says what it does there.
+    done = subprocess.run([sys.executable, "-S", "instructor/grade.py", "--help"], cwd=release, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "block policy" in done.stdout and "in a student's copy, the student's own code" in " ".join(done.stdout.split())
 
 
 def test_notebook_cells_that_need_an_assignment_get_its_guard_in_the_release():
@@ -161,3 +168,13 @@ def test_the_release_notebooks_run_to_the_end_with_only_stub_dependent_cells_sto
                 problems.append(f"{path.name} cell {index} needs no assignment but failed: "
                                 f"{errors[0].get('ename')}: {errors[0].get('evalue')}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_student_section_names_every_part_folder():
+    """A student learns where the blocks are from the README: every part package (course_parts) is listed."""
+    from instructor.policy import course_parts
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## For students", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(part for part in course_parts(REPO) if f"`{part}/`" not in section)
+    assert not missing, f"README.md's student section does not name {missing}"

@@ -5,7 +5,9 @@ checkpointed model's loss and gradients must equal those of the plain model and 
 model whose blocks go through ``torch.utils.checkpoint.checkpoint``; and what autograd
 saves for the backward pass (counted with saved-tensor hooks, by storage) must be only the
 block's input for one checkpointed block, and no more than ``torch.utils.checkpoint`` saves
-for the whole model.
+for the whole model. With dropout and bfloat16 autocast at once, every recomputed activation
+equals (bit for bit, in dtype) the one the forward pass computed, and the gradients equal the
+plain run's: the recomputation replays the random state and the autocast state.
 """
 import pytest
 import torch
@@ -94,3 +96,44 @@ def test_checkpointed_model_saves_no_more_than_torch_checkpoint_and_less_than_pl
         saved_bytes(make_model(DROPOUT), ids)
     assert got <= reference < plain, (
         f"saved activations: {got} bytes checkpointed, {reference} with torch.utils.checkpoint, {plain} without")
+
+
+def _block_outputs(model) -> dict:
+    """``{block index: [output of its MLP's down projection at each call]}``: the forward pass's, then the
+    recomputation's (the projection's own hooks run in both)."""
+    calls: dict = {}
+    for i, block in enumerate(model.blocks):
+        block.down.register_forward_hook(lambda m, a, out, i=i: calls.setdefault(i, []).append(out.detach().clone()))
+    return calls
+
+
+def _bf16_run(model, ids, seed=7):
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = lm_loss(model, ids)
+    loss.backward()
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters()}, torch.rand(3)
+
+
+def test_the_recomputation_under_bf16_autocast_with_dropout_replays_the_forward_pass():
+    from memory.checkpointing import apply_activation_checkpointing
+
+    ids = batch(0, 2)
+    plain = _bf16_run(make_model(DROPOUT), ids)
+    model = make_model(DROPOUT)
+    apply_activation_checkpointing(model.blocks)
+    calls = _block_outputs(model)
+    got = _bf16_run(model, ids)
+    for i, outputs in calls.items():
+        assert len(outputs) == 2, f"block {i}: computed {len(outputs)} times; forward, then once again in backward"
+        forward, recomputed = outputs
+        assert recomputed.dtype == forward.dtype == torch.bfloat16, (
+            f"block {i}: the forward pass ran in {forward.dtype}, the recomputation in {recomputed.dtype}: replay "
+            "the autocast state of the forward pass")
+        assert torch.equal(recomputed, forward), (
+            f"block {i}: the recomputed activation differs from the forward pass's (max diff "
+            f"{float((recomputed.float() - forward.float()).abs().max()):.2e}): same random state and autocast state")
+    assert got[0] == plain[0], "the checkpointed loss differs from the plain run's"
+    for name, g in plain[1].items():
+        assert torch.allclose(got[1][name], g, rtol=1e-5, atol=1e-7), f"gradient of {name} differs from the plain run"
+    assert torch.equal(got[2], plain[2]), "the recomputation must not move the caller's random stream"

@@ -6,14 +6,15 @@ mean gradients and parameters must equal one process doing data parallelism with
 ``torch.optim.Adam``, and (2 ranks) torch's FSDP2 (``torch.distributed.fsdp.fully_shard``)
 on the same model, data and optimizer. Memory: after the backward pass no full parameter
 or gradient may be held, and during the step at most the root and one block are gathered
-at once.
+at once. Gradient accumulation: two micro-steps (a backward pass on each half of a rank's
+batch, each reduced) then one optimizer step equal one step on the joined batch.
 """
 import functools
 
 import pytest
 import torch
 
-from course.launch import launch
+from tests.support.launching import launch_once
 from tests.support.memory import fsdp_worker, reference_named_run
 
 pytestmark = pytest.mark.a5_5_3
@@ -24,7 +25,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 @functools.lru_cache(maxsize=None)
 def run(world_size, with_fsdp2):
-    return launch(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150, collective_timeout=60)
+    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -58,3 +59,17 @@ def test_zero3_equals_data_parallel_adam_and_frees_full_parameters(world_size):
                 if "fsdp2_params" in rec:
                     assert torch.allclose(rec["params"][name], rec["fsdp2_params"][name], **TOL), (
                         f"rank {rank} step {step}: {name} differs from torch FSDP2 (fully_shard)")
+
+
+def test_two_accumulated_micro_steps_equal_one_step_on_the_joined_batch():
+    """The slices' gradients add up over micro-steps (a reduction that overwrites ``shard.grad`` keeps only
+    the last micro-step's half)."""
+    outputs = {rank: out["accumulation"] for rank, out in run(2, True).items()}  # the 2-rank launch
+    grads, params = reference_named_run(2, 1)[0]
+    for rank, out in outputs.items():
+        for name in grads:
+            assert torch.allclose(out["grads"][name], grads[name], **TOL), (
+                f"rank {rank}: after two micro-steps the gradient of {name} is not the joined batch's (median ratio "
+                f"{float((out['grads'][name] / grads[name]).median()):.3f}; add each micro-step's slice to shard.grad)")
+            assert torch.allclose(out["params"][name], params[name], **TOL), (
+                f"rank {rank}: {name} after the step differs from one step on the joined batch")

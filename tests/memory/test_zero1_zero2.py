@@ -4,15 +4,17 @@ Real 2- and 4-process gloo runs of a tiny language model with 2347 parameters (n
 > 1 divides it, so the flat buffer is padded). After every step each rank's slice gradient
 must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
 those of one process stepping ``torch.optim.Adam`` on the mean loss (and, for ZeRO-1,
-those of ``torch.distributed.optim.ZeroRedundancyOptimizer``), and a rank must hold Adam
-state for its slice only (ZeRO-2: and no full gradient after the reduction).
+those of ``torch.distributed.optim.ZeroRedundancyOptimizer``) and be bit-for-bit the same on
+every rank, and a rank must hold Adam state for its slice only. ZeRO-2: after the reduction a
+rank holds no full gradient — its slice's gradient (the average, checked on the slice itself)
+is all it keeps, not a view into a full-size buffer.
 """
 import functools
 
 import pytest
 import torch
 
-from course.launch import launch
+from tests.support.launching import launch_once
 from tests.support.memory import make_model, reference_run, zero_worker
 
 STEPS = 3
@@ -21,7 +23,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 @functools.lru_cache(maxsize=None)
 def run(stage, world_size):
-    return launch(zero_worker, world_size, stage, STEPS, timeout=120, collective_timeout=60)
+    return launch_once(zero_worker, world_size, stage, STEPS, timeout=120)
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,6 +51,9 @@ def check_against_dp(stage, world_size):
             assert torch.allclose(rec["params"], params[step], **TOL), (
                 f"rank {rank} step {step}: parameters differ from data parallelism with torch.optim.Adam "
                 f"(max diff {float((rec['params'] - params[step]).abs().max()):.2e})")
+            assert torch.equal(rec["params"], outputs[0]["steps"][step]["params"]), (
+                f"rank {rank} step {step}: parameters differ from rank 0's; after the step every rank must hold "
+                "every updated slice (all-gather them)")
             assert rec["state_numel"] == 2 * size, (
                 f"rank {rank} holds {rec['state_numel']} elements of Adam state; ZeRO keeps exp_avg and exp_avg_sq "
                 f"of its own slice only: 2 x {size} (did every rank step the whole model?)")
@@ -89,3 +94,8 @@ def test_zero2_equals_data_parallel_adam_and_keeps_only_its_gradient_slice(world
             assert rec["full_grads_held"] == 0, (
                 f"rank {rank} step {step}: {rec['full_grads_held']} gradient elements of the full model are still "
                 "held after the reduction; ZeRO-2 keeps only its slice's gradient")
+            slice_bytes = rec["shard_grad"].numel() * rec["shard_grad"].element_size()
+            assert rec["shard_grad_storage_bytes"] == slice_bytes, (
+                f"rank {rank} step {step}: the slice's gradient is a view into {rec['shard_grad_storage_bytes']} bytes, "
+                f"not a {slice_bytes}-byte slice of its own: the full averaged gradient is still held (reduce-scatter, "
+                "so that each rank receives its slice only)")

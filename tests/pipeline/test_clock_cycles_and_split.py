@@ -33,6 +33,7 @@ def test_clock_cycles_match_golden_schedule(m, n):
     for k, (got, want) in enumerate(zip(cycles, GOLDEN[(m, n)])):
         assert len(got) == len(set(got)), f"cycle {k} repeats a task: {got}"
         assert sorted(got) == sorted(want), f"cycle {k}: got {got}, want {want}"
+        assert got == want, f"cycle {k}: the tasks must be ordered by stage (j = 0, 1, ...): got {got}, want {want}"
 
 
 @pytest.mark.parametrize("m,n", [(5, 4), (4, 5), (7, 3)])
@@ -78,6 +79,17 @@ def test_split_with_balance_keeps_several_cpu_stages(balance):
     assert devices == [torch.device("cpu")] * len(balance), "every stage is on cpu, and they stay separate"
     assert [len(p) for p in partitions] == balance
     assert [layer for p in partitions for layer in p] == layers, "layers keep their order"
+
+
+def test_split_with_balance_gives_each_stage_its_layers_device():
+    """A balance over layers on two devices: each stage's device is the one its layers sit on."""
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    layers = [nn.Linear(3, 3), nn.Linear(3, 3), nn.Linear(3, 3, device="meta"), WithDevice(nn.ReLU(), "meta"),
+              nn.Linear(3, 3)]
+    partitions, devices = _split_module(nn.Sequential(*layers), balance=[2, 2, 1])
+    assert devices == [cpu, meta, cpu], f"stage devices {devices}: each stage is on its layers' device"
+    assert [len(p) for p in partitions] == [2, 2, 1]
+    assert not any(isinstance(layer, WithDevice) for p in partitions for layer in p), "the wrappers are removed"
 
 
 def test_pipe_with_a_cpu_device_list_has_one_stage_per_device():

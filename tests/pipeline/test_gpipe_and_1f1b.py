@@ -119,8 +119,9 @@ def pipeline_worker(rank, world_size, schedules):
 @pytest.mark.timeout(240)
 def test_multiprocess_gradients_equal_single_process_training():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    results = launch(pipeline_worker, P, ["gpipe", "1f1b"], timeout=150, collective_timeout=30)
+    results = launch(pipeline_worker, P, ["gpipe", "1f1b"], timeout=150, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
 
     model = _full_model()
     inputs, targets = _data()

@@ -131,8 +131,9 @@ def test_tied_gradients_are_summed_between_the_first_and_last_stage(dp, pp, last
     (the gradient of the one tied weight); a missing gradient counts as zeros; middle stages and the other
     pipelines (dp replicas) are left alone."""
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    out = launch(tied_worker, dp * pp, dp, pp, last_has_grad, timeout=90, collective_timeout=20)
+    out = launch(tied_worker, dp * pp, dp, pp, last_has_grad, timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for d in range(dp):
         first, last = d, (pp - 1) * dp + d
         want = _own_grad(first) + (_own_grad(last) if last_has_grad else 0)

@@ -67,8 +67,9 @@ def test_bad_input_raises():
 @pytest.mark.timeout(240)
 def test_two_processes_with_two_chunks_each_equal_one_process():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    results = launch(gpt2_schedule_worker, 2, "interleaved", 2, timeout=180, collective_timeout=60)
+    results = launch(gpt2_schedule_worker, 2, "interleaved", 2, timeout=180, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     check_equal_to_single_process(results, 2)
     for rank in range(2):
         chunks = results[rank]["event_chunks"]

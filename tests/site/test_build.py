@@ -11,7 +11,7 @@ import pytest
 from bs4 import BeautifulSoup
 
 from instructor.keys import KEYS
-from instructor.release import stub_notebook
+from instructor.blocks import stub_notebook
 from tests.site.conftest import pages
 from tests.site.fake_course import CELL_SECRET, FAKE_KEYS, NOTEBOOK
 from website.assignments import package_of

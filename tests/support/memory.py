@@ -108,6 +108,7 @@ def zero_worker(rank, world_size, stage, steps):
         lm_loss(model, ids).backward()
         opt.reduce_gradients()
         rec = {"shard_grad": opt.shard.grad.detach().clone(),
+               "shard_grad_storage_bytes": opt.shard.grad.untyped_storage().nbytes(),
                "full_grads_held": sum(p.grad.numel() for p in opt.params if p.grad is not None)}
         opt.step()
         rec["params"] = flat(opt.params)
@@ -127,7 +128,8 @@ def zero_worker(rank, world_size, stage, steps):
 def fsdp_worker(rank, world_size, steps, with_fsdp2):
     """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
     (gathered), the full-parameter bytes held after the step and the most held at once during it, the
-    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it."""
+    size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it, and
+    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch."""
     from memory.fsdp import FullyShardedModel
 
     model = make_model()
@@ -171,7 +173,28 @@ def fsdp_worker(rank, world_size, steps, with_fsdp2):
             twin_opt.step()
             rec["fsdp2_params"] = {n: p.full_tensor().detach().clone() for n, p in twin.named_parameters()}
         out["steps"].append(rec)
+    if with_fsdp2:
+        out["accumulation"] = fsdp_accumulation_worker(rank, world_size)
     return out
+
+
+def fsdp_accumulation_worker(rank, world_size):
+    """ZeRO-3, one optimizer step after two micro-steps (backward on each half of this rank's shard, the
+    loss halved): the full mean gradients before the step and the full parameters after it."""
+    from memory.fsdp import FullyShardedModel
+
+    model = make_model()
+    fsdp = FullyShardedModel(model, model.blocks, group=None)
+    opt = torch.optim.Adam(fsdp.shard_parameters(), **ADAM)
+    ids = shard_of(batch(0, world_size), rank)
+    opt.zero_grad()
+    half = PER_RANK // 2
+    for micro in (ids[:half], ids[half:]):
+        (lm_loss(model, micro) / 2).backward()
+        fsdp.finish_backward()
+    grads = fsdp.full_gradients()
+    opt.step()
+    return {"grads": grads, "params": fsdp.full_state()}
 
 
 def reference_named_run(world_size: int, steps: int):

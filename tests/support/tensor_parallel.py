@@ -6,7 +6,6 @@ instead of raising, so one broken case fails its own test, not the whole module.
 """
 from __future__ import annotations
 
-import functools
 import traceback
 
 import pytest
@@ -14,10 +13,10 @@ import torch
 
 
 def launch_once(worker, world_size: int, timeout: float = 120):
-    """A function returning ``launch(worker, world_size)``'s results, computed on first call only."""
-    @functools.lru_cache(maxsize=None)
+    """A function returning ``launch(worker, world_size)``'s results, launched on the first call only
+    (a failed launch is not started again: :func:`tests.support.launching.launch_once`)."""
     def results():
-        from course.launch import launch
+        from tests.support.launching import launch_once as launch
 
         return launch(worker, world_size, timeout=timeout)
     return results

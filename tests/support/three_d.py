@@ -12,11 +12,15 @@ import torch
 VOCAB, N_EMBD, N_HEAD, N_LAYER, SEQ, BATCH = 61, 32, 4, 4, 8, 8  # 61: the vocabulary is padded for tp = 2
 
 
-def dense(dtype=torch.float64):
+def dense(dtype=torch.float64, embd_pdrop: float = 0.0):
+    """The tiny dense GPT-2; ``embd_pdrop``: dropout on the embeddings' sum only (the blocks' dropout stays 0,
+    so a tensor-parallel stage, whose blocks draw other masks, can still be compared with it)."""
     from course.model import build_gpt2
 
-    return build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=7, n_layer=N_LAYER, n_embd=N_EMBD,
-                      n_head=N_HEAD).to(dtype)
+    model = build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=7, n_layer=N_LAYER, n_embd=N_EMBD,
+                       n_head=N_HEAD).to(dtype)
+    model.transformer.drop.p = model.config.embd_pdrop = embd_pdrop
+    return model.train()
 
 
 def global_batch():
@@ -30,12 +34,15 @@ def global_batch():
     return ids, labels
 
 
-def dense_reference(dtype=torch.float64, max_norm=None):
-    """``(model after backward [and clipping], loss, grad norm)`` of one process on the global batch."""
+def dense_reference(dtype=torch.float64, max_norm=None, embd_pdrop: float = 0.0, seed: int | None = None):
+    """``(model after backward [and clipping], loss, grad norm)`` of one process on the global batch
+    (``seed``: the random state the forward pass starts from, as :func:`run_case` seeds every rank)."""
     import torch.nn.functional as F
 
-    model = dense(dtype)
+    model = dense(dtype, embd_pdrop)
     ids, labels = global_batch()
+    if seed is not None:
+        torch.manual_seed(seed)
     logits = model(input_ids=ids).logits  # course.loss.lm_loss's cross-entropy, in the model's dtype
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=-100)
     loss.backward()
@@ -53,13 +60,15 @@ def run_case(case: dict) -> dict:
     from three_d.step import count_targets, three_d_step
 
     dtype = case.get("dtype", torch.float64)
-    ranked = setup_rank(ParallelDims(dp=case["dp"], pp=case["pp"], tp=case["tp"]), dense(dtype), context().device,
-                        scatter_gather=case.get("scatter_gather", False))
+    ranked = setup_rank(ParallelDims(dp=case["dp"], pp=case["pp"], tp=case["tp"]),
+                        dense(dtype, case.get("embd_pdrop", 0.0)), context().device, scatter_gather=case.get("scatter_gather", False))
     mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     ids, labels = global_batch()
     share = BATCH // case["dp"]
     ids, labels = ids[mesh.dp_rank * share:(mesh.dp_rank + 1) * share], labels[mesh.dp_rank * share:(mesh.dp_rank + 1) * share]
     out = {"coordinates": (mesh.stage, mesh.dp_rank, mesh.tp_rank)}
+    if "seed" in case:  # every rank draws the same dropout masks as the one-process reference
+        torch.manual_seed(case["seed"])
     with CommCounter() as counter:
         if case.get("step", True):
             r = three_d_step(stage, runner, mesh, ids, labels, case["n_chunk"], case.get("schedule", "1f1b"),

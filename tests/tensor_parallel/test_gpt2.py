@@ -105,7 +105,7 @@ def gpt2_worker(rank, world_size):
 @functools.lru_cache(maxsize=None)
 def gpt2_results(tp_size: int) -> dict:
     """``{rank: {case: result}}`` of one launch of :func:`gpt2_worker` (cached for the session)."""
-    from course.launch import launch
+    from tests.support.launching import launch_once as launch
 
     return launch(gpt2_worker, tp_size, timeout=240)
 

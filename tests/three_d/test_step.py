@@ -33,15 +33,20 @@ def _split(out, cases):
 @pytest.fixture(scope="module")
 def runs_8():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    return _split(launch(layouts_worker, 8, CASES_8, timeout=240), CASES_8)
+    # 8 ranks on 2 cores start more slowly: twice the graded wait, still well under the 240 s limit
+    return _split(launch(layouts_worker, 8, CASES_8, timeout=240, collective_timeout=2 * GRADED_COLLECTIVE_TIMEOUT),
+                  CASES_8)
 
 
 @pytest.fixture(scope="module")
 def runs_4():
     from course.launch import launch
+    from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    return _split(launch(layouts_worker, 4, CASES_4, timeout=200), CASES_4)
+    return _split(launch(layouts_worker, 4, CASES_4, timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT),
+                  CASES_4)
 
 
 def check(results, case):
