@@ -13,6 +13,7 @@ Workers (``course.launch.launch(worker, 4, ...)``):
   contiguous), the communication of ring and Ulysses counted against the formulas, their time.
 * :func:`gpt2_memory_worker` — peak memory per rank of a GPT-2 training step against sequence
   length at cp = 1, 2, 4 (ring and Ulysses), and one step against a single process.
+* :func:`cp_report_worker` — both of them in one launch (the notebook's).
 
 Memory is measured with PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker`` (it tracks
 every tensor allocated while it is active, by category: activations, temporaries, parameters,
@@ -392,3 +393,11 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     fixed = {"weight gradients MB (whole model)": sum(p.numel() for p in reference.parameters()) * 4 / MB,
              "one tile of scores MB (block^2 x heads)": block_size ** 2 * reference.config.n_head * 4 / MB}
     return {"memory": memory, "equality": equality, "fixed": fixed} if rank == 0 else {}
+
+
+def cp_report_worker(rank: int, world_size: int, ring_seq: int, seq_lens: list[int], cps: list[int]) -> dict:
+    """:func:`ring_report_worker` (on ``ring_seq`` tokens) and then :func:`gpt2_memory_worker` (``seq_lens``,
+    ``cps``) in one launch, so the notebook starts its 4 processes once. Returns ``{"ring": ..., "gpt2": ...}``,
+    each as those workers return it on this rank."""
+    ring = ring_report_worker(rank, world_size, ring_seq)
+    return {"ring": ring, "gpt2": gpt2_memory_worker(rank, world_size, seq_lens, cps)}

@@ -1,6 +1,6 @@
 """Workers that notebooks/05_memory.ipynb (and ``project/run_data_parallel.py --memory_report``) launch.
 
-:func:`memory_breakdown` trains a GPT-2 built from a config (random tokens, no data files)
+:func:`memory_breakdown` (and :func:`memory_breakdown_by_dp`, several dp sizes in one launch) trains a GPT-2 built from a config (random tokens, no data files)
 for a few steps with each ZeRO stage in turn, on every rank of a dp group, and measures on
 each rank:
 
@@ -127,6 +127,45 @@ def memory_breakdown(rank: int, world_size: int, stages=(0, 1, 2, 3), steps: int
             out.append(measure_stage(model, zero, None, steps=steps, batch_size=batch_size, seq_len=seq_len,
                                      vocab_size=vocab_size, checkpointing=ckpt, precision=precision))
     return out
+
+
+def memory_breakdown_by_dp(rank: int, world_size: int, runs, stages=(0, 1, 2, 3), steps: int = 3,
+                           preset: str = "tiny", vocab_size: int = 1000, seq_len: int = 64, batch_size: int = 4,
+                           precision: str = "fp32", model_overrides: dict | None = None) -> dict[int, list[dict]]:
+    """Worker: :func:`memory_breakdown` for several dp sizes in one launch (one start of the processes).
+
+    ``runs`` lists ``(dp, checkpointing)`` pairs, e.g. ``[(1, (False, True)), (2, (False,)), (4, (False,))]``;
+    for each in turn, ranks ``0 .. dp - 1`` train every stage over a group of their own while the others
+    wait at a barrier. Returns ``{dp: rank 0's measurements}`` on rank 0 (``{}`` on the others). Run the
+    smaller dp sizes first: a rank's peak RSS only grows over the launch.
+
+    Raises:
+        ValueError: a dp larger than ``world_size``.
+    """
+    import torch.distributed as dist
+
+    from course.mesh import Mesh
+    from course.task import worker_env_quiet
+
+    if max(dp for dp, _ in runs) > world_size:
+        raise ValueError(f"runs need {max(dp for dp, _ in runs)} ranks, the launch has {world_size}")
+    worker_env_quiet()
+    world = Mesh.build(dp=world_size).dp_group
+    groups = {dp: dist.new_group(list(range(dp))) for dp in sorted({dp for dp, _ in runs})}  # collective: every rank
+    found: dict[int, list[dict]] = {}
+    for dp, checkpointing in runs:
+        dist.barrier(group=world)
+        if rank >= dp:
+            continue
+        for ckpt in checkpointing:
+            for zero in stages:
+                model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {})).to(_device())
+                row = measure_stage(model, zero, groups[dp], steps=steps, batch_size=batch_size, seq_len=seq_len,
+                                    vocab_size=vocab_size, checkpointing=ckpt, precision=precision)
+                if rank == 0:
+                    found.setdefault(dp, []).append(row)
+    dist.barrier(group=world)
+    return found
 
 
 def precision_curves(steps: int = 30, precisions=("fp32", "bf16"), n_batches: int = 4, batch_size: int = 8,

@@ -9,7 +9,7 @@ and activation checkpointing must save fewer activation bytes.
 import pytest
 
 from course.launch import launch
-from memory.experiments import memory_breakdown
+from memory.experiments import memory_breakdown, memory_breakdown_by_dp
 
 pytestmark = pytest.mark.needs_solution
 
@@ -35,3 +35,23 @@ def test_measured_bytes_per_parameter_follow_the_zero_formulas():
         traffic = {r["zero"]: r["comm_traffic_bytes"] for r in plain}
         assert traffic[2] == pytest.approx(traffic[0], rel=0.01), "ZeRO-2 should move the bytes of data parallelism"
         assert traffic[0] < traffic[3] <= 1.5 * traffic[0] * 1.01, "ZeRO-3 moves up to 3/2 of data parallelism's bytes"
+
+
+def test_one_launch_measures_each_dp_size_over_its_own_group():
+    runs = [(1, (False,)), (2, (False, True))]
+    found = launch(memory_breakdown_by_dp, 2, runs, (0, 3), 1, "tiny", 300, 32, 2, "fp32", SMALL,
+                   timeout=240, collective_timeout=60)
+    assert found[1] == {}, "only rank 0 returns the measurements"
+    by_dp = found[0]
+    assert sorted(by_dp) == [1, 2]
+    assert [(r["dp"], r["zero"], r["checkpointing"]) for r in by_dp[1]] == [(1, 0, False), (1, 3, False)]
+    assert [(r["dp"], r["zero"], r["checkpointing"]) for r in by_dp[2]] == [
+        (2, 0, False), (2, 3, False), (2, 0, True), (2, 3, True)]
+    for rows in by_dp.values():
+        for row in rows:
+            for cat in ("params", "grads", "optimizer"):
+                assert abs(row["held"][cat] - row["formula"][cat]) <= 0.1 * row["formula"][cat], (row["dp"], cat)
+    assert by_dp[1][0]["comm_traffic_bytes"] == 0, "dp = 1 sends nothing"
+    assert by_dp[2][0]["comm_traffic_bytes"] > 0
+    with pytest.raises(ValueError, match="runs need 4 ranks"):
+        memory_breakdown_by_dp(0, 2, [(4, (False,))])
