@@ -60,3 +60,30 @@ def regrouped_batches(dataset, batch_size: int, collate, seed: int, order_dp: in
             yield collate(examples[n * dp_rank // dp_size:n * (dp_rank + 1) // dp_size])
 
     return batches(), steps
+
+
+def global_batch_indices(n_examples: int, batch_size: int, dp: int, seed: int, steps: int | None = None
+                         ) -> list[list[int]]:
+    """The positions of the examples in each global batch of an epoch at ``dp`` ranks, rank 0's rows first.
+
+    What :meth:`data_parallel.DataParallelTraining.epoch_batches` feeds the ranks in an epoch whose shuffle
+    seed is ``seed`` (the run's ``seed + epoch``): rank ``r``'s ``s``-th batch of
+    ``partition_dataset(r, dp, range(n_examples), batch_size, seed=seed)``. Every dp cuts the same
+    permutation (same seed, same ``n_examples``), but into ``dp`` contiguous shards read in parallel, so the
+    global batches depend on dp: the global batch ``s`` at dp = 1 is positions ``s B .. (s + 1) B`` of the
+    shuffle; at dp = 2 it is ``s B/2 .. (s + 1) B/2`` and ``n/2 + s B/2 ..`` of it.
+
+    Args:
+        n_examples: the dataset's length ``n``; batch_size: the global batch ``B`` (divisible by ``dp``);
+        steps: at most this many global batches (default: the whole epoch, as many as every rank has).
+
+    Returns:
+        ``steps`` lists of example positions (``B`` each, fewer only at an epoch's end).
+
+    Raises:
+        ValueError: ``batch_size`` not divisible by ``dp`` (from :func:`data_parallel.partition_dataset`).
+    """
+    loaders = [partition_dataset(r, dp, range(n_examples), batch_size, collate_fn=list, seed=seed) for r in range(dp)]
+    n_steps = min(len(loader) for loader in loaders)
+    n_steps = n_steps if steps is None else min(n_steps, steps)
+    return [[i for part in parts for i in part] for _, parts in zip(range(n_steps), zip(*loaders))]

@@ -29,7 +29,7 @@ configuration, the median and min-max over the repeats and the theoretical bubbl
 * GPipe, 1F1B: ``(p - 1) / (m + p - 1)``; interleaved with ``v`` chunks:
   ``(p - 1) / (v m + p - 1)`` (Narayanan et al. 2021, Sec. 2.2);
 * ZB-H1 with equal F, B, W times: ``(p - 1) / (3 m + p - 1)``, a third of 1F1B's bubble
-  time (Qi et al. 2024, Sec. 3). Here W re-traverses the stage's graph
+  time (Qi et al. 2024, Sec. 2.1). Here W re-traverses the stage's graph
   (:mod:`pipeline.stage_runner`), so W is not the equal third the formula assumes.
 
 The model: the tiny GPT-2 preset with ``--n_layer`` blocks (12 by default), random tokens, micro-batches of ``--micro_batch_size``

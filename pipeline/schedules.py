@@ -17,7 +17,7 @@ gradient from rank + 1 and sends the input's gradient to rank - 1
   ``v`` model chunks (virtual stages); chunk ``c`` of rank ``r`` is virtual stage
   ``c * p + r`` of ``v * p``. Actions are ``(kind, micro-batch, chunk)``. The bubble
   shrinks to ``(p - 1) / (v * m + p - 1)`` of the step, for ``v`` times the messages.
-* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3, Fig. 3): the
+* ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 2.1, Fig. 3): the
   backward is split into ``("B", i)``, the gradient with respect to the stage's input
   (sent upstream at once), and ``("W", i)``, the gradient with respect to its weights,
   which has no consumer in the pipeline and so can wait to fill a bubble. Rank ``r``
@@ -147,7 +147,7 @@ def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: i
 
 
 def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
-    """ZB-H1's actions on ``rank`` (Qi et al. 2024, Sec. 3, Fig. 3; torch's ``ScheduleInterleavedZeroBubble``, v = 1).
+    """ZB-H1's actions on ``rank`` (Qi et al. 2024, Sec. 2.1, Fig. 3; torch's ``ScheduleInterleavedZeroBubble``, v = 1).
 
     ``("F", i)`` forward, ``("B", i)`` gradient with respect to the stage's input only,
     ``("W", i)`` gradient with respect to the stage's weights. Like 1F1B: ``min(p - rank - 1, m)``
@@ -224,7 +224,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("interleaved", "interleaved 1F1B", interleaved_1f1b_actions, lambda v: v, True,
              "Narayanan et al. 2021, Megatron-LM, Sec. 2.2.2"),
     Schedule("zb-h1", "ZB-H1", lambda r, p, m, v: zb_h1_actions(r, p, m), lambda v: 3, False,
-             "Qi et al. 2024, Zero Bubble Pipeline Parallelism, Sec. 3"),
+             "Qi et al. 2024, Zero Bubble Pipeline Parallelism, Sec. 2.1"),
 ]}
 
 
