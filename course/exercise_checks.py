@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 
 
-def report(name: str, answer, expected, hint: str, rel: float = 1e-6) -> bool:
+def report(name: str, answer, expected, hint: str, rel: float = 1e-6, abs_tol: float = 1e-9) -> bool:
     """Print ``"<name>: right (answer)"`` or ``"<name>: not yet (answer) — hint: <hint>"``; return whether
-    ``answer`` is within ``rel`` (relative) of ``expected``. A missing or non-numeric answer (e.g. None) is
-    "not yet", never an error."""
+    ``answer`` is within ``rel`` (relative) or ``abs_tol`` of ``expected`` — or, for a tuple ``expected``
+    (an order, a shape), equal to it. A missing or non-numeric answer (e.g. None) is "not yet", never an
+    error."""
     try:
-        ok = math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=1e-9)
+        ok = (answer == expected if isinstance(expected, tuple)
+              else math.isclose(float(answer), float(expected), rel_tol=rel, abs_tol=abs_tol))
     except (TypeError, ValueError):
         ok = False
     print(f"{name}: {'right' if ok else 'not yet'} ({answer!r})" + ("" if ok else f" — hint: {hint}"))
