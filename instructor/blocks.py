@@ -30,7 +30,8 @@ BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
 END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
 ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
 INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py"}
-INSTRUCTOR_ONLY_DIRS = ("tests/instructor/",)  # the tests of the instructor tools
+INSTRUCTOR_ONLY_DIRS = ("tests/instructor/", "tests/site/")  # the tests of the instructor tools (the site is
+# built from the instructor's tree: website/ needs instructor/release.py to find the reference blocks)
 SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
 
 
