@@ -93,6 +93,39 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+class NotebookFile(pytest.File):
+    """A notebook collected as one test: it must run top to bottom (``notebooks/*.ipynb``)."""
+
+    def collect(self):
+        yield NotebookItem.from_parent(self, name=self.path.name)
+
+
+class NotebookItem(pytest.Item):
+    """Runs the notebook in a Jupyter kernel (:func:`course.notebook_run.execute`, nbclient); fails with the
+    failing cell's source and error."""
+
+    def runtest(self):
+        from course.notebook_run import execute
+
+        execute(self.path, timeout=NOTEBOOK_TIMEOUT_S)
+
+    def repr_failure(self, excinfo):
+        from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+        if isinstance(excinfo.value, (CellExecutionError, CellTimeoutError)):
+            return f"{self.path.name}: a cell failed\n" + re.sub(r"\x1b\[[0-9;]*m", "", str(excinfo.value))
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, 0, f"notebook {self.path.name}"
+
+
+def pytest_collect_file(file_path, parent):
+    if file_path.suffix == ".ipynb" and ".ipynb_checkpoints" not in file_path.parts:
+        return NotebookFile.from_parent(parent, path=file_path)
+    return None
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.path).endswith(".ipynb"):

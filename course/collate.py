@@ -7,6 +7,7 @@ and padding.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,64 @@ import torch
 IGNORE_INDEX = -100
 
 
+class EncodedPairs(Sequence):
+    """The pairs of a split as a map-style dataset whose examples are tokenized when first read, then kept.
+
+    A short run (``--max_batches``, a test) reads a few hundred of Multi30k's 29,000 training pairs;
+    encoding all of them up front cost each rank seconds. ``dataset[i]`` is the dict of
+    :func:`encode_pairs`; ``dataset[a:b]`` a list of them; a ``DataLoader`` reads a batch at once
+    through ``__getitems__`` (one batched call to the tokenizer); iterating encodes in chunks.
+
+    Args:
+        split: rows with a ``translation`` column ``{src_lang: str, tgt_lang: str}``
+            (a ``datasets.Dataset`` or a list of such rows).
+        tokenizer: a :class:`course.tokenizer.CourseTokenizer` (``encode_batch``).
+    """
+
+    CHUNK = 1024  # pairs encoded together while iterating
+
+    def __init__(self, split, tokenizer, src_lang: str = "de", tgt_lang: str = "en"):
+        pairs = split["translation"] if hasattr(split, "column_names") else [row["translation"] for row in split]
+        self.src = [p[src_lang] for p in pairs]
+        self.tgt = [p[tgt_lang] for p in pairs]
+        self.tokenizer = tokenizer
+        self._encoded: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.__getitems__(range(*index.indices(len(self))))
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices) -> list[dict]:
+        """The examples at ``indices`` (a list; negative indices count from the end).
+
+        Raises:
+            IndexError: an index outside the split.
+        """
+        n = len(self)
+        wanted = []
+        for i in indices:
+            if not -n <= i < n:
+                raise IndexError(f"pair {i} is outside the split's {n} pairs")
+            wanted.append(i % n)
+        missing = sorted({i for i in wanted if i not in self._encoded})
+        if missing:
+            src_ids = self.tokenizer.encode_batch([self.src[i] for i in missing])
+            tgt_ids = self.tokenizer.encode_batch([self.tgt[i] for i in missing])
+            for i, s_ids, t_ids in zip(missing, src_ids, tgt_ids):
+                self._encoded[i] = {"src_ids": s_ids, "tgt_ids": t_ids, "src": self.src[i], "tgt": self.tgt[i]}
+        return [self._encoded[i] for i in wanted]
+
+    def __iter__(self):
+        for start in range(0, len(self), self.CHUNK):
+            yield from self.__getitems__(range(start, min(start + self.CHUNK, len(self))))
+
+
 def encode_pairs(split, tokenizer, src_lang: str = "de", tgt_lang: str = "en") -> list[dict]:
-    """Tokenize a split once.
+    """Tokenize every pair of a split now (:class:`EncodedPairs` tokenizes each pair when first read).
 
     Args:
         split: rows with a ``translation`` column ``{src_lang: str, tgt_lang: str}``
@@ -25,11 +82,7 @@ def encode_pairs(split, tokenizer, src_lang: str = "de", tgt_lang: str = "en") -
         A list (usable as a map-style dataset) of dicts with ``src_ids``, ``tgt_ids``
         (lists of token ids) and the raw ``src``/``tgt`` strings.
     """
-    pairs = split["translation"] if hasattr(split, "column_names") else [row["translation"] for row in split]
-    src = [p[src_lang] for p in pairs]
-    tgt = [p[tgt_lang] for p in pairs]
-    return [{"src_ids": s_ids, "tgt_ids": t_ids, "src": s, "tgt": t}
-            for s, t, s_ids, t_ids in zip(src, tgt, tokenizer.encode_batch(src), tokenizer.encode_batch(tgt))]
+    return list(EncodedPairs(split, tokenizer, src_lang, tgt_lang))
 
 
 @dataclass

@@ -57,10 +57,14 @@ def shutdown() -> None:
 
 
 def close_pools() -> None:
-    """Stop every pool's processes (pooling stays on: the next run starts a new pool)."""
-    for pool in list(_POOLS.values()):
-        pool.close()
+    """Stop every pool's processes (pooling stays on: the next run starts a new pool). Every pool is asked
+    to stop first, then each is waited for: their ranks leave their groups at the same time."""
+    pools = list(_POOLS.values())
     _POOLS.clear()
+    for pool in pools:
+        pool.ask_to_stop()
+    for pool in pools:
+        pool.close()
 
 
 @contextlib.contextmanager
@@ -109,6 +113,7 @@ class _Pool:
         ctx = mp.get_context("spawn")
         self.launcher = launcher
         self.world_size = world_size
+        self.stop_asked = False
         self.folder = Path(tempfile.mkdtemp(prefix="llmsys_pool_"))
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
@@ -130,12 +135,19 @@ class _Pool:
             q.put(task)
         return self.launcher.collect_results(self.procs, self.results, self.folder, timeout)
 
-    def close(self) -> None:
+    def ask_to_stop(self) -> None:
+        """Tell every rank to leave its loop (and its process group) after the task it runs."""
+        if self.stop_asked:
+            return
+        self.stop_asked = True
         for q in self.tasks:
             try:
                 q.put(None)
             except (ValueError, OSError):
                 pass
+
+    def close(self) -> None:
+        self.ask_to_stop()
         deadline = time.monotonic() + 2
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -165,8 +177,10 @@ def _pool_entry(rank, world_size, init_method, device_type, backend, collective_
     try:
         while True:
             task = tasks.get()
-            if task is None:
-                break
+            if task is None:  # the pool ends: leave at once (the group and the interpreter's clean-up would
+                sys.stdout.flush()  # cost every rank half a second of CPU, and nothing of them is kept)
+                sys.stderr.flush()
+                os._exit(0)
             worker, args, env, cwd = task
             try:
                 baseline.begin(env, cwd)

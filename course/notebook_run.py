@@ -3,7 +3,7 @@
 The notebooks are executed twice over their lives: once with their full sizes by
 ``python project/execute_notebooks.py``, whose outputs are committed (what a reader sees on the
 repository's page and the course's site), and on every test run (``pytest`` executes each notebook
-top to bottom with nbmake) to prove that its cells still run. The second only has to show that the
+top to bottom, ``conftest.py``, with :func:`execute`) to prove that its cells still run. The second only has to show that the
 code runs, and the whole suite has a time budget, so the test suite sets ``LLMSYS_NOTEBOOK_QUICK=1``
 (``conftest.py``) and a notebook asks for its sizes with :func:`sized`::
 
@@ -16,6 +16,7 @@ a notebook by hand gets the full sizes (the variable is unset).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TypeVar
 
 QUICK_ENV = "LLMSYS_NOTEBOOK_QUICK"
@@ -39,3 +40,23 @@ def describe() -> str:
         return ("quick run (LLMSYS_NOTEBOOK_QUICK=1, as the test suite runs it): sizes reduced, numbers noisier than "
                 "the committed outputs'")
     return "full run: the sizes of the committed outputs"
+
+
+def execute(path: str | os.PathLike, timeout: float = 900.0):
+    """Run the notebook ``path`` top to bottom in a Jupyter kernel (``nbclient``), in the notebook's own folder
+    as a learner would; returns the executed notebook (an ``nbformat`` node; the file is not written).
+
+    ``timeout`` is the seconds one cell may take. A cell tagged ``raises-exception`` may raise.
+
+    Raises:
+        nbclient.exceptions.CellExecutionError: a cell raised (its traceback is in the message).
+        nbclient.exceptions.CellTimeoutError: a cell ran longer than ``timeout``.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return notebook

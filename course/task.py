@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.collate import Collate, encode_pairs, make_collate
+from course.collate import Collate, EncodedPairs, make_collate
 from course.data import load_translation_dataset
 from course.model import build_gpt2
 from course.tokenizer import CourseTokenizer, get_tokenizer
@@ -17,17 +17,17 @@ from course.tokenizer import CourseTokenizer, get_tokenizer
 
 @dataclass
 class Data:
-    """Tokenized splits (lists of dicts, see :func:`course.collate.encode_pairs`) and their collate."""
+    """The splits (:class:`course.collate.EncodedPairs`: each pair tokenized when first read) and their collate."""
 
     tokenizer: CourseTokenizer
-    train: list
-    validation: list
-    test: list
+    train: EncodedPairs
+    validation: EncodedPairs
+    test: EncodedPairs
     collate: Collate
 
 
 def prepare_data(args) -> Data:
-    """Load the corpus, get the (cached) tokenizer and encode every split.
+    """Load the corpus, get the (cached) tokenizer, and make every split a dataset tokenized as it is read.
 
     ``args`` is the run's configuration (:class:`course.config.RunConfig`).
     """
@@ -38,7 +38,7 @@ def prepare_data(args) -> Data:
         corpus["train"] = corpus["train"].select(range(first))
     tokenizer = get_tokenizer(corpus, args.workdir, args.vocab_size, args.src_lang, args.tgt_lang, args.dataset,
                               train_examples=first)
-    splits = {name: encode_pairs(corpus[name], tokenizer, args.src_lang, args.tgt_lang)
+    splits = {name: EncodedPairs(corpus[name], tokenizer, args.src_lang, args.tgt_lang)
               for name in ("train", "validation", "test")}
     return Data(tokenizer, splits["train"], splits["validation"], splits["test"],
                 make_collate(tokenizer, args.model_max_length))

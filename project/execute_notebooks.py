@@ -55,15 +55,12 @@ def execute(path: Path, timeout: float = CELL_TIMEOUT_S) -> float:
         nbclient.exceptions.CellExecutionError: a cell not tagged ``raises-exception`` raised.
     """
     import nbformat
-    from nbclient import NotebookClient
 
-    from course.notebook_run import QUICK_ENV
+    from course.notebook_run import QUICK_ENV, execute as run_notebook
 
     os.environ.pop(QUICK_ENV, None)  # the committed outputs are full runs (course/notebook_run.py)
-    notebook = nbformat.read(path, as_version=4)
     began = time.perf_counter()
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    notebook = run_notebook(path, timeout)
     seconds = time.perf_counter() - began
     import torch
 

@@ -5,7 +5,7 @@ from course.notebook_run import QUICK_ENV, describe, quick, sized
 
 
 def test_the_suite_runs_the_quick_sizes():
-    # conftest.py sets the variable for every process the tests start (nbmake's kernels included)
+    # conftest.py sets the variable for every process the tests start (the notebooks' kernels included)
     assert os.environ.get(QUICK_ENV) == "1" and quick()
     assert sized(full=60, quick=8) == 8
     assert describe().startswith("quick run")

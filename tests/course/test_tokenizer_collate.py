@@ -57,3 +57,31 @@ def test_lm_loss_is_mean_next_token_cross_entropy_over_targets():
     expected = torch.stack([F.cross_entropy(logits[b, t], torch.tensor(y)) for b, t, y in picks]).mean()
     assert torch.allclose(lm_loss(logits, labels), expected)
     assert count_target_tokens(labels) == 5
+
+
+def test_encoded_pairs_tokenize_only_what_is_read_and_equal_the_eager_encoding(tmp_path):
+    import pytest
+    from torch.utils.data import DataLoader, Subset
+
+    from course.collate import EncodedPairs
+
+    tok = get_tokenizer(CORPUS, tmp_path, vocab_size=400)
+    eager = encode_pairs(PAIRS, tok)
+    calls = []
+
+    class Counting:
+        def encode_batch(self, texts):
+            calls.append(len(texts))
+            return tok.encode_batch(texts)
+
+    lazy = EncodedPairs(PAIRS, Counting())
+    assert len(lazy) == len(eager) == 200
+    assert lazy[7] == eager[7] and lazy[-1] == eager[-1] and calls == [1, 1, 1, 1]
+    assert lazy[7] == eager[7] and len(calls) == 4, "a pair read again must not be encoded again"
+    assert lazy[10:13] == eager[10:13] and calls[-2:] == [3, 3], "a slice is one batched call per language"
+    with pytest.raises(IndexError, match="outside"):
+        lazy[200]
+    loader = DataLoader(Subset(lazy, [50, 60, 70, 80]), batch_size=2, collate_fn=list)
+    assert [e for batch in loader for e in batch] == [eager[i] for i in (50, 60, 70, 80)]
+    assert sum(calls) < 2 * 20, "only the pairs read are encoded"
+    assert list(lazy) == eager

@@ -17,7 +17,9 @@ STEPS = 3
 
 
 def argv(workdir):
-    return ["--dp", "2", "--batch_size", "8", "--max_batches", str(STEPS), "--n_bleu", "4",
+    # a slice of the corpus (its own small tokenizer) and one validation batch: the checks below do not need more
+    return ["--dp", "2", "--batch_size", "8", "--max_batches", str(STEPS), "--n_bleu", "2", "--vocab_size", "1000",
+            "--max_train_examples", "2000", "--max_val_batches", "1", "--model_max_length", "48",
             "--dropout", "0", "--workdir", str(workdir), "--quiet", "--save_checkpoint", "--timeout", "300"]
 
 

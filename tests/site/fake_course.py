@@ -11,8 +11,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
 
 from instructor.keys import KEYS
 
@@ -86,6 +84,9 @@ def make_course(root: Path, readme: str = README, guide: str = GUIDE) -> Path:
     (root / "docs" / "guide.md").write_text(guide)
     (root / "demo" / "__init__.py").write_text('"""Demo part: the package of the demo\'s assignment."""\n')
     (root / "demo" / "solve.py").write_text(SOLVE)
+    import nbformat  # here, not at the top: collecting the tests (``pytest -k KEY``) should not pay for it
+    from nbclient import NotebookClient
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(s) if kind == "markdown" else nbformat.v4.new_code_cell(s)
                 for kind, s in CELLS]
