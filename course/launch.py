@@ -48,7 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course.rank_watch import death_report, die_with_parent, enable_stack_dumps, hang_report, where_ranks_are
+from course.rank_watch import (death_report, die_with_parent, enable_stack_dumps, hang_report, name_process,
+                               where_ranks_are)
 
 # Collective timeout of the process group (seconds): a rank blocked this long in a
 # collective raises instead of waiting forever.
@@ -249,9 +250,45 @@ def _teardown_worker() -> None:
         dist.destroy_process_group()
 
 
+# What the fork server imports once for every rank it starts (:func:`process_context`): torch and
+# transformers' GPT-2 (course.model builds it), the largest imports a rank makes — about 4 s of CPU
+# each, which on a laptop's few cores was most of a short run (8 ranks on 2 cores: ~15 s before the
+# first step). Third-party modules only: the server's ``sys.path`` is Python's default (Python 3.11's
+# fork server does not take the caller's), so the course's own modules are imported in each rank, from
+# the caller's tree. A name that fails to import is skipped (the rank imports it when it needs it).
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh",
+                "transformers.models.gpt2.modeling_gpt2"]
+
+
+def process_context():
+    """How ranks are started: ``forkserver``, with :data:`RANK_PRELOAD` imported once by the server.
+
+    A fork server (one per launcher process, started at its first launch and ended with it) forks each
+    rank from itself, so ranks start without importing torch and transformers again. Like ``spawn``, it
+    never forks a process that holds CUDA state (importing torch does not initialise CUDA) or the
+    caller's threads, so the ranks may use CUDA and NCCL as spawned ones do. A forked rank inherits the
+    server's environment and folder, not the caller's: :func:`_adopt` gives it the caller's.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(RANK_PRELOAD)
+    return ctx
+
+
+def _adopt(env: dict, cwd: str) -> None:
+    """Take the caller's environment and working folder (a forked rank starts with the fork server's)."""
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        pass
+
+
 def _spawned_entry(rank, world_size, init_method, device_type, backend, collective_timeout,
-                   worker, args, results, init_group, parent_pid, stack_dir, attempt):
+                   worker, args, results, init_group, parent_pid, stack_dir, attempt, env, cwd):
     die_with_parent(parent_pid)
+    name_process(f"rank{rank}")
+    _adopt(env, cwd)
     enable_stack_dumps(Path(stack_dir) / f"rank{rank}.stack")
     os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(world_size), str(rank)
     os.environ["LLMSYS_RESTART_COUNT"] = str(attempt)
@@ -354,13 +391,14 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
 
 def _run_attempt(worker, world_size, args, device_type, backend, timeout, collective_timeout, init_group,
                  attempt) -> dict[int, Any]:
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
     stack_dir = tempfile.mkdtemp(prefix="llmsys_stacks_")
     procs = [ctx.Process(target=_spawned_entry, daemon=True, name=f"rank{rank}",
                          args=(rank, world_size, init_method, device_type, backend, collective_timeout,
-                               worker, args, results, init_group, os.getpid(), stack_dir, attempt))
+                               worker, args, results, init_group, os.getpid(), stack_dir, attempt,
+                               dict(os.environ), os.getcwd()))
              for rank in range(world_size)]
     try:
         for p in procs:

@@ -36,7 +36,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 _ENABLED = False
 _DISABLED_DEPTH = 0
@@ -110,7 +109,7 @@ def run(worker, world_size: int, args: tuple, device_type: str, backend: str, ti
 
 class _Pool:
     def __init__(self, world_size: int, device_type: str, backend: str, collective_timeout: float, launcher):
-        ctx = mp.get_context("spawn")
+        ctx = launcher.process_context()
         self.launcher = launcher
         self.world_size = world_size
         self.stop_asked = False
@@ -121,7 +120,8 @@ class _Pool:
         self.procs = [ctx.Process(target=_pool_entry, daemon=True, name=f"pool-rank{rank}",
                                   args=(rank, world_size, init_method, device_type, backend, collective_timeout,
                                         self.tasks[rank], self.results, os.getpid(), str(self.folder),
-                                        launcher._setup_worker, launcher._teardown_worker))
+                                        launcher._setup_worker, launcher._teardown_worker, launcher._adopt,
+                                        dict(os.environ), os.getcwd()))
                       for rank in range(world_size)]
         for p in self.procs:
             p.start()
@@ -161,10 +161,12 @@ class _Pool:
 
 
 def _pool_entry(rank, world_size, init_method, device_type, backend, collective_timeout, tasks, results, parent_pid,
-                folder, setup_worker, teardown_worker):
-    from course.rank_watch import die_with_parent, enable_stack_dumps
+                folder, setup_worker, teardown_worker, adopt, env, cwd):
+    from course.rank_watch import die_with_parent, enable_stack_dumps, name_process
 
     die_with_parent(parent_pid)
+    name_process(f"pool-rank{rank}")
+    adopt(env, cwd)
     log = os.open(os.path.join(folder, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -1,9 +1,11 @@
 """Keeping ranks on a short leash: they die with their parent, and they can say where they are.
 
 * :func:`die_with_parent` — a rank asks the kernel to kill it when the process that started it
-  dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a watchdog thread that polls the
+  (the launcher, or the launcher's fork server, which ends with it) dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a watchdog thread that polls the
   parent pid). So a launcher killed by SIGTERM, SIGKILL or a notebook's interrupt leaves no rank
   running, and no rank writes results after the kill.
+* :func:`name_process` — a rank is named ``rank<r>`` (``pool-rank<r>`` in the test suite's reused
+  ranks) in ``ps``, ``top`` and ``/proc/<pid>/comm``.
 * :func:`enable_stack_dumps` / :func:`where_ranks_are` — every rank registers Python's
   ``faulthandler`` on SIGUSR1; when a run hangs or one rank times out in a collective, the
   launcher asks every living rank for its stack and tells the ranks that wait inside a
@@ -22,29 +24,62 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
 
 
 def die_with_parent(parent_pid: int) -> str:
-    """Make this process die when ``parent_pid`` (the process that started it) dies.
+    """Make this process die when the launcher ``parent_pid`` dies.
 
-    Returns ``"pdeathsig"`` or ``"watchdog"`` (how). Exits at once if the parent is already gone.
+    The kernel is asked to kill this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG,
+    SIGKILL)``). When the launcher is not the parent but the grandparent — the rank was forked by the
+    launcher's fork server (:func:`course.launch.process_context`), which stays up while any process it
+    forked is alive — a watchdog thread also polls the launcher every half second, as it does wherever
+    ``prctl`` is missing.
+
+    Returns ``"pdeathsig"``, ``"pdeathsig+watchdog"`` or ``"watchdog"`` (how). Exits at once if the
+    launcher is already gone.
     """
+    parent = os.getppid()
     how = "watchdog"
     try:
         if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
             how = "pdeathsig"
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
+    if os.getppid() != parent or not _alive(parent_pid):  # gone before the request took effect
         os._exit(1)
-    if how == "watchdog":
+    if how == "watchdog" or parent != parent_pid:
         def watch():
-            while os.getppid() == parent_pid:
+            while os.getppid() == parent and _alive(parent_pid):
                 time.sleep(0.5)
             os._exit(1)
         threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+        how = "watchdog" if how == "watchdog" else "pdeathsig+watchdog"
     return how
+
+
+def name_process(name: str) -> None:
+    """Show this process as ``name`` (at most 15 bytes) in ``ps``, ``top`` and ``/proc/<pid>/comm`` (Linux; a
+    no-op elsewhere): a rank forked by the fork server would otherwise carry the server's command line."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie — ended, its exit status not yet read — does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def enable_stack_dumps(path: Path) -> None:

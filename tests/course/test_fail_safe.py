@@ -64,6 +64,14 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def is_rank(pid: int) -> bool:
+    """A rank of the launcher: it names itself ``rank<r>`` (course.rank_watch.name_process)."""
+    try:
+        return (Path("/proc") / str(pid) / "comm").read_text().strip().startswith("rank")
+    except OSError:
+        return False
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (a zombie has ended; only its exit status waits to be read)."""
     try:
@@ -184,9 +192,8 @@ def test_killing_the_parent_ends_every_rank(mode, sig, tmp_path, tokenizer_file)
     workdir = tmp_path / "work"
     proc = start(mode, workdir, tokenizer_file, max_batches=10_000)
     world_size = MODES[mode][3]
-    # The ranks are running once the parent has world_size children that are not multiprocessing helpers.
-    ranks = lambda: [p for p in descendants(proc.pid) if b"resource_tracker" not in  # noqa: E731
-                     Path(f"/proc/{p}/cmdline").read_bytes()] if running(proc.pid) else []
+    # The ranks are running once the parent has world_size descendants named rank<r>.
+    ranks = lambda: [p for p in descendants(proc.pid) if is_rank(p)] if running(proc.pid) else []  # noqa: E731
     wait_for(lambda: len(ranks()) >= world_size, 120, "rank processes", proc, workdir)
     time.sleep(2.0)  # into the run: data, model, first steps
     everyone = descendants(proc.pid)
@@ -263,7 +270,7 @@ def test_a_rank_killed_under_the_launcher_restarts_from_the_checkpoint(tmp_path,
     workdir = tmp_path / "work"
     proc = start("dp", workdir, tokenizer_file, "--checkpoint_every", str(EVERY), "--max_restarts", "1")
     wait_for(lambda: checkpoint_written(workdir, "dp"), 180, "checkpoint", proc, workdir)
-    victim = max(p for p in descendants(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes())
+    victim = max(p for p in descendants(proc.pid) if is_rank(p))
     os.kill(victim, signal.SIGKILL)
     log = finish(proc, workdir)
     assert proc.returncode == 0, log[-3000:]
