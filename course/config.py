@@ -100,7 +100,8 @@ class RunConfig:
     max_batches: int | None = option(None, "stop each epoch after this many batches (quick runs)",
                                      group="model and training")
     n_bleu: int = option(100, "test sentences translated for BLEU (0: skip)", group="model and training")
-    max_val_batches: int | None = option(None, "validation batches (of 64 sentences) scored after each epoch "
+    max_val_batches: int | None = option(None, "validation batches (of 64 sentences) scored after each epoch: "
+                                               "the first N x 64 validation pairs, however many ranks share them "
                                                "(default: all)", group="model and training")
     dropout: float = option(0.1, "GPT-2 dropout probability (0 for exact comparisons)", group="model and training")
     seed: int = option(11, "random seed (data order, initial weights, dropout)", group="model and training")

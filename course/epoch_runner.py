@@ -298,8 +298,18 @@ class TrainingMode:
         return trace.process_name(self.rank, getattr(self, "mesh", None))
 
 
-def validation_loader(dataset, group=None, batch_size: int = 64, collate=None) -> DataLoader:
-    """Batches of ``dataset``, or of this rank's share (examples r, r + size, ...) of it with ``group``."""
+VALIDATION_BATCH_SIZE = 64  # sentences per validation batch (``--max_val_batches`` counts these)
+
+
+def validation_loader(dataset, group=None, batch_size: int = VALIDATION_BATCH_SIZE, collate=None,
+                      max_batches: int | None = None) -> DataLoader:
+    """Batches of ``dataset``, or of this rank's share (examples r, r + size, ...) of it with ``group``.
+
+    ``max_batches``: only the first ``max_batches * batch_size`` examples are scored — the same ones
+    however many ranks share them (a cap on each rank's batches would score more examples on more ranks).
+    """
+    if max_batches is not None:
+        dataset = Subset(dataset, range(min(len(dataset), max_batches * batch_size)))
     if group is not None:
         dataset = Subset(dataset, range(group_rank(group), len(dataset), group_size(group)))
     return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
@@ -477,10 +487,10 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
         losses = mode.batch_losses(stats["losses"])
         with trace.span("evaluation", "evaluation", mode.device, epoch=epoch):
             ev = mode.evaluation()
-            loader = validation_loader(data.validation, ev.group, collate=data.collate)
+            loader = validation_loader(data.validation, ev.group, collate=data.collate,
+                                       max_batches=args.max_val_batches)
             with trace.span("validation loss", "evaluation", mode.device):
-                validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group,
-                                                max_batches=args.max_val_batches)
+                validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group)
             bleu, translations = float("nan"), []
             if args.n_bleu:
                 with trace.span("translation and BLEU", "evaluation", mode.device, sentences=args.n_bleu):

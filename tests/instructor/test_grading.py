@@ -37,6 +37,10 @@ from instructor.submission import marker_files
 
 REPO = Path(__file__).resolve().parents[2]
 GRADER = REPO / "instructor" / "grade.py"
+# An untouched key graded beside the attacked ones, which must keep its full marks: one that depends on
+# none of them and is quick to grade (mesh rank arithmetic, ~1 s of tests).
+HONEST = "a5_6_1"
+assert not KEYS[HONEST].depends_on
 
 
 def make_submission(out: Path, blocks: dict[str, str], files: dict[str, str] | None = None) -> Path:
@@ -136,17 +140,17 @@ def test_attacks_in_blocks_and_files_score_zero_and_leave_no_process(tmp_path):
     for key, result in refused.items():
         assert result["score"] == 0 and "breaks the block policy" in result["output"], (key, result["output"])
     # the walls behind the policy: the sleeper alone with a short limit (no honest key shares it) ...
-    slept = grade(submission, ["a5_2_1"], tmp_path, timeout=20, policy=False)["a5_2_1"]
-    assert slept["score"] == 0 and "timed out after 20 s" in slept["output"], slept["output"]
+    slept = grade(submission, ["a5_2_1"], tmp_path, timeout=10, policy=False)["a5_2_1"]
+    assert slept["score"] == 0 and "timed out after 10 s" in slept["output"], slept["output"]
     # ... the others with the grader's own limit
-    results = grade(submission, ["a5_1_1", "a5_2_2", "a5_2_4", "a5_1_2"], tmp_path, policy=False)
+    results = grade(submission, ["a5_1_1", "a5_2_2", "a5_2_4", HONEST], tmp_path, policy=False)
     for key in ("a5_1_1", "a5_2_2"):
         assert results[key]["score"] == 0, f"{key} was attacked and scored {results[key]['score']}"
     # a5_2_4's attack sits in gpipe_actions only: its GPipe tests fail, its 1F1B tests (reference code) pass
     assert 0 < results["a5_2_4"]["score"] < results["a5_2_4"]["max_score"], results["a5_2_4"]
     assert "without the grader's complete session record" in results["a5_1_1"]["output"]
     assert "NotImplementedError" in results["a5_2_2"]["output"] or "patched" in results["a5_2_2"]["output"]
-    assert results["a5_1_2"]["score"] == results["a5_1_2"]["max_score"], results["a5_1_2"]["output"]
+    assert results[HONEST]["score"] == results[HONEST]["max_score"], results[HONEST]["output"]
     deadline = time.monotonic() + 10
     while not pid_file.is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -184,10 +188,10 @@ def test_rewriting_test_files_on_disk_scores_zero_for_the_key_that_did_it(tmp_pa
     lines[getitem.begin + 1:getitem.end] = [getitem.indent + line for line in
                                            textwrap.dedent(blocks["a5_1_1"]).strip("\n").split("\n")]
     path.write_text("\n".join(lines))
-    results = grade(submission, ["a5_1_1", "a5_2_1", "a5_1_2"], tmp_path, policy=False)  # pathlib: refused
+    results = grade(submission, ["a5_1_1", "a5_2_1", HONEST], tmp_path, policy=False)  # pathlib: refused
     for key in ("a5_1_1", "a5_2_1"):
         assert results[key]["score"] == 0 and "changed while the tests ran" in results[key]["output"], results[key]
-    assert results["a5_1_2"]["score"] == results["a5_1_2"]["max_score"], results["a5_1_2"]["output"]
+    assert results[HONEST]["score"] == results[HONEST]["max_score"], results[HONEST]["output"]
     assert (REPO / "tests" / "data_parallel" / "test_gradients.py").read_text().count("def test_") >= 2, "the repo was touched"
 
 

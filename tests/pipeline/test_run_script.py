@@ -15,8 +15,10 @@ STEPS = 2
 
 
 def _argv(workdir, mode, *extra, micro_batches="2"):
+    # a slice of the corpus (its own small tokenizer), one validation batch (the same 64 pairs in every mode)
     return ["--model_parallel_mode", mode, "--batch_size", "8", "--micro_batches", micro_batches, "--max_batches", str(STEPS),
-            "--n_bleu", "2", "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "240", *extra]
+            "--n_bleu", "2", "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "240",
+            "--vocab_size", "1000", "--max_train_examples", "2000", "--max_val_batches", "1", *extra]
 
 
 @pytest.fixture(scope="module")
