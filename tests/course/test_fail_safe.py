@@ -242,9 +242,11 @@ def test_a_run_killed_during_an_async_save_resumes_from_the_last_complete_checkp
     workdir = tmp_path / "work"
     root = workdir / "checkpoints"
     first, second = f"step{EVERY:08d}", f"step{2 * EVERY:08d}"
-    # Every write waits 10 s: the save of step 3 completes while steps 4-6 run, the save of step 6 is in flight.
+    # Every write waits 4 s: the save of step 3 completes while steps 4-6 run (they take well under a second,
+    # then step 6's save waits for it), the save of step 6 is in flight for 4 s, which the test sees (it looks
+    # every 50 ms).
     proc = start("dp", workdir, tokenizer_file, "--checkpoint_every", str(EVERY), "--async_checkpoint",
-                 env={WRITE_DELAY: "10"})
+                 env={WRITE_DELAY: "4"})
     in_flight = lambda: ((root / "latest").is_file() and (root / "latest").read_text() == first  # noqa: E731
                          and (root / f"{second}.tmp").is_dir())
     wait_for(in_flight, 180, f"the save of {second} in flight", proc, workdir)

@@ -229,7 +229,8 @@ def test_remote_grade_returns_the_gradescope_json_and_the_log(tmp_path):
 @pytest.mark.needs_solution
 def test_remote_function_body_runs_a_tiny_data_parallel_job_on_cpu(tmp_path):
     request = ms.make_request(mode="data", world_size=2, batch_size=8, max_batches=2,
-                              extra="--device cpu --n_bleu 2 --quiet")
+                              extra="--device cpu --n_bleu 2 --quiet --vocab_size 1000 --max_train_examples 2000 "
+                                    "--max_val_batches 1")
     committed = []
     result = ms.remote_run(asdict(request), "tiny", volume_root=tmp_path / "vol", timeout=600,
                            after_run=lambda: committed.append(True))

@@ -93,6 +93,7 @@ def test_run_data_parallel_under_torchrun_joins_the_group(tmp_path):
     workdir = tmp_path / "work"
     command = [*torchrun_command(), "--standalone", "--nproc_per_node=2", "project/run_data_parallel.py",
                "--max_batches", "2", "--n_bleu", "2", "--batch_size", "8", "--device", "cpu", "--quiet",
+               "--vocab_size", "1000", "--max_train_examples", "2000", "--max_val_batches", "1",  # a quick run
                "--workdir", str(workdir)]
     result, seen = run_and_watch(command, timeout=240, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:]

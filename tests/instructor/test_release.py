@@ -143,6 +143,8 @@ def test_the_release_notebooks_run_to_the_end_with_only_stub_dependent_cells_sto
     """Executed top to bottom as a student would before solving anything: every cell that needs no
     assignment runs, every cell that needs one stops with that assignment's message, and the
     notebook goes on to the end."""
+    import asyncio
+
     import nbformat
     from nbclient import NotebookClient
 
@@ -151,11 +153,19 @@ def test_the_release_notebooks_run_to_the_end_with_only_stub_dependent_cells_sto
     release = tmp_path / "release"
     make_release(REPO, release)
     monkeypatch.setenv("LLMSYS_DATA_DIR", str(resolve_data_dir(download=False)))  # the release has no ../shared
+    async def execute(path, running):
+        async with running:
+            nb = nbformat.read(path, 4)
+            await NotebookClient(nb, timeout=300, kernel_name="python3",
+                                 resources={"metadata": {"path": str(path.parent)}}).async_execute()
+            return path, nb
+
+    async def execute_all(paths):  # two kernels at a time: much of a kernel's life is waiting, not computing
+        running = asyncio.Semaphore(2)
+        return await asyncio.gather(*(execute(path, running) for path in paths))
+
     problems = []
-    for path in sorted((release / "notebooks").glob("*.ipynb")):
-        nb = nbformat.read(path, 4)
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    for path, nb in asyncio.run(execute_all(sorted((release / "notebooks").glob("*.ipynb")))):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
