@@ -38,8 +38,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "fresh_processes: the test's runs start processes of their own (launcher "
                                        "tests: kills, hangs, restarts, process counts) instead of reusing pooled ranks")
     from course import launch_pool
+    from course.launch import start_fork_server
 
     launch_pool.enable()
+    if not config.option.collectonly:  # its imports (torch, GPT-2) overlap collection; ranks are forked from it
+        start_fork_server()
 
 
 def pytest_unconfigure(config):

@@ -274,6 +274,15 @@ def process_context():
     return ctx
 
 
+def start_fork_server() -> None:
+    """Start the fork server of :func:`process_context` now, without waiting for it: its imports then overlap
+    whatever this process does before its first launch (the test suite calls this as it starts)."""
+    from multiprocessing import forkserver
+
+    process_context()
+    forkserver.ensure_running()
+
+
 def _adopt(env: dict, cwd: str) -> None:
     """Take the caller's environment and working folder (a forked rank starts with the fork server's)."""
     os.environ.clear()
