@@ -58,8 +58,8 @@ def run_pytest(root: Path, marker_expr: str, files: list[str], timeout: float,
                collect_only: bool = False) -> dict[str, bool]:
     """Run ``pytest -m marker_expr files`` in ``root``; ``{test id: passed}`` (collected: True)."""
     env = dict(os.environ, LLMSYS_DATA_DIR=str(resolve_data_dir()), PYTHONDONTWRITEBYTECODE="1")
-    base = [sys.executable, "-m", "pytest", "-q", "-m", marker_expr, "-p", "no:nbmake", "-o", "addopts=",
-            "-p", "no:cacheprovider"]
+    base = [sys.executable, "-m", "pytest", "-q", "-m", marker_expr, "-p", "no:nbmake", "-p", "no:hypothesispytest",
+            "-o", "addopts=", "-p", "no:cacheprovider"]
     if collect_only:
         proc = subprocess.run(base + ["--collect-only", *files], cwd=root, capture_output=True, text=True,
                               timeout=timeout, env=env)
