@@ -47,8 +47,10 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     from course import launch_pool
+    from course.launch import stop_fork_server
 
     launch_pool.shutdown()
+    stop_fork_server()
 
 
 @pytest.fixture(autouse=True)

@@ -219,6 +219,10 @@ def _setup_worker(rank: int, world_size: int, local_rank: int, device_type: str,
     group_backend = process_group_backend(device_type, backend)
     device_id = None
     if device_type == "cuda":
+        if torch.cuda._is_in_bad_fork():  # the fork server initialised CUDA before it forked this rank
+            raise RuntimeError("CUDA was initialised in the launcher's fork server before it forked this rank, so "
+                               "CUDA cannot be used here: a module in course.launch.RANK_PRELOAD touches the GPU "
+                               "when imported; remove it from that list")
         for name, value in NCCL_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
         device = torch.device("cuda", gpu_index(local_rank, local_ranks(world_size), visible_gpus()))
@@ -265,22 +269,49 @@ def process_context():
 
     A fork server (one per launcher process, started at its first launch and ended with it) forks each
     rank from itself, so ranks start without importing torch and transformers again. Like ``spawn``, it
-    never forks a process that holds CUDA state (importing torch does not initialise CUDA) or the
-    caller's threads, so the ranks may use CUDA and NCCL as spawned ones do. A forked rank inherits the
-    server's environment and folder, not the caller's: :func:`_adopt` gives it the caller's.
+    never forks a process that holds CUDA state or the caller's threads, so the ranks may use CUDA and
+    NCCL as spawned ones do: importing torch does not initialise CUDA, and the server runs with
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so that an import asking ``torch.cuda.is_available()`` asks NVML
+    instead of initialising the CUDA driver (which would make CUDA unusable in every rank forked after it).
+    A forked rank inherits the server's environment and folder, not the caller's: :func:`_adopt` gives it
+    the caller's.
     """
+    from multiprocessing import forkserver
+
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
+    added = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+    if added:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # the server's environment only: it starts here
+    try:
+        forkserver.ensure_running()
+    finally:
+        if added:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
     return ctx
 
 
 def start_fork_server() -> None:
     """Start the fork server of :func:`process_context` now, without waiting for it: its imports then overlap
     whatever this process does before its first launch (the test suite calls this as it starts)."""
+    process_context()
+
+
+def stop_fork_server() -> None:
+    """End the fork server now (its ranks have ended; the test suite calls this as it ends). Left alone it would
+    end by itself once it sees its launcher gone — but only after the imports it may still be busy with, and
+    until then it holds the launcher's output open (a caller reading that output to its end waits for it)."""
     from multiprocessing import forkserver
 
-    process_context()
-    forkserver.ensure_running()
+    server = forkserver._forkserver  # the module's one server (no public handle on it)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()  # closes its sockets and reaps it
 
 
 def _adopt(env: dict, cwd: str) -> None:

@@ -39,6 +39,39 @@ def receive_first_worker(rank, world_size):
     dist.send(buf, dst=1 - rank)
 
 
+def whereabouts_worker(rank, world_size):
+    import os
+    import sys
+    from pathlib import Path
+
+    from course.launch import RANK_PRELOAD
+
+    return {"env": os.environ.get("LLMSYS_TEST_MARK"), "cwd": os.getcwd(), "pid": os.getpid(),
+            "parent": os.getppid(), "name": Path("/proc/self/comm").read_text().strip(),
+            "preloaded": [m for m in RANK_PRELOAD if m in sys.modules],
+            "bad_fork": torch.cuda._is_in_bad_fork()}
+
+
+def test_ranks_are_forked_with_the_callers_environment_and_folder_and_the_preloaded_imports(tmp_path, monkeypatch):
+    """A forked rank starts from the fork server's state: it must still see the caller's environment and
+    folder at the time of the launch (as a spawned rank would), and find torch and GPT-2 imported."""
+    import os
+
+    from course.launch import RANK_PRELOAD
+
+    for mark in ("first", "second"):  # the second launch is forked by the same server, after the change
+        monkeypatch.setenv("LLMSYS_TEST_MARK", mark)
+        folder = tmp_path / mark
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        out = launch(whereabouts_worker, 2, timeout=120)
+        for rank, seen in out.items():
+            assert seen["env"] == mark and seen["cwd"] == str(folder), seen
+            assert seen["name"] == f"rank{rank}" and seen["parent"] != os.getpid(), "not forked by the fork server"
+            assert seen["preloaded"] == RANK_PRELOAD and not seen["bad_fork"], seen
+        assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ, "the server's setting leaked into the caller"
+
+
 def test_every_rank_runs_in_one_group():
     out = launch(sum_worker, 3, 1.0, timeout=60)
     assert sorted(out) == [0, 1, 2]
