@@ -26,6 +26,8 @@ folder (the caller's terminal may belong to a test that has ended).
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -127,7 +129,7 @@ class _Pool:
             p.start()
 
     def alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
     def run(self, worker, args: tuple, timeout: float | None) -> dict:
         task = (worker, args, dict(os.environ), os.getcwd())
@@ -154,6 +156,10 @@ class _Pool:
         self.launcher._stop(self.procs)
         for q in [*self.tasks, self.results]:
             q.close()
+        # Forget the ended processes (multiprocessing keeps them, and through their arguments the queues, until
+        # it is asked for its children), so that the queues' semaphores are freed now, not reported at exit.
+        self.procs, self.tasks, self.results = [], [], None
+        multiprocessing.active_children()
         for f in self.folder.glob("*"):
             f.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -180,8 +186,11 @@ def _pool_entry(rank, world_size, init_method, device_type, backend, collective_
         while True:
             task = tasks.get()
             if task is None:  # the pool ends: leave at once (the group and the interpreter's clean-up would
-                sys.stdout.flush()  # cost every rank half a second of CPU, and nothing of them is kept)
+                sys.stdout.flush()  # cost every rank half a second of CPU, and nothing of them is kept) ...
                 sys.stderr.flush()
+                # ... but free what multiprocessing asks to be freed at exit: the semaphores of locks made in a
+                # run (tqdm makes one), which the resource tracker would otherwise report as leaked
+                multiprocessing.util._run_finalizers(0)
                 os._exit(0)
             worker, args, env, cwd = task
             try:
