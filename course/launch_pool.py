@@ -26,7 +26,6 @@ folder (the caller's terminal may belong to a test that has ended).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import multiprocessing.util
 import os
 import pickle
@@ -129,7 +128,7 @@ class _Pool:
             p.start()
 
     def alive(self) -> bool:
-        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+        return all(p.is_alive() for p in self.procs)
 
     def run(self, worker, args: tuple, timeout: float | None) -> dict:
         task = (worker, args, dict(os.environ), os.getcwd())
@@ -156,10 +155,6 @@ class _Pool:
         self.launcher._stop(self.procs)
         for q in [*self.tasks, self.results]:
             q.close()
-        # Forget the ended processes (multiprocessing keeps them, and through their arguments the queues, until
-        # it is asked for its children), so that the queues' semaphores are freed now, not reported at exit.
-        self.procs, self.tasks, self.results = [], [], None
-        multiprocessing.active_children()
         for f in self.folder.glob("*"):
             f.unlink(missing_ok=True)
         with contextlib.suppress(OSError):

@@ -3,9 +3,9 @@
 The notebooks are executed twice over their lives: once with their full sizes by
 ``python project/execute_notebooks.py``, whose outputs are committed (what a reader sees on the
 repository's page and the course's site), and on every test run (``pytest`` executes each notebook
-top to bottom, ``conftest.py``, with :func:`execute`) to prove that its cells still run. The second only has to show that the
-code runs, and the whole suite has a time budget, so the test suite sets ``LLMSYS_NOTEBOOK_QUICK=1``
-(``conftest.py``) and a notebook asks for its sizes with :func:`sized`::
+top to bottom with :func:`execute`, ``conftest.py``) to prove that its cells still run. The second
+only has to show that the code runs, and the whole suite has a time budget, so the test suite sets
+``LLMSYS_NOTEBOOK_QUICK=1`` (``conftest.py``) and a notebook asks for its sizes with :func:`sized`::
 
     STEPS = sized(full=60, quick=8)      # training steps of section 3
 

@@ -1,9 +1,10 @@
 """Keeping ranks on a short leash: they die with their parent, and they can say where they are.
 
 * :func:`die_with_parent` — a rank asks the kernel to kill it when the process that started it
-  (the launcher, or the launcher's fork server, which ends with it) dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a watchdog thread that polls the
-  parent pid). So a launcher killed by SIGTERM, SIGKILL or a notebook's interrupt leaves no rank
-  running, and no rank writes results after the kill.
+  dies (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and a watchdog thread polls the launcher where
+  that is not enough (the launcher's fork server started it) or not available. So a launcher
+  killed by SIGTERM, SIGKILL or a notebook's interrupt leaves no rank running, and no rank writes
+  results after the kill.
 * :func:`name_process` — a rank is named ``rank<r>`` (``pool-rank<r>`` in the test suite's reused
   ranks) in ``ps``, ``top`` and ``/proc/<pid>/comm``.
 * :func:`enable_stack_dumps` / :func:`where_ranks_are` — every rank registers Python's
@@ -55,7 +56,8 @@ def die_with_parent(parent_pid: int) -> str:
                 time.sleep(0.5)
             os._exit(1)
         threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
-        how = "watchdog" if how == "watchdog" else "pdeathsig+watchdog"
+        if how == "pdeathsig":
+            how = "pdeathsig+watchdog"
     return how
 
 
