@@ -11,7 +11,13 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
 * **median and spread** — :func:`summarise` (``median``, ``min``, ``max``, ``n``, ``all``) of at least
   :data:`MIN_REPEATS` repeats; a comparison is a ratio taken per repeat, side by side (:func:`ratios`);
 * **the machine** — :func:`machine`: cores, CPU model, device, torch and Python versions, the load
-  average when the benchmark started (a loaded machine inflates every time);
+  average when the benchmark started and the ranks it keeps busy; :func:`finish` adds the load average after
+  and the run's conditions (:func:`conditions`: ``quiet``, ``loaded`` or ``oversubscribed``);
+* **verdicts** — :func:`compare` turns two variants' side-by-side repeats into a computed verdict
+  (``faster``, ``slower`` or ``indistinguishable``: ranges that overlap, or a bootstrap interval of the
+  ratio that holds 1) and a sentence that says it; :func:`fit_quality` says whether a fit held (residuals;
+  a coefficient that came out negative or was clamped means it failed). Prose and plot titles print these,
+  never a winner of their own;
 * **JSON** — :func:`write_report` writes ``{"machine", "config", ...results}`` atomically;
 * **the command line** — :func:`parser` gives every benchmark the same options for the same thing
   (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``; mesh sizes and
@@ -22,8 +28,10 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -126,30 +134,163 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine(device=None) -> dict:
+def machine(device=None, busy_ranks: int | None = None) -> dict:
     """What the numbers were measured on: ``cores`` (``os.cpu_count``), ``usable_cores`` (this process's
     CPU affinity), ``cpu_model``, ``device`` and ``gpu`` (name and count on CUDA), ``torch``, ``python``,
-    ``platform``, ``load_average`` (1, 5, 15 minutes, when this was called: more busy processes than cores
-    inflate every time measured) and ``timer`` (:func:`course.measure.timer_name`)."""
+    ``platform``, ``load_average`` (1, 5, 15 minutes, when this was called — call it before the ranks start,
+    so that it is the load of *other* processes), ``timer`` (:func:`course.measure.timer_name`), and, when
+    given, ``busy_ranks`` (processes the measurement keeps busy at once) and ``ranks_per_core``.
+    Call :func:`finish` on it when the measurement is over."""
     device = None if device is None else torch.device(device)
-    out = {"cores": os.cpu_count(),
-           "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out = {"cores": os.cpu_count(), "usable_cores": usable,
            "cpu_model": _cpu_model(), "device": str(device) if device is not None else "cpu",
            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-           "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-           "timer": timer_name(device)}
+           "load_average": _load(), "timer": timer_name(device)}
+    if busy_ranks is not None:
+        out["busy_ranks"] = int(busy_ranks)
+        out["ranks_per_core"] = round(int(busy_ranks) / max(1, usable), 3)
     if device is not None and device.type == "cuda":
         out["gpu"] = {"name": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
     return out
 
 
+def _load() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def finish(info: dict) -> dict:
+    """Complete a :func:`machine` record once the measurement is over: ``load_average_after`` and
+    ``conditions`` (:func:`conditions`). Returns ``info`` (changed in place)."""
+    info["load_average_after"] = _load()
+    info["conditions"] = conditions(info)
+    return info
+
+
+def conditions(info: dict) -> str:
+    """How far the numbers measured on ``info``'s machine can be trusted as wall-clock comparisons:
+
+    * ``oversubscribed`` — more busy ranks than usable cores (``busy_ranks > usable_cores``): ranks take turns
+      on the cores, so every wait, bubble and overlap includes the others' compute;
+    * ``loaded`` — other processes kept more than half the cores busy: the 1-minute load average before the
+      measurement, or after it less the measurement's own ``busy_ranks`` (a busy rank adds about 1 to the
+      load), is above ``usable_cores / 2``;
+    * ``quiet`` — neither.
+
+    Devices other than the CPU (a GPU per rank) are not shared by the ranks, so only other load counts there.
+    """
+    cores = max(1, int(info.get("usable_cores") or info.get("cores") or 1))
+    busy = int(info.get("busy_ranks") or 0)
+    on_cpu = str(info.get("device", "cpu")).startswith("cpu")
+    if on_cpu and busy > cores:
+        return "oversubscribed"
+    others = []
+    if info.get("load_average"):
+        others.append(info["load_average"][0])
+    if info.get("load_average_after"):
+        # The 1-minute average lags: after a run of a few seconds it holds part of the run's own load.
+        others.append(info["load_average_after"][0] - (busy if on_cpu else 0))
+    if others and max(others) > cores / 2:
+        return "loaded"
+    return "quiet"
+
+
 def describe(info: dict) -> str:
-    """One line for a printed table: cores, CPU, device, load."""
+    """One line for a printed table: cores, CPU, device, load, busy ranks and the conditions."""
     load = info.get("load_average")
     loaded = f"; load average {load[0]:.1f} at the start" if load else ""
+    after = info.get("load_average_after")
+    loaded += f", {after[0]:.1f} after" if after else ""
+    busy = f"; {info['busy_ranks']} busy ranks ({info['ranks_per_core']:g} per core)" if "busy_ranks" in info else ""
+    cond = f"; conditions: {info['conditions']}" if "conditions" in info else ""
     gpu = f" ({info['gpu']['count']} x {info['gpu']['name']})" if info.get("gpu") else ""
     return (f"{info['cores']} cores ({info['cpu_model']}), device {info['device']}{gpu}, torch {info['torch']}, "
-            f"timer {info['timer']}{loaded}")
+            f"timer {info['timer']}{loaded}{busy}{cond}")
+
+
+# ---- verdicts -----------------------------------------------------------------------------------------
+
+def _bootstrap_median_interval(values: list[float], confidence: float, resamples: int, seed: int) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median of ``values`` (a seeded generator: the same numbers give
+    the same interval)."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    lo = medians[int(math.floor((1 - confidence) / 2 * (resamples - 1)))]
+    hi = medians[int(math.ceil((1 + confidence) / 2 * (resamples - 1)))]
+    return lo, hi
+
+
+def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"), *, lower_is_better: bool = True,
+            unit: str = "s", confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """The verdict on two variants measured side by side (repeat k of each in the same round of
+    :func:`interleaved`): is ``a`` faster, slower, or indistinguishable from ``b``?
+
+    ``a`` and ``b`` are per-repeat measurements (seconds when ``lower_is_better``; a rate such as tokens/s
+    otherwise). The verdict is ``indistinguishable`` when the two ranges (min–max) overlap **or** the
+    ``confidence`` bootstrap interval of the median per-repeat ratio ``a / b`` holds 1; otherwise ``faster``
+    or ``slower`` (of ``a`` against ``b``). Nothing else decides a winner.
+
+    Returns:
+        ``{"verdict", "ratio" (summarise of a/b per repeat), "interval" ([lo, hi] of the median ratio),
+        "overlap" (bool), "a", "b" (summarise of each), "names", "sentence"}`` — ``sentence`` states the
+        verdict with its numbers, for prose and plot titles.
+
+    Raises:
+        ValueError: fewer than :data:`MIN_REPEATS` repeats, or lists of different lengths (not side by side).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"compare {len(a)} and {len(b)} repeats: measure both side by side (interleaved)")
+    if len(a) < MIN_REPEATS:
+        raise ValueError(f"a verdict needs >= {MIN_REPEATS} side-by-side repeats, not {len(a)}")
+    sa, sb = summarise(a), summarise(b)
+    r = ratios(a, b)
+    lo, hi = _bootstrap_median_interval(r["all"], confidence, resamples, seed)
+    overlap = not apart(sa, sb)
+    if overlap or lo <= 1.0 <= hi:
+        verdict = "indistinguishable"
+    else:
+        a_better = (r["median"] < 1.0) == lower_is_better
+        verdict = "faster" if a_better else "slower"
+    name_a, name_b = names
+    spread = f"ratio {name_a}/{name_b} {r['median']:.3g} (min–max {r['min']:.3g}–{r['max']:.3g} over {r['n']} repeats)"
+    if verdict == "indistinguishable":
+        why = "the ranges overlap" if overlap else f"the {confidence:.0%} interval of the ratio holds 1"
+        sentence = f"{name_a} and {name_b} are indistinguishable on this machine ({why}; {spread})"
+    else:
+        factor = r["median"] if r["median"] >= 1 else 1 / r["median"]
+        sentence = f"{name_a} is {verdict} than {name_b}: {factor:.3g}x ({spread})"
+    return {"verdict": verdict, "ratio": r, "interval": [lo, hi], "overlap": overlap, "a": sa, "b": sb,
+            "names": list(names), "unit": unit, "sentence": sentence}
+
+
+def fit_quality(measured: list[float], predicted: list[float], coefficients: dict[str, float],
+                clamped: tuple[str, ...] = (), poor_factor: float = 1.5) -> dict:
+    """Whether a fit held, from its residuals and coefficients.
+
+    ``measured`` and ``predicted`` are the fitted points (e.g. seconds per message size); ``coefficients``
+    the fitted values by name (e.g. ``{"alpha": ..., "beta": ...}``), of quantities that cannot be negative
+    (a latency, an inverse bandwidth); ``clamped`` names those the fit had to clamp (e.g. a negative beta
+    set to 0).
+
+    Returns:
+        ``{"quality", "reason", "residuals" (measured / predicted per point), "worst_factor"}`` — ``quality``
+        is ``failed`` (a coefficient negative or clamped: the model does not describe these points, and
+        nothing derived from it, such as a crossover, may be printed as a prediction), ``poor`` (some point
+        off by more than ``poor_factor`` times either way) or ``good``.
+    """
+    if len(measured) != len(predicted):
+        raise ValueError(f"{len(measured)} measured and {len(predicted)} predicted points")
+    residuals = [m / p if p > 0 else math.inf for m, p in zip(measured, predicted)]
+    worst = max((max(r, 1 / r) if 0 < r < math.inf else math.inf for r in residuals), default=1.0)
+    bad = sorted(set(clamped) | {k for k, v in coefficients.items() if not (v >= 0)})
+    if bad:
+        quality, reason = "failed", f"the fit failed: {', '.join(bad)} came out negative or was clamped"
+    elif worst > poor_factor:
+        quality, reason = "poor", f"a poor fit: a point is {worst:.3g}x off the line"
+    else:
+        quality, reason = "good", f"a good fit: every point within {worst:.3g}x of the line"
+    return {"quality": quality, "reason": reason, "residuals": residuals, "worst_factor": worst}
 
 
 # ---- JSON --------------------------------------------------------------------------------------------

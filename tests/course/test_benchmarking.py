@@ -85,3 +85,51 @@ def test_every_benchmark_takes_the_run_configurations_names(module, argv, messag
     assert message in capsys.readouterr().err
     if args is not None:
         assert args.pp == [2] and args.micro_batches == [4]
+
+
+def test_conditions_class_the_machine_by_busy_ranks_and_other_load():
+    base = {"cores": 2, "usable_cores": 2, "device": "cpu"}
+    assert benchmarking.conditions({**base, "load_average": [0.2, 0, 0], "busy_ranks": 2}) == "quiet"
+    assert benchmarking.conditions({**base, "load_average": [0.2, 0, 0], "busy_ranks": 3}) == "oversubscribed"
+    assert benchmarking.conditions({**base, "load_average": [1.5, 0, 0], "busy_ranks": 1}) == "loaded"
+    # After the run the load holds the run's own busy ranks: only the rest counts as other load.
+    assert benchmarking.conditions({**base, "load_average": [0.1, 0, 0], "load_average_after": [2.4, 0, 0],
+                                    "busy_ranks": 2}) == "quiet"
+    assert benchmarking.conditions({**base, "load_average": [0.1, 0, 0], "load_average_after": [4.0, 0, 0],
+                                    "busy_ranks": 2}) == "loaded"
+    # One GPU per rank: ranks do not share the CPU's cores for their compute.
+    assert benchmarking.conditions({**base, "device": "cuda:0", "load_average": [0.1, 0, 0], "busy_ranks": 8}) == "quiet"
+    info = benchmarking.finish(benchmarking.machine("cpu", busy_ranks=1))
+    assert info["conditions"] in ("quiet", "loaded") and len(info["load_average_after"]) == 3
+    assert "conditions:" in benchmarking.describe(info) and "1 busy ranks" in benchmarking.describe(info)
+
+
+def test_compare_names_a_winner_only_when_the_repeats_separate():
+    fast, slow = [1.0, 1.1, 1.05, 0.98], [2.0, 2.1, 2.2, 1.9]
+    v = benchmarking.compare(fast, slow, ("bucketed", "plain"))
+    assert v["verdict"] == "faster" and not v["overlap"] and v["interval"][1] < 1
+    assert v["sentence"].startswith("bucketed is faster than plain")
+    assert benchmarking.compare(slow, fast)["verdict"] == "slower"
+    # A rate (tokens/s): higher is better.
+    assert benchmarking.compare(slow, fast, lower_is_better=False)["verdict"] == "faster"
+    # Overlapping ranges: no winner, whatever the medians say.
+    v = benchmarking.compare([1.0, 1.1, 2.05], [2.0, 2.1, 2.2])
+    assert v["verdict"] == "indistinguishable" and v["overlap"] and "indistinguishable" in v["sentence"]
+    # The rounds disagree (ratios on both sides of 1): the interval of the ratio holds 1.
+    v = benchmarking.compare([1.0, 3.0, 1.0, 3.0, 1.0], [2.0, 2.5, 2.0, 2.5, 2.0])
+    assert v["verdict"] == "indistinguishable"
+    assert benchmarking.compare(fast, slow) == benchmarking.compare(fast, slow), "seeded: the same verdict"
+    with pytest.raises(ValueError, match="side by side"):
+        benchmarking.compare([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="3"):
+        benchmarking.compare([1.0, 2.0], [1.0, 2.0])
+
+
+def test_fit_quality_fails_a_negative_or_clamped_coefficient_and_flags_large_residuals():
+    good = benchmarking.fit_quality([1.0, 2.0, 4.0], [1.1, 1.9, 4.0], {"alpha": 1e-5, "beta": 1e-9})
+    assert good["quality"] == "good" and good["worst_factor"] < 1.2
+    poor = benchmarking.fit_quality([1.0, 2.0, 8.0], [1.0, 2.0, 4.0], {"alpha": 1e-5, "beta": 1e-9})
+    assert poor["quality"] == "poor" and poor["worst_factor"] == 2.0
+    assert benchmarking.fit_quality([1.0], [1.0], {"alpha": 1e-5, "beta": -1e-9})["quality"] == "failed"
+    failed = benchmarking.fit_quality([1.0], [1.0], {"alpha": 1e-5, "beta": 0.0}, clamped=("beta",))
+    assert failed["quality"] == "failed" and "beta" in failed["reason"]
