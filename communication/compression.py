@@ -56,11 +56,28 @@ def topk_compress(grad: torch.Tensor, residual: torch.Tensor, ratio: float
 
 
 def topk_decompress(indices: torch.Tensor, values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The dense tensor (shape and dtype of ``like``) with ``values`` at flat ``indices``, zeros elsewhere
-    (repeated indices are summed)."""
+    """The dense tensor (shape and dtype of ``like``) with ``values`` (k,) at the flat ``indices`` (k,), zeros
+    elsewhere: one rank's top-k (:func:`topk_compress`), whose indices are distinct — each entry is written
+    once, the same on every device (several ranks' top-k are summed by :func:`topk_sum`)."""
     out = torch.zeros(like.numel(), dtype=values.dtype, device=values.device)
-    out.index_add_(0, indices, values)
+    out[indices] = values
     return out.view_as(like)
+
+
+def topk_sum(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
+    """The dense sum (shape and dtype of ``like``) of several ranks' top-k, ``parts[r] = (indices, values)`` of
+    group rank r (each with distinct indices, :func:`topk_compress`), **added in rank order**.
+
+    A coordinate chosen by several ranks is ``((v_0 + v_1) + v_2) + ...`` over the ranks that chose it, in
+    rank order, on every rank and every device, so the replicas stay bitwise equal. (One ``index_add_``
+    of all the pairs concatenated would add repeated indices with CUDA atomics, in an order that varies
+    from run to run and from rank to rank: with three or more ranks the replicas drift apart in the last
+    bits: ``torch.use_deterministic_algorithms`` lists ``index_add`` on CUDA as nondeterministic.)
+    """
+    total = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+    for indices, values in parts:  # rank order; one rank's indices are distinct: read, add, write back once each
+        total[indices] += values
+    return total.view_as(like)
 
 
 class TopKReducer:
@@ -68,7 +85,8 @@ class TopKReducer:
 
     In :meth:`finish` every gradient is compressed with :func:`topk_compress` (one residual per
     parameter, kept on this rank), the (indices, values) of all ranks are all-gathered in
-    ``group`` and summed into a dense gradient divided by the group size. ``bytes_sent``
+    ``group`` and summed into a dense gradient, in rank order (:func:`topk_sum`: the same bits on
+    every rank, so the replicas stay equal), divided by the group size. ``bytes_sent``
     counts what this rank put on the wire per step (values and int64 indices), ``dense_bytes``
     what the uncompressed gradients would be.
 
@@ -95,7 +113,7 @@ class TopKReducer:
             vals = [torch.empty_like(val) for _ in range(self.world_size)]
             dist.all_gather(idxs, idx, group=self.group)
             dist.all_gather(vals, val, group=self.group)
-            dense = topk_decompress(torch.cat(idxs), torch.cat(vals), p) / self.world_size
+            dense = topk_sum(list(zip(idxs, vals)), p) / self.world_size  # rank order: bitwise equal replicas
             p.grad = dense
             self.bytes_sent += idx.numel() * idx.element_size() + val.numel() * val.element_size()
             self.dense_bytes += p.numel() * p.element_size()

@@ -94,8 +94,9 @@ def train_epoch(step: Callable[[dict], StepOutcome], batches: Iterable, n_steps:
     """Run ``step(batch)`` on the first ``n_steps`` batches of ``batches``.
 
     Args:
-        device: the device the steps run on: its clock is read after its queued work has run
-            (:func:`course.measure.now`), so ``time`` is the steps' own on a GPU too.
+        device: the device the steps run on, or a list of them (a one-process pipeline's stages): the
+            clock is read after their queued work has run (:func:`course.measure.now`), so ``time`` is
+            the steps' own on GPUs too.
         done: resuming: ``{"steps", "losses", "tokens", "time"}`` of this epoch's steps already
             taken; their batches are skipped (the iterator is advanced past them).
         before_first: called once, after the skip, before the first step is run (where a resumed
@@ -207,14 +208,18 @@ class TrainingMode:
             every rank sees the whole batch). Their tokens are summed for
             ``global_tokens_per_sec``.
         show_progress: whether this rank draws the progress bar.
+        devices: every device this rank's training step runs on (default ``[device]``): a one-process
+            pipeline with stage s on ``cuda:s`` lists them all, so the epoch's clock waits for every one
+            of them (:func:`course.measure.now`) and the results give each one's peak memory.
     """
 
     mode = "training"
     results_prefix = ""
 
     def __init__(self, args, data, device, *, rank: int = 0, world_group=None, throughput_group=None,
-                 show_progress: bool = True):
+                 show_progress: bool = True, devices: list | None = None):
         self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
+        self.devices = [torch.device(d) for d in devices] if devices else [self.device]
         self.world_group, self.throughput_group = world_group, throughput_group
         self.show_progress = show_progress and not args.quiet
 
@@ -471,7 +476,7 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
         batches, n_steps = mode.epoch_batches(epoch)
         mode.train_mode()
         profiled = n_steps - (done["steps"] if done else 0) if epoch == first_epoch else 0  # the first epoch's
-        with mode.training(epoch), MemoryMeter(mode.device) as memory, _profiler(mode, profiled) as profiler:
+        with mode.training(epoch), MemoryMeter(mode.devices) as memory, _profiler(mode, profiled) as profiler:
 
             def after_step(n, so_far, e=epoch, base=steps_before):  # not counted as training time
                 checkpoints.maybe_save(e, base + n, so_far)
@@ -480,7 +485,7 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
 
             stats = train_epoch(mode.train_step, batches, n_steps, desc=mode.progress_desc(epoch),
                                 show_progress=mode.show_progress, done=done, before_first=restore_rng,
-                                after_step=after_step, device=mode.device, first_step=steps_before)
+                                after_step=after_step, device=mode.devices, first_step=steps_before)
         checkpoints.finish()
         done = restore_rng = None
         steps_before += n_steps
@@ -511,8 +516,9 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
             "train_losses": losses,
             "steps": stats["steps"],
             "tokens": stats["tokens"],
-            "timer": timer_name(mode.device),  # how training_time was read (course.measure)
-            "peak_memory_bytes": memory.peak_bytes, "memory": memory.measure,
+            "timer": timer_name(mode.devices),  # how training_time was read (course.measure)
+            "peak_memory_bytes": memory.peak_bytes, "memory": memory.measure,  # the largest of the devices'
+            "peak_memory_device": memory.peak_device, "peak_memory_bytes_by_device": memory.peak_bytes_by_device,
             **mode.epoch_extra(epoch, stats),
             **checkpoints.extra(),
             "config": mode.config(),

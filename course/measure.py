@@ -11,14 +11,17 @@ nothing about the GPU's. What the course reads instead:
   :class:`Stopwatch` times a block with it. On the CPU the clock is read as it is. Where waiting
   would change what is measured (communication meant to overlap the backward pass), :func:`stamp`
   takes a CUDA event instead and :func:`seconds` reads it afterwards on the same scale.
-  :func:`timer_name` says which was used (``"host-clock"`` or ``"host-clock+cuda-sync"``).
+  :func:`timer_name` says which was used (``"host-clock"`` or ``"host-clock+cuda-sync"``). ``device`` may
+  also be a list of devices — the GPUs of a one-process pipeline (``pipeline.training``, stage s on
+  ``cuda:s``) — and then every one of them is synchronised before the clock is read.
   :func:`cpu_seconds` is not a clock but a cost: the CPU seconds this process has used (all its threads),
   which leave out the time it waited for a core — what a machine with more ranks than cores needs to
   rebuild a timeline as if each rank had a core of its own (``pipeline.metrics.replay``).
 * **memory**: :class:`MemoryMeter` — on CUDA the peak of ``torch.cuda.max_memory_allocated`` during
   the block (the counter is reset when the block starts), on the CPU the process's peak resident set
   size (``ru_maxrss``, which cannot be reset: the peak since the process started).
-  :func:`memory_name` says which. The bytes of tensors autograd saves for the backward pass
+  :func:`memory_name` says which. Given a list of devices, the meter reports each GPU's peak
+  (``peak_bytes_by_device``) and the largest (``peak_bytes``, on ``peak_device``). The bytes of tensors autograd saves for the backward pass
   (:class:`course.saved_tensors.SavedTensorBytes`, used by ``pipeline.StageRunner``, the memory and the
   tensor-parallel parts) are counted by storage and mean the same on both devices.
 
@@ -50,15 +53,26 @@ def _cuda(device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
+def _cudas(devices) -> list[torch.device]:
+    """The CUDA devices of ``devices`` (one device, None, or a list or tuple of devices), each once, in order."""
+    found = []
+    for device in devices if isinstance(devices, (list, tuple)) else [devices]:
+        cuda = _cuda(device)
+        if cuda is not None and cuda not in found:
+            found.append(cuda)
+    return found
+
+
 def synchronize(device=None) -> None:
-    """Wait until everything queued on ``device`` has run (nothing to wait for on the CPU)."""
-    cuda = _cuda(device)
-    if cuda is not None:
+    """Wait until everything queued on ``device`` (a device, or a list of devices: each of them) has run
+    (nothing to wait for on the CPU)."""
+    for cuda in _cudas(device):
         torch.cuda.synchronize(cuda)
 
 
 def now(device=None) -> float:
-    """Seconds on the wall clock (``time.time()``), read after :func:`synchronize` of ``device``."""
+    """Seconds on the wall clock (``time.time()``), read after :func:`synchronize` of ``device`` (a device or a
+    list of devices)."""
     synchronize(device)
     return time.time()
 
@@ -72,7 +86,7 @@ def cpu_seconds() -> float:
 
 def timer_name(device=None) -> str:
     """What :func:`now` measures on ``device``: ``"host-clock"`` or ``"host-clock+cuda-sync"``."""
-    return SYNCED_CLOCK if _cuda(device) is not None else HOST_CLOCK
+    return SYNCED_CLOCK if _cudas(device) else HOST_CLOCK
 
 
 class Stopwatch:
@@ -152,7 +166,7 @@ def peak_rss_bytes() -> int:
 
 def memory_name(device=None) -> str:
     """What :class:`MemoryMeter` measures on ``device``."""
-    return CUDA_MEMORY if _cuda(device) is not None else HOST_MEMORY
+    return CUDA_MEMORY if _cudas(device) else HOST_MEMORY
 
 
 class MemoryMeter:
@@ -162,28 +176,44 @@ class MemoryMeter:
     most bytes of tensors allocated at once during the block (``start_bytes`` were allocated when it
     began). CPU: the process's peak RSS when the block ends (it includes the interpreter and the
     libraries, and it is never reset). ``measure`` names which (:func:`memory_name`).
+
+    ``device`` may be a list of devices (a one-process pipeline's stages): each GPU is measured on its
+    own, ``peak_bytes_by_device`` / ``start_bytes_by_device`` map ``"cuda:s"`` to its bytes, and
+    ``peak_bytes`` is the largest of them, reached on ``peak_device`` (``start_bytes`` that device's).
+    On the CPU the one entry is ``"cpu"`` (the process's RSS).
     """
 
     def __init__(self, device=None):
-        self.cuda = _cuda(device)
+        self.cudas = _cudas(device)
         self.measure = memory_name(device)
-        self.start_bytes = self.peak_bytes = None
+        self.start_bytes = self.peak_bytes = self.peak_device = None
+        self.start_bytes_by_device: dict[str, int] = {}
+        self.peak_bytes_by_device: dict[str, int] = {}
+
+    @property
+    def cuda(self) -> torch.device | None:
+        """The first GPU measured (None on the CPU)."""
+        return self.cudas[0] if self.cudas else None
 
     def __enter__(self) -> "MemoryMeter":
-        if self.cuda is not None:
-            torch.cuda.synchronize(self.cuda)
-            torch.cuda.reset_peak_memory_stats(self.cuda)
-            self.start_bytes = torch.cuda.memory_allocated(self.cuda)
-        else:
-            self.start_bytes = peak_rss_bytes()
+        for cuda in self.cudas:
+            torch.cuda.synchronize(cuda)
+            torch.cuda.reset_peak_memory_stats(cuda)
+            self.start_bytes_by_device[str(cuda)] = torch.cuda.memory_allocated(cuda)
+        if not self.cudas:
+            self.start_bytes_by_device["cpu"] = peak_rss_bytes()
+        self.start_bytes = next(iter(self.start_bytes_by_device.values()))
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.cuda is not None:
-            torch.cuda.synchronize(self.cuda)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.cuda)
-        else:
-            self.peak_bytes = peak_rss_bytes()
+        for cuda in self.cudas:
+            torch.cuda.synchronize(cuda)
+            self.peak_bytes_by_device[str(cuda)] = torch.cuda.max_memory_allocated(cuda)
+        if not self.cudas:
+            self.peak_bytes_by_device["cpu"] = peak_rss_bytes()
+        self.peak_device = max(self.peak_bytes_by_device, key=self.peak_bytes_by_device.get)  # first of equal peaks
+        self.peak_bytes = self.peak_bytes_by_device[self.peak_device]
+        self.start_bytes = self.start_bytes_by_device[self.peak_device]
 
 
 def measures(device=None) -> dict:

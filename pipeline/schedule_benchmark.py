@@ -7,13 +7,13 @@ on real GPT-2 stages, count-balanced and measured-balanced, next to the theory.
 Times are read with :func:`course.measure.now` (on a GPU after the device's queued work has run;
 ``timer`` in the JSON), the events are the stage runner's spans (:mod:`course.trace`), the CPU seconds
 :func:`course.measure.cpu_seconds`, the statistics and the machine description the benchmark harness's
-(:mod:`course.benchmarking`). The replay from CPU seconds is the CPU's measure: on a GPU the events'
-wall time is what counts. Under torchrun ``--pp`` is torchrun's world size and rank 0 writes the JSON.
+(:mod:`course.benchmarking`). Under torchrun ``--pp`` is torchrun's world size and rank 0 writes the JSON.
 The options are named as in the run scripts (``--pp``, ``--micro_batches``, ``--virtual_stages``);
 the former ``--p``, ``--m``, ``--v`` still work, with a note.
 
 For every ``p`` (``--pp``) and balance (``count``: blocks spread evenly, embeddings on the first and
-the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance`) one
+the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance` of the layers on the
+run's device, :func:`layer_balances`) one
 launch of ``p`` processes runs every schedule and every ``m`` (``--micro_batches``): ``--warmup`` untimed steps,
 then ``--repeats`` timed steps. A step's bubble fraction is
 :func:`pipeline.metrics.measured_bubble_fraction` of its timeline (idle share of
@@ -23,7 +23,10 @@ slowest rank); ``cores_busy`` is the CPU seconds of all ranks over the step's wa
 wait for a core, not only for each other, and the wall-clock bubble cannot reach the theory).
 So every step is also replayed (:func:`pipeline.metrics.replay`): each action's CPU seconds
 run through the schedule's dependencies as if every rank had a core of its own — the
-schedule's own bubble with the stages' real, unequal costs. The JSON holds, per
+schedule's own bubble with the stages' real, unequal costs. On a GPU the host's CPU seconds say
+nothing of the kernels' time, so there the replay runs each action's measured span (wall seconds read
+after the device's work has run) as if every rank had a device of its own and hand-overs were free;
+each row's ``replayed_from`` says which (:func:`replay_source`). The JSON holds, per
 configuration, the median and min-max over the repeats and the theoretical bubble:
 
 * GPipe, 1F1B: ``(p - 1) / (m + p - 1)``; interleaved with ``v`` chunks:
@@ -63,6 +66,43 @@ def _model(cfg):
     return build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0, n_layer=cfg["n_layer"])
 
 
+def layer_balances(cfg: dict, n_ranks: int, device, group=None) -> dict[int, list[int] | None]:
+    """``{v: layers per virtual stage}`` for 1 and ``cfg["v"]`` chunks per rank: None with ``cfg["balance"] ==
+    "count"``; with ``"auto"``, :func:`pipeline.gpt2.gpt2_measured_balance` of the benchmark's model **on
+    ``device``** (the run's device: a GPU's layer costs, not a CPU copy's; timed with :func:`course.measure.now`,
+    which waits for the device's queued work) on a micro-batch of random tokens. Collective over ``group``
+    with ``"auto"`` (every rank measures at once; all get the partition of the per-layer medians)."""
+    from pipeline.gpt2 import gpt2_measured_balance
+
+    balances: dict[int, list[int] | None] = {}
+    for v in sorted({1, cfg["v"]}):
+        balances[v] = None
+        if cfg["balance"] == "auto":
+            sample = torch.randint(0, cfg["vocab"], (cfg["micro_batch_size"], cfg["seq"]),
+                                   generator=torch.Generator().manual_seed(2), device="cpu")
+            balances[v], _ = gpt2_measured_balance(_model(cfg).to(device), n_ranks * v, sample, repeats=5, group=group)
+    return balances
+
+
+REPLAY_SOURCES = {"cpu": "CPU seconds per action (course.measure.cpu_seconds): one core per rank",
+                  "device": "device-synchronised wall seconds per action (course.measure.now): one device per rank"}
+
+
+def replay_source(device) -> str:
+    """What the replay runs through the schedule on ``device`` (a key of :data:`REPLAY_SOURCES`): on the CPU each
+    action's CPU seconds (the time a rank waited for a core left out); on a GPU, where the host's CPU seconds
+    say nothing of the kernels' time, each action's wall time read after the device's work has run."""
+    return "cpu" if torch.device(device).type == "cpu" else "device"
+
+
+def replay_durations(step: dict, source: str) -> list[float]:
+    """Seconds of each action of one rank's step (``step["events"]``, ``step["event_cpu_s"]``) for the replay:
+    its CPU seconds (``source == "cpu"``) or its measured span, ``end - start`` (``"device"``)."""
+    if source == "cpu":
+        return list(step["event_cpu_s"])
+    return [end - start for _, _, start, end in step["events"]]
+
+
 def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     """A worker for :func:`course.launch.launch`: ``{schedule: {m: [per step: events, wall_s, peaks]}}``."""
     import torch.distributed as dist
@@ -70,7 +110,6 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     from course.launch import context
     from course.measure import cpu_seconds, now
     from course.mesh import Mesh
-    from pipeline.gpt2 import gpt2_measured_balance
     from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
     from pipeline.metrics import measured_bubble_fraction  # noqa: F401 (documented use by the caller)
     from pipeline.schedules import schedule_actions
@@ -82,13 +121,8 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
     v_max = cfg["v"]
     g = torch.Generator().manual_seed(1)
     mb, seq, vocab = cfg["micro_batch_size"], cfg["seq"], cfg["vocab"]
-    balances = {}
-    for v in sorted({1, v_max}):
-        balances[v] = None
-        if cfg["balance"] == "auto":
-            sample = torch.randint(0, vocab, (mb, seq), generator=torch.Generator().manual_seed(2), device="cpu")
-            balances[v], _ = gpt2_measured_balance(_model(cfg), world_size * v, sample, repeats=5, group=group)
-    out = {"balance": {str(v): b for v, b in balances.items()}}
+    balances = layer_balances(cfg, world_size, device, group)
+    out = {"balance": {str(v): b for v, b in balances.items()}, "replay": replay_source(device)}
 
     def loss_fn(logits, target):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
@@ -152,6 +186,7 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
             t0 = now()
             per_rank = launch_all(benchmark_worker, p, cfg, device=device, timeout=timeout, collective_timeout=600)
             print(f"p={p} balance={balance}: {now() - t0:.0f} s", file=sys.stderr, flush=True)
+            source = per_rank[0]["replay"]
             for schedule in schedules:
                 for m in m_values:
                     bubbles, dedicated, walls, cores_used = [], [], [], []
@@ -160,8 +195,8 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
                     for step in range(repeats):
                         events = [per_rank[r][schedule][m][step]["events"] for r in range(p)]
                         bubbles.append(measured_bubble_fraction(events))
-                        cpu_s = [per_rank[r][schedule][m][step]["event_cpu_s"] for r in range(p)]
-                        dedicated.append(measured_bubble_fraction(replay(actions, cpu_s)))
+                        durations = [replay_durations(per_rank[r][schedule][m][step], source) for r in range(p)]
+                        dedicated.append(measured_bubble_fraction(replay(actions, durations)))
                         walls.append(max(per_rank[r][schedule][m][step]["wall_s"] for r in range(p)))
                         cores_used.append(sum(per_rank[r][schedule][m][step].get("cpu_s", float("nan"))
                                               for r in range(p)) / walls[-1])
@@ -176,7 +211,7 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
                         theory=th, ratio_to_theory=bub["median"] / th if th else None,
                         dedicated_bubble_median=ded["median"], dedicated_bubble_min=ded["min"],
                         dedicated_bubble_max=ded["max"],
-                        dedicated_ratio_to_theory=ded["median"] / th if th else None,
+                        dedicated_ratio_to_theory=ded["median"] / th if th else None, replayed_from=source,
                         stage_cpu_s=[sum(per_rank[r][schedule][m][-1]["event_cpu_s"]) for r in range(p)],
                         tokens_per_s_median=tps["median"], tokens_per_s_min=tps["min"],
                         tokens_per_s_max=tps["max"], cores_busy_median=summarise(cores_used)["median"],
@@ -190,13 +225,15 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
     config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
                   repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
                   vocab=vocab, cpu_count=info["cores"], torch=torch.__version__, device=device,
-                  timer=timer_name(device))
+                  timer=timer_name(device), replayed_from=sorted({r["replayed_from"] for r in rows}))
     return {"machine": info, "config": config, "rows": rows}
 
 
 def format_table(report: dict) -> str:
     """A plain-text table of the rows."""
-    lines = [f"{'':27}{'wall clock, this machine':^30}{'one core per rank (replayed)':^30}",
+    sources = {r.get("replayed_from", "cpu") for r in report["rows"]}
+    replayed = "one core per rank (replayed)" if sources == {"cpu"} else "one device per rank (replayed)"
+    lines = [f"{'':27}{'wall clock, this machine':^30}{replayed:^30}",
              f"{'p':>2} {'bal':>5} {'schedule':>11} {'m':>3} {'theory':>6} "
              f"{'bubble':>7} {'(min-max)':>13} {'ratio':>6} {'bubble':>7} {'(min-max)':>13} {'ratio':>6} "
              f"{'cores':>5} {'tok/s':>7} {'(min-max)':>13}"]
@@ -211,7 +248,7 @@ def format_table(report: dict) -> str:
     lines.append(f"cores: CPU seconds of all ranks per wall second of the step ({cores} cores here). With more ranks "
                  f"than cores, a rank also waits for a core, inside its actions as well as between them, so the "
                  f"wall-clock timeline holds the machine's waiting next to the schedule's bubble. The replay runs "
-                 f"each action's CPU seconds through the schedule as if every rank had a core of its own "
+                 f"each action's {' and '.join(REPLAY_SOURCES[s] for s in sorted(sources))} through the schedule "
                  f"(pipeline.metrics.replay): the schedule's bubble with the stages' real costs.")
     return "\n".join(lines)
 

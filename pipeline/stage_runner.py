@@ -49,6 +49,9 @@ but not yet backwarded) and the bytes of activations saved for backward
 (:class:`course.saved_tensors.SavedTensorBytes`). Each forward, backward and weight-gradient step is
 one span of the course's event recorder (:mod:`course.trace`, row ``compute``): the runner's
 ``StepResult.events`` are those spans on the origin's scale, and any active recorder gets them too.
+Reading the clock synchronises a GPU before and after every step, which costs the overlap of host and
+device: a runner built with ``timed=False`` (a training mode's, ``three_d.training``) reads it only
+while an event recorder is active — otherwise its steps run untimed and ``StepResult.events`` is empty.
 
 Source: Narayanan et al. 2021, Megatron-LM, Sec. 2.2 (pipeline schedules) and 4.1.
 """
@@ -77,7 +80,8 @@ class StepResult:
         losses: ``{micro-batch: loss}`` (last stage only; float values of ``loss_fn``).
         events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"``, ``"B"`` or ``"W"``,
             seconds since the runner's common time origin (the spans the runner recorded,
-            :mod:`course.trace`).
+            :mod:`course.trace`); empty for a step run untimed (``StageRunner(timed=False)`` with no
+            recorder active).
         event_chunks: the chunk of each event (all 0 with one chunk per rank).
         event_cpu_s: the CPU seconds this process spent in each event (:func:`course.measure.cpu_seconds`,
             all its threads): the event's cost without the time it waited for a core, which
@@ -127,6 +131,10 @@ class StageRunner:
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
         group: the pipeline's process group (the mesh's ``pp`` group); None: the world.
             This rank's stage is its rank in ``group``, the number of stages its size.
+        timed: time every step (:func:`course.measure.now`: on a GPU, synchronising the device before
+            and after it) into ``StepResult.events``. False: only while an event recorder is active
+            (:func:`course.trace.active`), so that training without ``--trace`` is not slowed down.
+            Settable later (attribute ``timed``).
 
     Attributes:
         stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
@@ -139,8 +147,9 @@ class StageRunner:
     the common time origin of the recorded events (:func:`common_clock_origin`).
     """
 
-    def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None):
-        self.group = group
+    def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None,
+                 timed: bool = True):
+        self.group, self.timed, self._timing = group, timed, timed
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         if not self.chunks:
             raise ValueError("a stage runner needs at least one chunk")
@@ -264,7 +273,7 @@ class StageRunner:
                 y = self.loss_fn(y, self.targets[i])
         self._record("F", i, start)
         if self.is_last:
-            self.result.losses[i] = float(y.detach())
+            self.result.losses[i] = y.detach()  # made floats at the end of run(): no host sync per micro-batch
         self._activation_bytes[(self.chunk, i)] = saved.activation_bytes
         self._inputs[(self.chunk, i)] = x
         return y
@@ -314,12 +323,17 @@ class StageRunner:
         self._record("W", i, start)
         self._activation_bytes.pop(key, None)
 
-    def _start_timer(self) -> float:
+    def _start_timer(self) -> float | None:
+        """The clock at the start of a step, or None if this step is not timed (no clock read, nothing waited for)."""
+        if not self._timing:
+            return None
         start = now(self.device)  # course.measure: on a GPU, after the work queued before has run
         self._cpu_start = cpu_seconds()
         return start
 
-    def _record(self, kind: str, i: int, start: float) -> None:
+    def _record(self, kind: str, i: int, start: float | None) -> None:
+        if start is None:  # untimed (see timed)
+            return
         end = now(self.device)  # ... and after this event's kernels have run
         chunk, cpu = self.chunk or 0, cpu_seconds() - self._cpu_start
         span = trace.record(f"{kind}{i}" if self.n_chunks == 1 else f"{kind}{i}.{chunk}", "compute", start, end,
@@ -399,6 +413,7 @@ class StageRunner:
         self._mailbox: dict = {}
         self._micro = None
         self.result = StepResult(timer=timer_name(self.device))
+        self._timing = self.timed or trace.active()  # the same for every action of the step
         plan = self._plan(actions)
         batches = sorted(plan["batches"].items())
         try:
@@ -427,6 +442,7 @@ class StageRunner:
                 self._communicate(ops)
         finally:
             self.chunk = None
+        self.result.losses = {i: float(loss) for i, loss in self.result.losses.items()}
         if self._deferred:
             raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "
                              "every W must run within the step, before the optimizer step")

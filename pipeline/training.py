@@ -95,10 +95,15 @@ def cpu_threads_per_stage(args) -> int | None:
 
 
 class PipeTraining(PipelineMode):
-    """``model_parallel`` / ``pipeline_parallel``: :class:`pipeline.gpt2.GPT2Pipeline` in this process."""
+    """``model_parallel`` / ``pipeline_parallel``: :class:`pipeline.gpt2.GPT2Pipeline` in this process.
+
+    With ``--device cuda`` stage s runs on ``cuda:s`` (:func:`pipeline.gpt2.stage_devices`): the epoch's
+    clock synchronises every stage's GPU before it is read, and the results give each GPU's peak memory
+    (``peak_memory_bytes_by_device``) beside the largest (``peak_memory_bytes``, on ``peak_memory_device``).
+    """
 
     def __init__(self, args, data, model, piped, devices, threads, optimizer):
-        super().__init__(args, data, devices[0])
+        super().__init__(args, data, devices[0], devices=devices)  # the clock and the memory meter: every stage's
         self.model, self.piped, self.devices, self.threads, self.optimizer = model, piped, devices, threads, optimizer
 
     def train_mode(self):

@@ -18,6 +18,14 @@ group and bytes), both spans of the course's event recorder (:mod:`course.trace`
 a recorder of the step's own), communication per group and kind (count, bytes, per step), peak
 activation bytes, the rank's coordinates and groups.
 
+**What is timed.** Timing a span synchronises a GPU before and after it — around every forward,
+backward, tp all-reduce and pipeline exchange — which takes away the overlap of host and device that
+training relies on. So a step is recorded (its own recorder; the stage runner's clock) only when that
+is asked for: every step while the run's trace is on (``--trace``: a recorder active, as the
+results' timelines then come from each step), else only the epoch's **last** step, whose timeline the
+results file reports. The other steps read no clock and keep no span; ``training_time`` and
+``tokens_per_sec`` include one timed step per epoch.
+
 Checkpoints (``--checkpoint_every N``, ``--resume DIR``; :mod:`course.checkpoint`) are
 layout-independent across dp and pp: :meth:`ThreeDTraining.checkpoint_state` keys every weight
 and its AdamW state by its name in the whole model and its tp rank only, so a checkpoint written
@@ -32,6 +40,7 @@ losses before the resume are taken from whichever rank recorded them (:meth:`bat
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -92,6 +101,16 @@ def evaluation_group(mesh):
     return mine
 
 
+@contextlib.contextmanager
+def _recording_step(recorder):
+    """``recorder`` active in the block, which is its span ``"3D step"`` (row ``step``); nothing if None."""
+    if recorder is None:
+        yield
+        return
+    with trace.recording(recorder), recorder.span("3D step", "step"):
+        yield
+
+
 class ThreeDTraining(TrainingMode):
     """One rank of a 3D run: its stage's tp shard, its dp rank's rows of every batch."""
 
@@ -106,6 +125,8 @@ class ThreeDTraining(TrainingMode):
         self.mesh, self.stage = mesh, stage
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
         self.runner = rank_setup.runner
+        self.runner.timed = False  # the runner reads its clock only on the steps recorded (train_step)
+        self.record_step = False  # whether the coming step is the epoch's last (epoch_batches)
         self.counter = CommCounter()
         self.timeline, self.comm_timeline, self.peak_bytes, self.peak_in_flight = [], [], 0, 0
         self.eval_group = evaluation_group(mesh)
@@ -176,7 +197,14 @@ class ThreeDTraining(TrainingMode):
         loader = DataLoader(Subset(self.data.train, order.tolist()), batch_size=self.args.batch_size,
                             collate_fn=self.data.collate, drop_last=True)  # every dp rank needs its full share
         steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
-        return loader, steps
+        return self._marking_the_last(loader, steps), steps
+
+    def _marking_the_last(self, loader, steps: int):
+        """The loader's batches, with :attr:`record_step` set to whether each is the epoch's last step (the one
+        the results file times). Counted over every batch drawn, so a resumed epoch's skipped batches count."""
+        for n, batch in enumerate(loader):
+            self.record_step = n == steps - 1
+            yield batch
 
     def training(self, epoch: int):
         self.counter = CommCounter()
@@ -188,20 +216,23 @@ class ThreeDTraining(TrainingMode):
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
         origin = self.runner.origin
-        with trace.recording(trace.Recorder(self.device)) as step, step.span("3D step", "step"):  # this step's spans
+        # a trace asked for, or the step the results report: this step's spans, on a recorder of its own
+        step = trace.Recorder(self.device) if trace.active() or self.record_step else None
+        with _recording_step(step):
             out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches,
                                self.args.schedule, self.args.max_grad_norm)
             self.optimizer.step()
-        whole, = step.select("step")
-        self.step_span = (whole.start - origin, whole.end - origin)
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
-        self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
-                         for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
-        self.comm_timeline = [dict(stage=self.mesh.stage, kind=c.args["kind"], group=c.args["group"],
-                                   bytes=c.args["bytes"], start=c.start - origin, end=c.end - origin)
-                              for c in step.select("communication")]
+        if step is not None:
+            whole, = step.select("step")
+            self.step_span = (whole.start - origin, whole.end - origin)
+            self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
+                             for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
+            self.comm_timeline = [dict(stage=self.mesh.stage, kind=c.args["kind"], group=c.args["group"],
+                                       bytes=c.args["bytes"], start=c.start - origin, end=c.end - origin)
+                                  for c in step.select("communication")]
         self.last_grad_norm = out["grad_norm"]
         return StepOutcome(out["loss"], int(batch["attention_mask"][rows].sum()))
 
@@ -251,7 +282,8 @@ class ThreeDTraining(TrainingMode):
         per_step = {g: {k: {"count": v["count"] / steps, "bytes": v["bytes"] / steps} for k, v in kinds.items()}
                     for g, kinds in by_group.items()}
         return {"timeline": self.timeline, "timeline_note": "forward and backward of every micro-batch of the "
-                "epoch's last batch on this rank (seconds since the pp group's common origin)",
+                "epoch's last batch on this rank (seconds since the pp group's common origin; only that step is timed "
+                "unless --trace is on: timing synchronises the device)",
                 "comm_timeline": self.comm_timeline, "comm_timeline_note": "every communication call of the same "
                 "batch on this rank: kind, group (tp, pp, dp, embedding), bytes, start and end on the timeline's clock "
                 "(a send: its posting only; a recv: from the start of its wait)",

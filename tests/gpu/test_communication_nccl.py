@@ -27,17 +27,21 @@ def test_gradient_synchronisation_on_nccl_equals_gloo(kind):
         assert_same(nccl[rank]["losses"], gloo[rank]["losses"], f"{kind}: losses, rank {rank}", rtol=1e-3)
 
 
-def test_topk_with_error_feedback_on_nccl():
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_topk_with_error_feedback_on_nccl(world_size):
     """Top-k picks by magnitude, so rounding differences between devices may pick other entries: the NCCL
     result is checked against top-k recomputed on the host from the GPUs' own local gradients, and the
-    losses against gloo's."""
-    from communication.compression import topk_compress, topk_decompress
+    losses against gloo's. The ranks' pairs are summed in rank order (``topk_sum``), so every replica has
+    the same bits — with 3 ranks too, where a coordinate chosen by all three would be added in a varying
+    order by CUDA's ``index_add_``."""
+    from communication.compression import topk_compress, topk_sum
 
-    nccl, gloo = on_nccl_and_gloo(reducer_worker, 2, "topk")
+    nccl, gloo = on_nccl_and_gloo(reducer_worker, world_size, "topk")
     for name, synced in nccl[0]["synced"].items():
-        parts = [topk_compress(nccl[r]["local"][name], torch.zeros_like(synced), 0.1)[:2] for r in range(2)]
-        want = topk_decompress(torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts]), synced) / 2
+        parts = [topk_compress(nccl[r]["local"][name], torch.zeros_like(synced), 0.1)[:2] for r in range(world_size)]
+        want = topk_sum(parts, synced) / world_size
         assert_same(synced, want, f"top-k {name}")
-        assert_same(nccl[1]["synced"][name], synced, f"top-k {name}: rank 1 vs rank 0", rtol=0, atol=0)
-    for rank in range(2):
+        for rank in range(1, world_size):
+            assert torch.equal(nccl[rank]["synced"][name], synced), f"top-k {name}: rank {rank}'s bits != rank 0's"
+    for rank in range(world_size):
         assert_same(nccl[rank]["losses"], gloo[rank]["losses"], f"top-k losses, rank {rank}", rtol=1e-3)

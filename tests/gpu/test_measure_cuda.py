@@ -88,3 +88,28 @@ def test_a_profile_on_a_gpu_holds_its_kernels(tmp_path):
 
     events = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
     assert any(e.get("cat") == "kernel" for e in events), "CUDA kernels recorded"
+
+
+def test_memory_meter_measures_every_stage_gpu():
+    """A one-process pipeline's devices (stage s on cuda:s): the clock waits for the last stage's GPU too, and
+    the meter reports each GPU's peak and which one is the largest."""
+    import time
+
+    from course.measure import MemoryMeter, now
+
+    need_gpus(2)
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+    for d in devices:
+        torch.cuda.synchronize(d)
+    cycles = int(0.2 * torch.cuda.get_device_properties(devices[1]).clock_rate * 1e3)  # ~0.2 s on cuda:1 only
+    start = time.time()
+    with torch.cuda.device(devices[1]):
+        torch.cuda._sleep(cycles)
+    assert now(devices) - start > 0.1, "the clock must wait for the second stage's GPU"
+    with MemoryMeter(devices) as m:
+        small = torch.empty(4 * 2**20, dtype=torch.uint8, device=devices[0])
+        large = torch.empty(32 * 2**20, dtype=torch.uint8, device=devices[1])
+        del small, large
+    grew = {d: m.peak_bytes_by_device[d] - m.start_bytes_by_device[d] for d in ("cuda:0", "cuda:1")}
+    assert 4 * 2**20 <= grew["cuda:0"] < 32 * 2**20 <= grew["cuda:1"], grew
+    assert m.peak_bytes == max(m.peak_bytes_by_device.values()) == m.peak_bytes_by_device[m.peak_device]

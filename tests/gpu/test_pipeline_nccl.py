@@ -17,3 +17,31 @@ def test_schedule_on_nccl_equals_gloo(schedule, n_chunks, world_size):
         assert nccl[rank]["events"] == gloo[rank]["events"] > 0
         assert_same(nccl[rank]["grads"], gloo[rank]["grads"], f"{schedule} rank {rank} gradients")
         assert_same(nccl[rank]["losses"], gloo[rank]["losses"], f"{schedule} rank {rank} losses")
+
+
+def test_schedule_benchmark_costs_layers_on_the_gpu():
+    """``--balance auto --device cuda`` costs the layers on the GPU (the model's parameters there while they are
+    timed, with the synchronised clock) and gives a partition of the chain; the replay source is the device."""
+    import torch
+
+    import pipeline.gpt2
+    from pipeline import schedule_benchmark as sb
+    from tests.gpu.support import need_gpus
+
+    need_gpus(1)
+    device = torch.device("cuda", 0)
+    real, seen = pipeline.gpt2.gpt2_measured_balance, []
+
+    def costing(model, n_stages, sample, **kwargs):
+        seen.append(next(model.parameters()).device)
+        return real(model, n_stages, sample, **kwargs)
+
+    cfg = dict(balance="auto", v=2, micro_batch_size=2, seq=16, vocab=256, n_layer=4)
+    pipeline.gpt2.gpt2_measured_balance = costing
+    try:
+        balances = sb.layer_balances(cfg, 2, device)
+    finally:
+        pipeline.gpt2.gpt2_measured_balance = real
+    assert seen == [device, device]
+    assert all(sum(b) == cfg["n_layer"] + 2 and len(b) == 2 * v for v, b in balances.items()), balances
+    assert sb.replay_source(device) == "device"
