@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from communication.alpha_beta import fit_alpha_beta
+from communication.alpha_beta import fit_alpha_beta, measured_crossover, readable_bytes
 
 ALGORITHMS = ("ring", "recursive_doubling")
 BUS_FACTORS = {"all_reduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
@@ -190,8 +190,6 @@ def crossover_prediction(p: int, fit: dict) -> dict:
     Raises:
         ValueError: ``p < 2``.
     """
-    from communication.alpha_beta import readable_bytes
-
     if fit["quality"]["quality"] == "failed":
         return {"bytes": None, "failed": True, "sentence": f"no crossover predicted: {fit['quality']['reason']}"}
     x = predicted_crossover(p, fit["alpha"], fit["beta"])
@@ -225,8 +223,6 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
     Returns:
         ``{"answer": "agrees" | "disagrees" | "cannot say", "sentence"}``.
     """
-    from communication.alpha_beta import readable_bytes
-
     if measured is None:
         return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: "
                                                     "it was not measured here"}
@@ -364,7 +360,6 @@ def fit_benchmark(allreduce_report: dict, p: int) -> dict:
     Raises:
         KeyError: the report lacks the ring or the tree, or their per-repeat times (``"all"``).
     """
-    from communication.alpha_beta import measured_crossover
     from course.benchmarking import fit_quality
 
     algos = allreduce_report["algorithms"]

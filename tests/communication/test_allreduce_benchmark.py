@@ -44,3 +44,17 @@ def test_an_oversubscribed_world_size_is_replayed_from_a_quiet_one(capsys):
         [cm.predict_allreduce("ring", n, 4, alpha, beta) for n in sizes], rel=1e-9)
     out = capsys.readouterr().out
     assert "p = 4 replayed (not measured)" in out and "(replayed)" in out
+
+
+def _rank_worker(rank, world_size):
+    return rank
+
+
+@pytest.mark.timeout(120)
+def test_launch_measured_records_the_machine_around_the_ranks():
+    from communication.experiments import launch_measured
+
+    out, info = launch_measured(_rank_worker, 2, timeout=100)
+    assert out == {0: 0, 1: 1}
+    assert info["busy_ranks"] == 2 and info["device"] == "cpu"
+    assert "load_average_after" in info and info["conditions"] in ("quiet", "loaded", "oversubscribed")
