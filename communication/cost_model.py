@@ -218,7 +218,8 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
     never faster; at most the smallest when it always was; no crossover when the ring was never faster),
     ``disagrees`` otherwise, and ``cannot say`` when nothing was predicted from a failed fit, nothing was
     measured, or the measurement's ``conditions`` (:func:`course.benchmarking.conditions`) were
-    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's).
+    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's);
+    a ``loaded`` measurement's answer says so in its sentence.
 
     Returns:
         ``{"answer": "agrees" | "disagrees" | "cannot say", "sentence"}``.
@@ -246,8 +247,9 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
     got = {"never": f"none up to {readable_bytes(sizes[-1])}", "always": f"at or below {readable_bytes(sizes[0])}",
            "crossover": f"at {readable_bytes(measured.get('bytes'))}"}[kind]
     answer = "agrees" if ok else "disagrees"
-    return {"answer": answer, "sentence": f"the model {'agrees' if ok else 'disagrees'} with the measurement within "
-                                          f"the size grid (predicted {want}, measured {got})"}
+    caveat = "; measured on a loaded machine: a quiet one may give other verdicts" if conditions == "loaded" else ""
+    return {"answer": answer, "sentence": f"the model {answer} with the measurement within the size grid "
+                                          f"(predicted {want}, measured {got}{caveat})"}
 
 
 # ---- bandwidths as nccl-tests reports them -----------------------------------------------------------

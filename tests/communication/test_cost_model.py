@@ -138,6 +138,8 @@ def test_crossover_agreement():
     failed = {"bytes": None, "failed": True, "sentence": "no crossover predicted: the fit failed"}
     assert cm.crossover_agreement(failed, never, sizes)["answer"] == "cannot say"
     assert cm.crossover_agreement({"bytes": None, "failed": False}, None, sizes)["answer"] == "cannot say"
+    loaded = cm.crossover_agreement({"bytes": None, "failed": False}, never, sizes, "loaded")
+    assert loaded["answer"] == "agrees" and "loaded machine" in loaded["sentence"]
     over = cm.crossover_agreement({"bytes": None, "failed": False}, never, sizes, "oversubscribed")
     assert over["answer"] == "cannot say" and "more busy ranks than cores" in over["sentence"]
 
