@@ -9,8 +9,6 @@ algorithms and group sizes against the link speed.
 """
 from __future__ import annotations
 
-import math
-
 
 def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
     """Bus bandwidth of an all-reduce, bytes/s: ``size * 2 (p - 1) / p / seconds`` (0 for p = 1)."""
@@ -18,7 +16,9 @@ def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
 
 
 def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares fit of ``t = alpha + beta * N`` to (size, time) points, in *relative* error.
+    """Least-squares fit of ``t = alpha + beta * N`` to (size, time) points, in *relative* error: the bare
+    solve, coefficients as they came out (possibly negative). :func:`fit_line` adds the fit's quality, and
+    :func:`communication.cost_model.fit_allreduce_model` turns the line into alpha and beta per step.
 
     Each point is weighted by 1 / t (the residual is ``(alpha + beta N - t) / t``), so that
     the microsecond messages count as much as the 64 MB ones; an unweighted fit is decided by
@@ -42,25 +42,82 @@ def fit_alpha_beta(sizes_bytes: list[float], seconds: list[float]) -> tuple[floa
     return (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
 
 
-def crossover(fit_a: tuple[float, float], fit_b: tuple[float, float]) -> float | None:
-    """Message size (bytes) where two fitted lines meet: below it the one with the smaller alpha is
-    faster, above it the one with the smaller beta. None if they do not cross at a positive size."""
-    (alpha_a, beta_a), (alpha_b, beta_b) = fit_a, fit_b
-    if beta_a == beta_b:
-        return None
-    n = (alpha_b - alpha_a) / (beta_a - beta_b)
-    return n if n > 0 and math.isfinite(n) else None
+def fit_line(sizes_bytes: list[float], seconds: list[float]) -> dict:
+    """:func:`fit_alpha_beta` with its quality (:func:`course.benchmarking.fit_quality`): the line
+    ``t = intercept + slope * N`` of one whole call (an all-reduce of an algorithm whose steps are not
+    modelled, such as ``dist.all_reduce``). ``intercept`` is seconds per *call*, not the alpha per step of
+    :func:`communication.cost_model.fit_allreduce_model` (which divides it by the algorithm's steps).
+
+    Nothing is clamped: a negative coefficient is reported as it came out, and the quality is ``failed``.
+
+    Returns:
+        ``{"intercept": s, "slope": s per byte, "predicted": [s per size], "quality": fit_quality(...)}``.
+
+    Raises:
+        ValueError: as :func:`fit_alpha_beta`, or a time that is not positive.
+    """
+    from course.benchmarking import fit_quality
+
+    if any(not t > 0 for t in seconds):
+        raise ValueError(f"measured times must be > 0 seconds, got {seconds}")
+    a, b = fit_alpha_beta(list(sizes_bytes), list(seconds))
+    predicted = [a + b * n for n in sizes_bytes]
+    return {"intercept": a, "slope": b, "predicted": predicted,
+            "quality": fit_quality(list(seconds), predicted, {"intercept": a, "slope": b})}
 
 
-def measured_crossover(sizes_bytes: list[float], seconds_a: list[float], seconds_b: list[float]) -> float | None:
-    """The smallest measured size from which ``a`` is at least as fast as ``b`` at every larger size
-    (None if ``a`` is slower at the largest size)."""
-    best = None
-    for n, ta, tb in sorted(zip(sizes_bytes, seconds_a, seconds_b), reverse=True):
-        if ta > tb:
-            break
-        best = n
-    return best
+def readable_bytes(n: float | None) -> str:
+    """``4194304`` -> ``"4 MB"``, ``538412`` -> ``"526 KB"`` (KB, MB, GB are powers of 1024, as the benchmark's
+    ``--sizes`` reads them; three significant digits); ``None`` -> ``"none"``."""
+    if n is None:
+        return "none"
+    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(round(n))} B"
+
+
+def measured_crossover(sizes_bytes: list[float], seconds_a: list[list[float]], seconds_b: list[list[float]],
+                       names: tuple[str, str] = ("a", "b")) -> dict:
+    """Where ``a`` starts to beat ``b``, from computed verdicts (:func:`course.benchmarking.compare`) of their
+    side-by-side repeats at each measured size — never from medians alone.
+
+    Args:
+        sizes_bytes: the message sizes. seconds_a, seconds_b: per size, the per-repeat seconds of each
+        (repeat k of both in the same round; at least three).
+
+    Returns:
+        ``{"bytes", "kind", "verdicts": [compare(a, b) per size, ascending], "sentence"}``: ``kind`` is
+        ``"crossover"`` (``bytes`` = the smallest size from which ``a`` is faster at every larger size, with a
+        size below it where it is not), ``"never"`` (``a`` is not faster at the largest size; ``bytes`` None) or
+        ``"always"`` (``a`` is faster at every size; ``bytes`` None: no crossover within the sizes measured);
+        ``sentence`` says which, with the verdict that decides it.
+
+    Raises:
+        ValueError: lengths differ, or as ``compare`` (fewer than three repeats).
+    """
+    from course.benchmarking import compare
+
+    if not len(sizes_bytes) == len(seconds_a) == len(seconds_b) or not sizes_bytes:
+        raise ValueError("measured_crossover needs per-repeat times of both at every size")
+    order = sorted(range(len(sizes_bytes)), key=lambda i: sizes_bytes[i])
+    sizes = [sizes_bytes[i] for i in order]
+    verdicts = [compare(list(seconds_a[i]), list(seconds_b[i]), names) for i in order]
+    k = len(sizes)
+    while k > 0 and verdicts[k - 1]["verdict"] == "faster":
+        k -= 1
+    a, b = names
+    if k == len(sizes):
+        return {"bytes": None, "kind": "never", "verdicts": verdicts,
+                "sentence": f"no measured crossover: at the largest size, {readable_bytes(sizes[-1])}, "
+                            f"{verdicts[-1]['sentence']}"}
+    if k == 0:
+        return {"bytes": None, "kind": "always", "verdicts": verdicts,
+                "sentence": f"no crossover within the sizes measured: {a} is faster than {b} at every size, from "
+                            f"{readable_bytes(sizes[0])}"}
+    return {"bytes": sizes[k], "kind": "crossover", "verdicts": verdicts,
+            "sentence": f"measured crossover at {readable_bytes(sizes[k])}: {a} is faster than {b} from there on; "
+                        f"at {readable_bytes(sizes[k - 1])}, {verdicts[k - 1]['sentence']}"}
 
 
 def collective_seconds(kind: str, nbytes: float, p: int, alpha: float, beta: float, base: float = 0.0) -> float:

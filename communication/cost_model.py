@@ -17,6 +17,13 @@ that carry ``factor(p) * n`` bytes one after another, so
 Fewer steps (recursive doubling) win for small messages, fewer bytes (the ring) for large ones; the two
 cost lines cross at :func:`predicted_crossover`.
 
+**Fits, verdicts, replays** (the measurement protocol of :mod:`course.benchmarking`): every fit carries its
+quality (:func:`course.benchmarking.fit_quality`; a coefficient that came out negative means it failed), and
+nothing is predicted from a failed fit (:func:`crossover_prediction`); the measured crossover comes from
+computed verdicts per size (:func:`communication.alpha_beta.measured_crossover`), and
+:func:`crossover_agreement` says whether the two agree. A world size the machine cannot run without more
+busy ranks than cores is replayed (:func:`replay_allreduce`) from the link fitted at a smaller one.
+
 **Bandwidths as nccl-tests reports them** (NVIDIA/nccl-tests, doc/PERFORMANCE.md): the *algorithm
 bandwidth* ``algbw = S / t`` (S the message size in bytes, t the time), and the *bus bandwidth*
 ``busbw = algbw * factor``, with factor ``2 (p - 1) / p`` for all-reduce, ``(p - 1) / p`` for
@@ -32,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from communication.alpha_beta import fit_alpha_beta
+from communication.alpha_beta import fit_alpha_beta, measured_crossover, readable_bytes
 
 ALGORITHMS = ("ring", "recursive_doubling")
 BUS_FACTORS = {"all_reduce": lambda p: 2 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
@@ -72,6 +79,21 @@ def allreduce_bytes_factor(algorithm: str, p: int) -> float:
     return float(allreduce_steps(algorithm, p))  # every step carries the whole tensor
 
 
+def allreduce_schedule(algorithm: str, p: int, size_bytes: float) -> list[float]:
+    """The messages on the critical path of an all-reduce of ``size_bytes`` on ``p`` ranks, in order: bytes per
+    step (``len`` = :func:`allreduce_steps`, ``sum`` = :func:`allreduce_bytes_factor` times the size). The ring
+    sends ``n / p`` in each of its ``2 (p - 1)`` steps; recursive doubling the whole tensor in each exchange,
+    with a fold-in message before and a result message after when p is not a power of two (see the module).
+
+    Raises:
+        ValueError: as :func:`allreduce_steps`.
+    """
+    steps = allreduce_steps(algorithm, p)
+    if algorithm == "ring":
+        return [size_bytes / p] * steps
+    return [float(size_bytes)] * steps
+
+
 def predict_allreduce(algorithm: str, size_bytes: float, p: int, alpha: float, beta: float) -> float:
     """Seconds of an all-reduce of ``size_bytes`` on ``p`` ranks: ``alpha * steps + beta * factor * size``.
 
@@ -85,29 +107,38 @@ def predict_allreduce(algorithm: str, size_bytes: float, p: int, alpha: float, b
 
 
 def fit_allreduce_model(algorithm: str, p: int, sizes_bytes: list[float], seconds: list[float]) -> dict:
-    """Least-squares fit of ``T(n) = alpha * steps(p) + beta * factor(p) * n`` to measured times.
+    """Least-squares fit of ``T(n) = alpha * steps(p) + beta * factor(p) * n`` to measured times, with its
+    quality (:func:`course.benchmarking.fit_quality`).
 
     The line ``a + b n`` is fitted in relative error (:func:`communication.alpha_beta.fit_alpha_beta`:
-    the small messages count as much as the large ones), then ``alpha = a / steps``, ``beta = b / factor``.
-    A negative coefficient (noise can make one: a flat or falling set of times) is set to 0 and the
-    other refitted alone, so the model stays physical; ``clamped`` names it.
+    the small messages count as much as the large ones), then ``alpha = a / steps`` (seconds per *step*:
+    the line's intercept ``a`` is the latency of a whole all-reduce, ``steps`` of them) and
+    ``beta = b / factor``. A coefficient that comes out negative (noise can make one: a flat or falling set
+    of times) means the model does not describe these points: the fit is ``failed``. The model's line is
+    then drawn with that coefficient set to 0 and the other refitted alone (``clamped`` names it), but
+    nothing derived from it — a bandwidth, a crossover — is a prediction (:func:`crossover_prediction`).
 
     Args:
         sizes_bytes: message sizes (bytes), at least two distinct. seconds: one time per size (a median).
 
     Returns:
-        ``{"alpha": s per step, "beta": s per byte, "bandwidth": 1 / beta (bytes/s, inf if beta = 0),
-        "predicted": [s per size], "ratio": [measured / predicted per size], "clamped": None | "alpha" |
-        "beta"}``.
+        ``{"alpha": s per step, "beta": s per byte, "bandwidth": 1 / beta (bytes/s; None when beta is 0),
+        "intercept": a (s per all-reduce), "steps", "factor", "alpha_arithmetic": the division written out,
+        "unconstrained": {"alpha", "beta"} as the least-squares solve gave them, "predicted": [s per size],
+        "ratio": [measured / predicted per size], "clamped": None | "alpha" | "beta", "quality":
+        fit_quality(...) ({"quality": good | poor | failed, "reason", "residuals", "worst_factor"})}``.
 
     Raises:
         ValueError: as :func:`allreduce_steps`, or as ``fit_alpha_beta`` (fewer than two sizes, lengths differ),
         or a time that is not positive.
     """
+    from course.benchmarking import fit_quality
+
     steps, factor = allreduce_steps(algorithm, p), allreduce_bytes_factor(algorithm, p)
     if any(not t > 0 for t in seconds):
         raise ValueError(f"measured times must be > 0 seconds, got {seconds}")
     a, b = fit_alpha_beta(list(sizes_bytes), list(seconds))
+    unconstrained = {"alpha": a / steps, "beta": b / factor}
     clamped = None
     if b < 0:  # only a latency: the a minimising sum (a / t - 1)^2
         a, b, clamped = sum(1 / t for t in seconds) / sum(1 / t**2 for t in seconds), 0.0, "beta"
@@ -116,8 +147,15 @@ def fit_allreduce_model(algorithm: str, p: int, sizes_bytes: list[float], second
             (n / t) ** 2 for n, t in zip(sizes_bytes, seconds)), "alpha"
     alpha, beta = a / steps, b / factor
     predicted = [predict_allreduce(algorithm, n, p, alpha, beta) for n in sizes_bytes]
-    return {"alpha": alpha, "beta": beta, "bandwidth": 1 / beta if beta > 0 else math.inf, "predicted": predicted,
-            "ratio": [t / m for t, m in zip(seconds, predicted)], "clamped": clamped}
+    quality = fit_quality(list(seconds), predicted, {"alpha": alpha, "beta": beta},
+                          clamped=(clamped,) if clamped else ())
+    return {"alpha": alpha, "beta": beta, "bandwidth": 1 / beta if beta > 0 else None, "intercept": a,
+            "steps": steps, "factor": factor,
+            "alpha_arithmetic": f"alpha per step = intercept / steps = {a * 1e6:.1f} us / {steps} = "
+                                f"{alpha * 1e6:.1f} us",
+            "unconstrained": unconstrained, "predicted": predicted,
+            "ratio": [t / m if m > 0 else math.inf for t, m in zip(seconds, predicted)], "clamped": clamped,
+            "quality": quality}
 
 
 def predicted_crossover(p: int, alpha: float, beta: float) -> float | None:
@@ -126,7 +164,8 @@ def predicted_crossover(p: int, alpha: float, beta: float) -> float | None:
     ``alpha * steps_ring + beta * factor_ring * n = alpha * steps_rd + beta * factor_rd * n``.
 
     None when the lines do not cross at a positive size: e.g. p = 2 (both send n bytes, recursive doubling in
-    one step instead of two, so it is never slower in the model), or ``beta = 0``.
+    one step instead of two, so it is never slower in the model), or ``beta = 0``. For (alpha, beta) that come
+    from a fit, use :func:`crossover_prediction`, which predicts nothing from a failed fit and says why.
 
     Raises:
         ValueError: ``p < 2``, or a negative ``alpha`` or ``beta``.
@@ -138,6 +177,79 @@ def predicted_crossover(p: int, alpha: float, beta: float) -> float | None:
     if beta == 0 or saved_bytes <= 0 or extra_steps <= 0:
         return None
     return alpha * extra_steps / (beta * saved_bytes)
+
+
+def crossover_prediction(p: int, fit: dict) -> dict:
+    """The model's ring/recursive-doubling crossover on ``p`` ranks from a fit (:func:`fit_allreduce_model`),
+    as a value and a sentence that agree: ``{"bytes": float | None, "failed": bool, "sentence"}``.
+
+    ``bytes`` is None, with the reason in ``sentence``, when the fit failed (a coefficient came out negative:
+    nothing is predicted from it) or when the model's lines do not cross (:func:`predicted_crossover`: p = 2,
+    where recursive doubling sends the same bytes in fewer steps).
+
+    Raises:
+        ValueError: ``p < 2``.
+    """
+    if fit["quality"]["quality"] == "failed":
+        return {"bytes": None, "failed": True, "sentence": f"no crossover predicted: {fit['quality']['reason']}"}
+    x = predicted_crossover(p, fit["alpha"], fit["beta"])
+    if x is None:
+        if allreduce_bytes_factor("recursive_doubling", p) <= allreduce_bytes_factor("ring", p):
+            why = (f"at p = {p} recursive doubling sends no more bytes than the ring, in "
+                   f"{allreduce_steps('recursive_doubling', p)} step(s) to its {allreduce_steps('ring', p)}, so the "
+                   f"ring is never faster in the model")
+        else:
+            why = "beta is 0: the model has no bandwidth term for the ring to save"
+        return {"bytes": None, "failed": False, "sentence": f"the model predicts no crossover: {why}"}
+    return {"bytes": x, "failed": False,
+            "sentence": f"the model predicts the ring faster than recursive doubling above {readable_bytes(x)} "
+                        f"(alpha = {fit['alpha'] * 1e6:.3g} us per step, 1/beta = {fit['bandwidth'] / 1e9:.3g} GB/s; "
+                        f"{fit['quality']['reason']})"}
+
+
+def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[float],
+                        conditions: str | None = None) -> dict:
+    """Does the model predict the measured crossover? ``model``: :func:`crossover_prediction`;
+    ``measured``: :func:`communication.alpha_beta.measured_crossover` of the ring against recursive doubling
+    (None: not measured, e.g. a replayed world size); ``sizes_bytes``: the measured sizes.
+
+    The answer is ``agrees`` when the prediction falls in the size grid's interval the measurement points to
+    (above the size before the measured crossover and at most it; beyond the largest size when the ring was
+    never faster; at most the smallest when it always was; no crossover when the ring was never faster),
+    ``disagrees`` otherwise, and ``cannot say`` when nothing was predicted from a failed fit, nothing was
+    measured, or the measurement's ``conditions`` (:func:`course.benchmarking.conditions`) were
+    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's);
+    a ``loaded`` measurement's answer says so in its sentence.
+
+    Returns:
+        ``{"answer": "agrees" | "disagrees" | "cannot say", "sentence"}``.
+    """
+    if measured is None:
+        return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: "
+                                                    "it was not measured here"}
+    if conditions == "oversubscribed":
+        return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: the "
+                                                    "times were measured with more busy ranks than cores"}
+    if model["failed"]:
+        return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: "
+                                                    + model["sentence"]}
+    sizes, x, kind = sorted(sizes_bytes), model["bytes"], measured["kind"]
+    if x is None:
+        ok = kind == "never"
+    elif kind == "never":
+        ok = x > sizes[-1]
+    elif kind == "always":
+        ok = x <= sizes[0]
+    else:
+        below = max(s for s in sizes if s < measured["bytes"])
+        ok = below < x <= measured["bytes"]
+    want = "none" if x is None else readable_bytes(x)
+    got = {"never": f"none up to {readable_bytes(sizes[-1])}", "always": f"at or below {readable_bytes(sizes[0])}",
+           "crossover": f"at {readable_bytes(measured.get('bytes'))}"}[kind]
+    answer = "agrees" if ok else "disagrees"
+    caveat = "; measured on a loaded machine: a quiet one may give other verdicts" if conditions == "loaded" else ""
+    return {"answer": answer, "sentence": f"the model {answer} with the measurement within the size grid "
+                                          f"(predicted {want}, measured {got}{caveat})"}
 
 
 # ---- bandwidths as nccl-tests reports them -----------------------------------------------------------
@@ -235,31 +347,73 @@ BENCHMARK_NAMES = {"ring": "ring", "recursive_doubling": "tree"}  # project/benc
 
 def fit_benchmark(allreduce_report: dict, p: int) -> dict:
     """Fit the model to the ring's median times of one world size of ``project/benchmark.py``'s report
-    (``["allreduce"][str(p)]``) and predict both algorithms from that one (alpha, beta).
+    (``["allreduce"][str(p)]``), predict both algorithms from that one (alpha, beta), and compare the two
+    algorithms size by size (:func:`course.benchmarking.compare` of their side-by-side repeats).
 
     Returns:
-        ``{"p", "sizes": [bytes], "fit": fit_allreduce_model(ring), "algorithms": {name: {"median", "min",
-        "max", "model", "ratio"}}, "crossover_model": predicted_crossover(p, alpha, beta),
-        "crossover_measured": the smallest measured size from which the ring's median is at most recursive
-        doubling's at every larger size (None if it never is)}``, times in seconds. ``ratio`` is
-        measured / model; recursive doubling's model is a prediction (not fitted to its points).
+        ``{"p", "replayed": False, "sizes": [bytes], "machine": the world size's machine record (or None),
+        "fit": fit_allreduce_model(ring), "prediction_quality": fit_quality of recursive doubling's measured
+        medians against the model's prediction for it (nothing fitted to them),
+        "algorithms": {name: {"median", "min", "max", "all", "model", "ratio"}},
+        "crossover_model": crossover_prediction(p, fit), "crossover_measured": measured_crossover(ring, recursive
+        doubling), "crossover_agreement": crossover_agreement(...)}``, times in seconds. ``ratio`` is measured /
+        model.
 
     Raises:
-        KeyError: the report lacks the ring or the tree.
+        KeyError: the report lacks the ring or the tree, or their per-repeat times (``"all"``).
     """
-    from communication.alpha_beta import measured_crossover
+    from course.benchmarking import fit_quality
 
     algos = allreduce_report["algorithms"]
     sizes = sorted(int(s) for s in algos["ring"]["points"])
-    out = {"p": p, "sizes": sizes, "algorithms": {}}
+    out = {"p": p, "replayed": False, "sizes": sizes, "machine": allreduce_report.get("machine"), "algorithms": {}}
     for name, bench_name in BENCHMARK_NAMES.items():
         pts = [algos[bench_name]["points"][str(s)] for s in sizes]
-        out["algorithms"][name] = {k: [pt[k] for pt in pts] for k in ("median", "min", "max")}
+        out["algorithms"][name] = {k: [pt[k] for pt in pts] for k in ("median", "min", "max", "all")}
     ring = out["algorithms"]["ring"]["median"]
     out["fit"] = fit = fit_allreduce_model("ring", p, sizes, ring)
     for name, per in out["algorithms"].items():
         per["model"] = [predict_allreduce(name, n, p, fit["alpha"], fit["beta"]) for n in sizes]
         per["ratio"] = [t / m if m > 0 else math.inf for t, m in zip(per["median"], per["model"])]
-    out["crossover_model"] = predicted_crossover(p, fit["alpha"], fit["beta"])
-    out["crossover_measured"] = measured_crossover(sizes, ring, out["algorithms"]["recursive_doubling"]["median"])
+    rd = out["algorithms"]["recursive_doubling"]
+    out["prediction_quality"] = fit_quality(rd["median"], rd["model"], {"alpha": fit["alpha"], "beta": fit["beta"]},
+                                            clamped=(fit["clamped"],) if fit["clamped"] else ())
+    out["crossover_model"] = crossover_prediction(p, fit)
+    out["crossover_measured"] = measured_crossover(sizes, out["algorithms"]["ring"]["all"], rd["all"],
+                                                   ("ring", "recursive doubling"))
+    out["crossover_agreement"] = crossover_agreement(out["crossover_model"], out["crossover_measured"], sizes,
+                                                     (out["machine"] or {}).get("conditions"))
+    return out
+
+
+def replay_allreduce(fit: dict, p: int, sizes_bytes: list[float], source_p: int) -> dict:
+    """Seconds of both algorithms on ``p`` ranks *replayed* from a link measured at ``source_p`` ranks: each
+    algorithm's schedule (:func:`allreduce_schedule`) walked message by message, every message costing
+    ``alpha + beta * m`` with the per-step (alpha, beta) of ``fit`` (:func:`fit_allreduce_model` at
+    ``source_p``, e.g. 2 ranks on 2 quiet cores). For a world size the machine cannot run without
+    oversubscribing its cores, this is what the model predicts on a machine with a core (or a GPU) per rank;
+    nothing here is measured at ``p``.
+
+    Returns:
+        ``{"p", "replayed": True, "source_p", "sizes", "fit": fit, "algorithms": {name: {"median": [s per size],
+        "model": [s per size]}} ({} when the source fit failed), "crossover_model": crossover_prediction(p, fit),
+        "crossover_measured": None, "crossover_agreement": crossover_agreement(..., None, ...), "sentence"}``.
+
+    Raises:
+        ValueError: as :func:`allreduce_steps`.
+    """
+    sizes = sorted(sizes_bytes)
+    out = {"p": p, "replayed": True, "source_p": source_p, "sizes": sizes, "fit": fit, "algorithms": {},
+           "crossover_model": crossover_prediction(p, fit), "crossover_measured": None}
+    out["crossover_agreement"] = crossover_agreement(out["crossover_model"], None, sizes)
+    if fit["quality"]["quality"] == "failed":
+        out["sentence"] = (f"p = {p} not replayed: the fit at p = {source_p} it would replay failed "
+                           f"({fit['quality']['reason']})")
+        return out
+    for name in ALGORITHMS:
+        times = [sum(fit["alpha"] + fit["beta"] * m for m in allreduce_schedule(name, p, n)) for n in sizes]
+        out["algorithms"][name] = {"median": times, "model": times}
+    out["sentence"] = (f"p = {p} replayed (not measured): {allreduce_steps('ring', p)} ring steps of n/{p} bytes and "
+                       f"{allreduce_steps('recursive_doubling', p)} recursive-doubling steps of n bytes, each costing "
+                       f"alpha + beta m with the link fitted at p = {source_p} ({fit['quality']['reason']})")
     return out

@@ -8,6 +8,9 @@ Their repeated measurements go through the course's one benchmark harness (:mod:
   at one or several numbers of ranks (also notebook 01's scaling measurement);
 * :func:`overlap_timeline_worker` — when each bucket's all-reduce starts and ends relative to the backward pass;
 * :func:`compression_worker`    — loss curves and bytes sent per step: none, top-k, PowerSGD, torch's PowerSGD hook.
+
+:func:`launch_measured` launches one of them with the machine recorded around it (busy ranks, the load before
+and after, the conditions), for a notebook to print beside what it measured.
 """
 from __future__ import annotations
 
@@ -22,6 +25,26 @@ from course.measure import seconds, stamp
 ALGORITHMS = ("dist.all_reduce", "ring", "tree")
 INNER_SECONDS = 2e-3  # a timed repeat of allreduce_bench_worker lasts at least this long (up to MAX_INNER calls)
 MAX_INNER = 64
+
+
+def launch_measured(worker, world_size: int, *args, device: str = "auto", **kwargs) -> tuple[dict, dict]:
+    """:func:`course.launch.launch` of ``worker`` on ``world_size`` ranks, with the machine it ran on:
+    :func:`course.benchmarking.machine` (``busy_ranks=world_size``) before the ranks start, and
+    :func:`course.benchmarking.finish` (the load after, the conditions: quiet, loaded, oversubscribed) once they
+    are done. ``kwargs`` go to ``launch`` (``timeout``, ...).
+
+    Returns:
+        ``(launch's {rank: result}, the machine record)``; print it with :func:`course.benchmarking.describe`.
+
+    Raises:
+        course.launch.RankFailure: as ``launch``.
+    """
+    from course.benchmarking import finish, machine
+    from course.launch import launch, resolve_device_backend
+
+    info = machine(resolve_device_backend(device, "auto", world_size)[0], busy_ranks=world_size)
+    out = launch(worker, world_size, *args, device=device, **kwargs)
+    return out, finish(info)
 
 
 def ring_trace_worker(rank: int, world_size: int, numel: int = 10) -> dict:

@@ -71,9 +71,10 @@ def plot_ring_steps(traces: dict, world_size: int, chunk_sizes: list[int] | None
 
 
 def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = None):
-    """Left: time per all-reduce vs size (median, min-max bars) with each algorithm's fitted
-    alpha + beta N line; right: bus bandwidth vs size. ``report``: one world size of
-    ``project/benchmark.py``'s JSON (``["allreduce"][str(p)]``)."""
+    """Left: time per all-reduce vs size (median, min-max bars) with each algorithm's fitted line, labelled
+    with alpha per step, 1/beta and the fit's quality (``dist.all_reduce``: a whole call's intercept); right:
+    bus bandwidth vs size. ``report``: one world size of ``project/benchmark.py``'s JSON
+    (``["allreduce"][str(p)]``, each algorithm's ``"fit"``)."""
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -83,9 +84,13 @@ def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = 
         med = [p["median"] * 1e6 for p in pts]
         err = [[m - p["min"] * 1e6 for m, p in zip(med, pts)], [p["max"] * 1e6 - m for m, p in zip(med, pts)]]
         line = ax1.errorbar(sizes, med, yerr=err, fmt="o", ms=4, capsize=2, label=name)
-        fit = [(per["alpha"] + per["beta"] * s) * 1e6 for s in sizes]
-        ax1.plot(sizes, fit, "--", color=line[0].get_color(), lw=1,
-                 label=f"fit: α={per['alpha'] * 1e6:.0f} µs, 1/β={1 / per['beta'] / 1e9 if per['beta'] > 0 else float('inf'):.2f} GB/s")
+        fit = per["fit"]
+        if "alpha" in fit:  # communication.cost_model.fit_allreduce_model: alpha per step
+            bw = f"{fit['bandwidth'] / 1e9:.2f} GB/s" if fit["bandwidth"] else "none"
+            label = f"α={fit['alpha'] * 1e6:.0f} µs per step, 1/β={bw}: {fit['quality']['quality']} fit"
+        else:  # communication.alpha_beta.fit_line: a whole call's line
+            label = f"intercept {fit['intercept'] * 1e6:.0f} µs per call: {fit['quality']['quality']} fit"
+        ax1.plot(sizes, [t * 1e6 for t in fit["predicted"]], "--", color=line[0].get_color(), lw=1, label=label)
         ax2.plot(sizes, [p["busbw"] / 1e9 for p in pts], "o-", ms=4, label=name)
     timer = f", {report['timer']}" if report.get("timer") else ""  # which clock (course.measure)
     ax1.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel=f"time per all-reduce (µs{timer})",

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from communication import cost_model as cm
-from communication.alpha_beta import bus_bandwidth
+from communication.alpha_beta import bus_bandwidth, fit_line, measured_crossover, readable_bytes
 
 SIZES = [1024 * 8**k for k in range(6)]
 
@@ -38,6 +38,10 @@ def test_fit_recovers_alpha_and_beta(p, algorithm):
     assert fit["beta"] == pytest.approx(beta, rel=1e-9)
     assert fit["ratio"] == pytest.approx([1.0] * len(SIZES))
     assert fit["clamped"] is None
+    assert fit["quality"]["quality"] == "good" and fit["quality"]["worst_factor"] == pytest.approx(1.0)
+    # one alpha: per step, the line's intercept over the steps (the arithmetic is spelled out for printing)
+    assert fit["intercept"] == pytest.approx(alpha * cm.allreduce_steps(algorithm, p), rel=1e-9)
+    assert f"/ {cm.allreduce_steps(algorithm, p)} =" in fit["alpha_arithmetic"]
 
 
 def test_fit_with_noise_stays_close_and_reports_residuals():
@@ -51,16 +55,122 @@ def test_fit_with_noise_stays_close_and_reports_residuals():
     assert fit["ratio"] == pytest.approx([t / m for t, m in zip(times, fit["predicted"])])
 
 
-def test_fit_clamps_a_negative_coefficient():
+def test_a_negative_coefficient_is_a_failed_fit_and_predicts_no_crossover():
     falling = [1e-3 * (1 - 0.1 * k) for k in range(len(SIZES))]  # times that fall with the size: beta < 0
     fit = cm.fit_allreduce_model("ring", 4, SIZES, falling)
-    assert fit["clamped"] == "beta" and fit["beta"] == 0 and fit["alpha"] > 0 and fit["bandwidth"] == math.inf
+    assert fit["unconstrained"]["beta"] < 0  # as the least-squares solve gave it
+    assert fit["clamped"] == "beta" and fit["beta"] == 0 and fit["alpha"] > 0 and fit["bandwidth"] is None
+    assert fit["quality"]["quality"] == "failed" and "beta" in fit["quality"]["reason"]
+    x = cm.crossover_prediction(4, fit)
+    assert x["bytes"] is None and x["failed"] and x["sentence"].startswith("no crossover predicted: the fit failed")
     proportional = [3e-10 * n for n in SIZES]
     proportional[0] *= 0.5  # below the line through the origin: the intercept comes out negative
     fit = cm.fit_allreduce_model("ring", 4, SIZES, proportional)
     assert fit["clamped"] == "alpha" and fit["alpha"] == 0 and fit["beta"] > 0
+    assert fit["quality"]["quality"] == "failed" and cm.crossover_prediction(4, fit)["bytes"] is None
     with pytest.raises(ValueError):
         cm.fit_allreduce_model("ring", 4, SIZES[:2], [1e-3, 0.0])
+
+
+def test_a_poor_fit_says_so_but_still_predicts():
+    alpha, beta, p = 20e-6, 1 / 10e9, 4
+    times = [cm.predict_allreduce("ring", n, p, alpha, beta) for n in SIZES]
+    times[2] *= 3  # one point 3x off: no line through the others comes within 1.5x of it and of them
+    fit = cm.fit_allreduce_model("ring", p, SIZES, times)
+    assert fit["quality"]["quality"] == "poor" and fit["quality"]["worst_factor"] > 1.5
+    x = cm.crossover_prediction(p, fit)
+    assert x["bytes"] == pytest.approx(cm.predicted_crossover(p, fit["alpha"], fit["beta"]))
+    assert "a poor fit" in x["sentence"] and not x["failed"]
+
+
+def test_the_crossover_sentence_and_value_agree():
+    fit = cm.fit_allreduce_model("ring", 2, SIZES, [cm.predict_allreduce("ring", n, 2, 1e-5, 1e-9) for n in SIZES])
+    x = cm.crossover_prediction(2, fit)  # p = 2: no crossover in the model, and the sentence says why
+    assert x["bytes"] is None and not x["failed"] and "predicts no crossover" in x["sentence"]
+    fit = cm.fit_allreduce_model("ring", 4, SIZES, [cm.predict_allreduce("ring", n, 4, 8e-6, 1e-9) for n in SIZES])
+    x = cm.crossover_prediction(4, fit)
+    assert x["bytes"] == pytest.approx(8 * 8e-6 / 1e-9) and readable_bytes(x["bytes"]) in x["sentence"]
+
+
+def test_fit_line_reports_a_negative_slope_unclamped():
+    line = fit_line(SIZES, [1e-3 * (1 - 0.1 * k) for k in range(len(SIZES))])
+    assert line["slope"] < 0 and line["quality"]["quality"] == "failed"
+    line = fit_line(SIZES, [1e-4 + 1e-9 * n for n in SIZES])
+    assert line["intercept"] == pytest.approx(1e-4) and line["quality"]["quality"] == "good"
+
+
+def test_readable_bytes():
+    assert readable_bytes(4 * 2**20) == "4 MB" and readable_bytes(538412) == "526 KB"
+    assert readable_bytes(1024) == "1 KB" and readable_bytes(12) == "12 B" and readable_bytes(None) == "none"
+
+
+# Per-repeat times whose ranges are far apart (factor 10), or overlap (the same three values): compare()'s
+# verdict is then "faster"/"slower" or "indistinguishable" whatever the bootstrap draws.
+FAST, SLOW, SAME = [1.0, 1.1, 1.2], [10.0, 11.0, 12.0], [1.0, 1.1, 1.2]
+
+
+@pytest.mark.parametrize("ring, tree, kind, at", [
+    ([SLOW, SLOW, FAST, FAST], [FAST, FAST, SLOW, SLOW], "crossover", 2),
+    ([SLOW, SAME, FAST, FAST], [FAST, SAME, SLOW, SLOW], "crossover", 2),
+    ([SLOW, FAST, SAME, FAST], [FAST, SLOW, SAME, SLOW], "crossover", 3),  # a tie in between: not from 1 on
+    ([FAST, FAST, FAST, SAME], [SLOW, SLOW, SLOW, SAME], "never", None),  # indistinguishable at the largest
+    ([FAST] * 4, [SLOW] * 4, "always", None),
+])
+def test_measured_crossover_comes_from_verdicts(ring, tree, kind, at):
+    sizes = SIZES[:4]
+    out = measured_crossover(sizes, ring, tree, ("ring", "recursive doubling"))
+    assert out["kind"] == kind
+    assert out["bytes"] == (sizes[at] if at is not None else None)
+    assert len(out["verdicts"]) == 4 and all("sentence" in v for v in out["verdicts"])
+    assert (readable_bytes(out["bytes"]) in out["sentence"]) if at is not None else "no " in out["sentence"]
+
+
+def test_crossover_agreement():
+    sizes = SIZES[:4]  # 1 KB .. 512 KB
+    crossing = {"kind": "crossover", "bytes": sizes[2]}
+    ok = cm.crossover_agreement({"bytes": (sizes[1] + sizes[2]) / 2, "failed": False}, crossing, sizes)
+    assert ok["answer"] == "agrees"
+    assert cm.crossover_agreement({"bytes": sizes[0], "failed": False}, crossing, sizes)["answer"] == "disagrees"
+    assert cm.crossover_agreement({"bytes": None, "failed": False}, crossing, sizes)["answer"] == "disagrees"
+    never = {"kind": "never", "bytes": None}
+    assert cm.crossover_agreement({"bytes": None, "failed": False}, never, sizes)["answer"] == "agrees"
+    assert cm.crossover_agreement({"bytes": 2 * sizes[-1], "failed": False}, never, sizes)["answer"] == "agrees"
+    failed = {"bytes": None, "failed": True, "sentence": "no crossover predicted: the fit failed"}
+    assert cm.crossover_agreement(failed, never, sizes)["answer"] == "cannot say"
+    assert cm.crossover_agreement({"bytes": None, "failed": False}, None, sizes)["answer"] == "cannot say"
+    loaded = cm.crossover_agreement({"bytes": None, "failed": False}, never, sizes, "loaded")
+    assert loaded["answer"] == "agrees" and "loaded machine" in loaded["sentence"]
+    over = cm.crossover_agreement({"bytes": None, "failed": False}, never, sizes, "oversubscribed")
+    assert over["answer"] == "cannot say" and "more busy ranks than cores" in over["sentence"]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("algorithm", cm.ALGORITHMS)
+def test_schedule_has_the_steps_and_bytes_of_the_model(algorithm, p):
+    n = 3000.0
+    schedule = cm.allreduce_schedule(algorithm, p, n)
+    assert len(schedule) == cm.allreduce_steps(algorithm, p)
+    assert sum(schedule) == pytest.approx(cm.allreduce_bytes_factor(algorithm, p) * n)
+
+
+def test_replay_walks_the_schedule_with_the_link_fitted_at_two_ranks():
+    alpha, beta = 40e-6, 1 / 3e9  # the link
+    fit = cm.fit_allreduce_model("ring", 2, SIZES, [cm.predict_allreduce("ring", n, 2, alpha, beta) for n in SIZES])
+    replay = cm.replay_allreduce(fit, 4, SIZES, 2)
+    assert replay["replayed"] and replay["source_p"] == 2 and replay["crossover_measured"] is None
+    for name in cm.ALGORITHMS:  # exact data at p = 2 give the link back, and its replay at p = 4 is the model's
+        assert replay["algorithms"][name]["median"] == pytest.approx(
+            [cm.predict_allreduce(name, n, 4, alpha, beta) for n in SIZES], rel=1e-9)
+    assert replay["crossover_model"]["bytes"] == pytest.approx(8 * alpha / beta, rel=1e-9)
+    assert replay["crossover_agreement"]["answer"] == "cannot say"  # nothing measured at p = 4
+    assert "replayed (not measured)" in replay["sentence"]
+
+
+def test_a_failed_fit_is_not_replayed():
+    fit = cm.fit_allreduce_model("ring", 2, SIZES, [1e-3 * (1 - 0.1 * k) for k in range(len(SIZES))])
+    replay = cm.replay_allreduce(fit, 4, SIZES, 2)
+    assert replay["algorithms"] == {} and "not replayed" in replay["sentence"]
+    assert replay["crossover_model"]["bytes"] is None and replay["crossover_model"]["failed"]
 
 
 @pytest.mark.parametrize("p", [3, 4, 8, 16])
@@ -118,19 +228,43 @@ def test_gpt2_parameter_count_matches_transformers():
     assert sum(p.numel() for p in model.parameters()) == cm.gpt2_parameter_count(1000, 64, 32, 3)
 
 
+def _report(p, alpha, beta, ring_times=None, conditions="quiet"):
+    """A report of one world size as project/benchmark.py writes it (three repeats per size, 10% apart)."""
+    def points(algorithm, times=None, scale=1.0):
+        out = {}
+        for i, n in enumerate(SIZES):
+            t = times[i] if times else scale * cm.predict_allreduce(algorithm, n, p, alpha, beta)
+            out[str(n)] = {"median": t, "min": 0.9 * t, "max": 1.1 * t, "all": [0.9 * t, t, 1.1 * t]}
+        return out
+
+    return {"machine": {"conditions": conditions},
+            "algorithms": {"ring": {"points": points("ring", ring_times)},
+                           "tree": {"points": points("recursive_doubling")},
+                           "dist.all_reduce": {"points": points("ring", scale=0.5)}}}
+
+
 def test_fit_benchmark_reads_the_benchmark_report():
     alpha, beta, p = 30e-6, 1 / 1e9, 4
-
-    def points(algorithm, scale=1.0):
-        return {str(n): {"median": scale * cm.predict_allreduce(algorithm, n, p, alpha, beta),
-                         "min": 0.9 * cm.predict_allreduce(algorithm, n, p, alpha, beta),
-                         "max": 1.1 * cm.predict_allreduce(algorithm, n, p, alpha, beta)} for n in SIZES}
-
-    report = {"algorithms": {"ring": {"points": points("ring")}, "tree": {"points": points("recursive_doubling")},
-                             "dist.all_reduce": {"points": points("ring", 0.5)}}}
-    out = cm.fit_benchmark(report, p)
+    out = cm.fit_benchmark(_report(p, alpha, beta), p)
     assert out["fit"]["alpha"] == pytest.approx(alpha) and out["fit"]["beta"] == pytest.approx(beta)
+    assert out["fit"]["quality"]["quality"] == "good" and out["prediction_quality"]["quality"] == "good"
     assert out["algorithms"]["recursive_doubling"]["ratio"] == pytest.approx([1.0] * len(SIZES))
-    x = out["crossover_model"]
+    x = out["crossover_model"]["bytes"]
     assert x == pytest.approx(8 * alpha / beta)
-    assert out["crossover_measured"] == min(n for n in SIZES if n >= x)
+    # 10% spreads: sizes where the two differ by less than 1.1/0.9 overlap and are indistinguishable, so the
+    # measured crossover is the first size from which the ring is clearly faster at every larger one
+    measured = out["crossover_measured"]
+    assert measured["kind"] == "crossover" and measured["bytes"] >= min(n for n in SIZES if n >= x)
+    assert out["crossover_agreement"]["answer"] in ("agrees", "disagrees")
+    assert not out["replayed"]
+
+
+def test_fit_benchmark_of_a_negative_beta_fails_and_predicts_nothing():
+    p = 4
+    falling = [1e-3 * (1 - 0.1 * k) for k in range(len(SIZES))]
+    out = cm.fit_benchmark(_report(p, 30e-6, 1e-9, ring_times=falling), p)
+    assert out["fit"]["quality"]["quality"] == "failed" and out["prediction_quality"]["quality"] == "failed"
+    assert out["crossover_model"]["bytes"] is None and out["crossover_model"]["failed"]
+    assert out["crossover_agreement"]["answer"] == "cannot say"
+    over = cm.fit_benchmark(_report(p, 30e-6, 1e-9, conditions="oversubscribed"), p)
+    assert over["crossover_agreement"]["answer"] == "cannot say"
