@@ -1,6 +1,6 @@
 """The course's GPU report: what one GPU measures, in one command, written to ``results/gpu/``.
 
-    python project/gpu_report.py                    # on a machine with a CUDA GPU: about 2-4 minutes
+    python project/gpu_report.py                    # on a CUDA GPU; the tier is cut off after --tests_timeout
     python project/gpu_report.py --device cpu --out /tmp/r   # a dry run with tiny sizes (seconds; CI runs it)
 
 On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it records:
