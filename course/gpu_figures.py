@@ -154,7 +154,8 @@ def gpu_figures_text(part: str, folder=None) -> str:
     lines = [figures["caption"], "",
              f"{'figure':<{width}}  {'median':>10}  {'min':>10}  {'max':>10}  {'n':>3}  unit"]
     for r in figures["rows"]:
+        note = f"  ({r['note']})" if r["note"] else ""
         lines.append(f"{r['figure']:<{width}}  {_number(r['median']):>10}  {_number(r['min']):>10}  "
-                     f"{_number(r['max']):>10}  {r['n'] or '':>3}  {r['unit']}" + (f"  ({r['note']})" if r["note"] else ""))
+                     f"{_number(r['max']):>10}  {r['n'] or '':>3}  {r['unit']}{note}")
     lines += [""] + figures["notes"]
     return "\n".join(lines)

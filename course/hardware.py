@@ -25,9 +25,10 @@ sparsity", FP32 67 TFLOPS, NVLink 900 GB/s, PCIe Gen5 128 GB/s); NVIDIA H200 Ten
 900 GB/s, PCIe Gen5 128 GB/s; the same GH100 compute as the H100 SXM5, more and faster memory); NVIDIA
 A100 Tensor Core GPU datasheet (2021: BF16 312 / 624* TFLOPS, FP32 19.5 TFLOPS, NVLink 600 GB/s, PCIe
 Gen4 64 GB/s); the DGX H100/H200 and DGX A100 user guides (eight ConnectX-7 NDR 400 Gb/s, resp.
-ConnectX-6 HDR 200 Gb/s, compute ports: one per GPU). Latencies per ring step are NCCL's own cost model (``src/graph/tuning.cc``, ``hwLat`` for the
-ring algorithm and the Simple protocol: 3.4 us over NVLink, 5.7 us over PCIe, 9.6 us over the network),
-and every collective adds NCCL's base latency (``baseLat``, ring/Simple: 8.4 us).
+ConnectX-6 HDR 200 Gb/s, compute ports: one per GPU). Latencies per ring step are NCCL's own cost model
+(``src/graph/tuning.cc``, ``hwLat`` for the ring algorithm and the Simple protocol: 3.4 us over NVLink,
+5.7 us over PCIe, 9.6 us over the network), and every collective adds NCCL's base latency (``baseLat``,
+ring/Simple: 8.4 us).
 
 :func:`datasheet_bf16_peak` finds the dense bf16 peak of a GPU by the name CUDA gives it
 (``torch.cuda.get_device_name``), for MFU and for the measured matrix-product peak of the GPU report

@@ -218,6 +218,11 @@ def run_gpu_tier(device_type: str, timeout: float) -> dict:
                     continue
             else:
                 output = ""
+        finally:  # nothing of the tier outlives it (a rank or server left behind would hold the GPU)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         seconds = time.monotonic() - start
         cases = gpu_tier_cases(xml.read_text()) if xml.exists() else []
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
@@ -317,17 +322,19 @@ def peak_memory(args, device, plans: dict) -> dict:
         model, step = training_step(args, device, checkpointing)
         for _ in range(max(1, args.warmup)):
             step()
-        peaks = []
+        peaks, held = [], []
         for _ in range(args.repeats):
             with MemoryMeter(device) as meter:
                 step()
             peaks.append(meter.peak_bytes)
+            held.append(meter.start_bytes)  # before the step: weights, AdamW state (gradients are set to None)
         del model, step
         release(device)
         predicted = predicted_memory(plans[name])
         found = summarise(peaks)
-        out[name] = {"activation_checkpointing": checkpointing, "peak_bytes": found, "predicted_bytes": predicted["bytes"],
-                     "predicted": predicted["parts"], "measured_over_predicted": found["median"] / predicted["bytes"]}
+        out[name] = {"activation_checkpointing": checkpointing, "peak_bytes": found, "start_bytes": summarise(held),
+                     "predicted_bytes": predicted["bytes"], "predicted": predicted["parts"],
+                     "measured_over_predicted": found["median"] / predicted["bytes"]}
     planner = plans["plain"]
     return {"measure": memory_name(device), "variants": out,
             "planner": f"project.plan.stage_memory (--hardware {planner.hardware}, --activation_model course, "
@@ -407,6 +414,7 @@ def measure(args, plans: dict, log=print) -> dict:
     datasheet = datasheet_bf16_peak(dev["name"]) if device.type == "cuda" else None
     log(f"[{time.monotonic() - start:5.0f} s] bf16 matrix products {args.matmul_sizes} ...")
     report["matmul"] = matmul_peak(device, args.matmul_sizes, args.repeats, args.warmup, datasheet)
+    release(device)
     log(f"[{time.monotonic() - start:5.0f} s] peak memory of a training step, each variant alone ...")
     report["memory"] = peak_memory(args, device, plans)
     log(f"[{time.monotonic() - start:5.0f} s] tokens/s, plain and with checkpointing, interleaved ...")
