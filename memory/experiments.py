@@ -184,3 +184,69 @@ def precision_curves(steps: int = 30, precisions=("fp32", "bf16"), n_batches: in
         step = ShardedStep(model, 0, None, torch.optim.Adam, precision=precision, lr=lr)
         out[precision] = [step.train_step(batches[i % n_batches], "cpu").loss for i in range(steps)]
     return out
+
+
+def recomputation_check(device="cpu", preset: str = "tiny", vocab_size: int = 1000, seq_len: int = 32,
+                        batch_size: int = 4, dropout: float = 0.1, seed: int = 7, **model_overrides) -> dict:
+    """In this process: does activation checkpointing (:mod:`memory.checkpointing`) recompute on ``device``
+    exactly what the forward pass computed, under bf16 autocast with dropout on?
+
+    The same GPT-2 (``preset``, dropout ``dropout``, weights of seed 0) takes one forward and backward pass
+    of the same random batch (``batch_size`` x ``seq_len`` tokens) under ``torch.autocast`` to bfloat16
+    (:func:`memory.training.autocast`), random state seeded with ``seed`` before the forward pass: once with
+    every block checkpointed, once plain. A hook on each block's MLP records its output (batch, seq_len,
+    n_embd) at every call: with checkpointing, the forward pass's and then the recomputation's in the
+    backward pass, which must be equal bit for bit and in dtype (same dropout masks: the random state of
+    the CPU and of the GPU restored; same precision: the autocast state of the inputs' device replayed).
+    The GPU tier checks the same on CUDA (``tests/gpu/test_memory_nccl.py``), the graded test on the CPU
+    (``tests/memory/test_checkpointing_replay.py``); this is the form the GPU report records
+    (``project/gpu_report.py``).
+
+    Returns:
+        ``{"device", "preset", "precision", "dropout", "batch_size", "seq_len", "blocks", "recomputed_blocks"
+        (blocks whose MLP ran twice), "equal_blocks" (recomputation == forward pass, same dtype),
+        "forward_dtype", "recomputed_dtype", "max_abs_difference" (largest |recomputed - forward| over every
+        block), "loss_checkpointed", "loss_plain", "loss_equal", "max_gradient_difference" (largest
+        |gradient checkpointed - plain| over the parameters, relative to the largest |gradient| of the plain
+        run), "equal" (every block recomputed, equal, and the losses equal)}``.
+    """
+    from course.model import build_gpt2
+    from memory.checkpointing import apply_activation_checkpointing
+
+    device = torch.device(device)
+    batch = random_batch(0, batch_size, seq_len, vocab_size, device=device)
+
+    def run(checkpointing: bool):
+        model = build_gpt2(preset, vocab_size, n_positions=seq_len, dropout=dropout, seed=0,
+                           **model_overrides).to(device).train()
+        model.config.use_cache = False  # the recomputation would fill the cache twice
+        calls: dict = {}
+        for i, block in enumerate(model.transformer.h):
+            block.mlp.register_forward_hook(
+                lambda m, a, out, i=i: calls.setdefault(i, []).append(out.detach().clone()))
+        if checkpointing:
+            apply_activation_checkpointing(model.transformer.h)
+        torch.manual_seed(seed)  # seeds the CPU's and every GPU's generator: the same dropout masks in both runs
+        with autocast(device, "bf16"):
+            loss = model_loss(model, batch)
+        loss.backward()
+        grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), calls, grads
+
+    loss_ck, calls, grads_ck = run(True)
+    loss_plain, _, grads_plain = run(False)
+    recomputed = {i: c for i, c in calls.items() if len(c) == 2}
+    equal = [i for i, (fwd, again) in recomputed.items() if fwd.dtype == again.dtype and torch.equal(fwd, again)]
+    diffs = [float((again.float() - fwd.float()).abs().max()) for fwd, again in recomputed.values()]
+    scale = max(float(g.abs().max()) for g in grads_plain.values()) or 1.0
+    grad_diff = max(float((grads_ck[n].float() - g.float()).abs().max()) for n, g in grads_plain.items()) / scale
+    first = next(iter(recomputed.values()), None)
+    return {"device": str(device), "preset": preset, "precision": "bf16", "dropout": dropout,
+            "batch_size": batch_size, "seq_len": seq_len, "blocks": len(calls),
+            "recomputed_blocks": len(recomputed), "equal_blocks": len(equal),
+            "forward_dtype": str(first[0].dtype) if first else None,
+            "recomputed_dtype": str(first[1].dtype) if first else None,
+            "max_abs_difference": max(diffs, default=0.0), "loss_checkpointed": float(loss_ck),
+            "loss_plain": float(loss_plain), "loss_equal": bool(torch.equal(loss_ck, loss_plain)),
+            "max_gradient_difference": grad_diff,
+            "equal": len(calls) > 0 and len(equal) == len(calls) and bool(torch.equal(loss_ck, loss_plain))}

@@ -11,7 +11,8 @@ credentials, network or GPUs lives here:
   (spawn mode, or ``torchrun --standalone --nproc_per_node``), of the course grader
   ``instructor/grade.py`` for ``--grade``, or of the GPU test tier (``pytest -m gpu``) for ``--gpu-tests``;
 * :func:`remote_run` is the body of the remote function: data, command, log, results;
-* :func:`summarize`, :func:`summarize_gpu_tier` and :func:`print_grade` print what came back.
+* :func:`summarize`, :func:`summarize_gpu_tier` and :func:`print_grade` print what came back
+  (:func:`gpu_tier_cases`: the GPU tier's tests from its JUnit XML, also for ``project/gpu_report.py``).
 
 This module imports nothing heavy (no torch): it runs inside ``modal run`` on the laptop.
 """
@@ -348,22 +349,35 @@ def summarize(files: dict) -> str:
     return "\n".join(lines)
 
 
-def summarize_gpu_tier(junit_xml: str) -> str:
-    """The GPU tier's summary from pytest's JUnit XML: passed / failed / skipped counts, then every
-    failed test with the first line of its failure and every skipped test with its reason."""
+def gpu_tier_cases(junit_xml: str) -> list[dict]:
+    """Every test of a GPU-tier run from pytest's JUnit XML: ``{"test" ("<file>::<name>"), "outcome" ("passed",
+    "failed" — a failure or an error — or "skipped"), "seconds", "message" (the failure's first line or the skip
+    reason, at most 200 characters; "" when passed)}``, in the order pytest ran them."""
     import xml.etree.ElementTree as ET
 
-    passed, failed, skipped = [], [], []
+    cases = []
     for case in ET.fromstring(junit_xml).iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
         if problem is not None:
-            failed.append(f"  FAILED  {name}: {(problem.get('message') or '').splitlines()[0][:200] if problem.get('message') else ''}")
+            outcome, message = "failed", ((problem.get("message") or "").splitlines() or [""])[0]
         elif case.find("skipped") is not None:
-            skipped.append(f"  skipped {name}: {case.find('skipped').get('message', '')[:200]}")
+            outcome, message = "skipped", case.find("skipped").get("message", "")
         else:
-            passed.append(name)
-    head = f"GPU tier (pytest -m gpu): {len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped"
+            outcome, message = "passed", ""
+        cases.append({"test": name, "outcome": outcome, "seconds": float(case.get("time") or 0.0),
+                      "message": message[:200]})
+    return cases
+
+
+def summarize_gpu_tier(junit_xml: str) -> str:
+    """The GPU tier's summary from pytest's JUnit XML (:func:`gpu_tier_cases`): passed / failed / skipped
+    counts, then every failed test with the first line of its failure and every skipped test with its reason."""
+    cases = gpu_tier_cases(junit_xml)
+    count = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
+    failed = [f"  FAILED  {c['test']}: {c['message']}" for c in cases if c["outcome"] == "failed"]
+    skipped = [f"  skipped {c['test']}: {c['message']}" for c in cases if c["outcome"] == "skipped"]
+    head = f"GPU tier (pytest -m gpu): {count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped"
     return "\n".join([head, *failed, *skipped])
 
 

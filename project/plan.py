@@ -7,7 +7,7 @@
 
 For a model preset (:data:`course.model.PRESETS`), a mesh (``--dp --pp --tp --cp --ep``), micro-batches,
 ZeRO stage, activation checkpointing, sequence parallelism, precision and a device (``--hardware``:
-the published H100 and A100 figures of :mod:`course.hardware`, or this machine's CPU, measured), it
+the published H100, H200 and A100 figures of :mod:`course.hardware`, or this machine's CPU, measured), it
 predicts for every pipeline stage (one rank of it):
 
 * **memory**: parameters, gradients and optimizer state (:func:`memory.accounting.model_state_bytes`:
@@ -52,8 +52,8 @@ class PlanConfig(RunConfig):
 
     dropout: float = option(0.0, "dropout probability (its masks are kept for the backward pass)",
                             group="model and training")
-    hardware: str = option("h100", "h100, a100 (published figures, course.hardware) or cpu (this machine, measured)",
-                           group=PLAN, choices=("h100", "a100", "cpu"))
+    hardware: str = option("h100", "h100, h200, a100 (published figures, course.hardware) or cpu (this machine, "
+                                   "measured)", group=PLAN, choices=("h100", "h200", "a100", "cpu"))
     n_devices: int | None = option(None, "devices of the run (default: the mesh's dp x pp x cp x tp); the mesh must "
                                          "multiply to it", group=PLAN)
     devices_per_node: int | None = option(None, "devices per node (default: the hardware's, 8)", group=PLAN)
