@@ -12,14 +12,23 @@ only has to show that the code runs, and the whole suite has a time budget, so t
 The prose of a notebook is written so that it stays true for any outcome (it prints its comparisons
 from the numbers), so a quick run's smaller, noisier numbers never contradict it. A learner running
 a notebook by hand gets the full sizes (the variable is unset).
+
+Every notebook's first code cell ends with :func:`print_machine`: the first output of a notebook says which
+machine its numbers come from and how loaded it was (``course.benchmarking``'s measurement protocol;
+``project/execute_notebooks.py`` checks the machine before the run and hands its record to the kernel).
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 from typing import TypeVar
 
 QUICK_ENV = "LLMSYS_NOTEBOOK_QUICK"
+# The machine record project/execute_notebooks.py made before the run (JSON of machine_record()), read by
+# print_machine() in the notebook's kernel.
+MACHINE_ENV = "LLMSYS_NOTEBOOK_MACHINE"
 
 T = TypeVar("T")
 
@@ -40,6 +49,42 @@ def describe() -> str:
         return ("quick run (LLMSYS_NOTEBOOK_QUICK=1, as the test suite runs it): sizes reduced, numbers noisier than "
                 "the committed outputs'")
     return "full run: the sizes of the committed outputs"
+
+
+def machine_record(device=None) -> dict:
+    """The machine a notebook runs on, taken before it starts any rank: :func:`course.benchmarking.machine`
+    (cores, CPU, device, torch, the 1-minute load average of the *other* processes), its ``conditions``
+    (:func:`course.benchmarking.conditions`: ``quiet`` or ``loaded``; the notebook's own ranks have not started,
+    so nothing is subtracted) and ``date`` (UTC, to the minute). ``device``: ``None`` for the CPU, ``"cuda"``
+    to name the GPUs too."""
+    from course.benchmarking import conditions, machine
+
+    info = machine(device)
+    info["conditions"] = conditions(info)
+    info["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return info
+
+
+def machine_line(info: dict, checked_by: str | None = None) -> str:
+    """One line for the top of a notebook: :func:`course.benchmarking.describe` of ``info`` (a
+    :func:`machine_record`), its date, and who took it (``checked_by``, or "when this cell ran")."""
+    from course.benchmarking import describe as describe_machine
+
+    taken = f"checked by {checked_by} before the run" if checked_by else "measured when this cell ran"
+    return f"machine: {describe_machine(info)}; {info['date']} ({taken})"
+
+
+def print_machine() -> None:
+    """Print the machine this notebook runs on (:func:`machine_line`): the record ``project/execute_notebooks.py``
+    made before the run (environment variable ``LLMSYS_NOTEBOOK_MACHINE``), else one measured now. Called at the
+    end of every notebook's first code cell, so that it is the notebook's first output."""
+    given = os.environ.get(MACHINE_ENV)
+    if given:
+        print(machine_line(json.loads(given), checked_by="project/execute_notebooks.py"))
+        return
+    import torch
+
+    print(machine_line(machine_record("cuda" if torch.cuda.is_available() else None)))
 
 
 def execute(path: str | os.PathLike, timeout: float = 900.0):

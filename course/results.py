@@ -81,4 +81,5 @@ def print_epoch_table(workdir, prefix: str = "", n_epochs: int = 1, rank: int = 
         total = r.get("global_tokens_per_sec", r["tokens_per_sec"])
         print(f"{epoch:>5} {r['validation_loss']:>9.3f} {r['bleu']:>6.2f} {r['training_time']:>9.1f} "
               f"{r['tokens_per_sec']:>10.0f} {total:>16.0f}")
-    print(f"results: {Path(workdir).resolve()}/{prefix}rank*_results_epoch*.json")
+    # the folder as it was given (relative to where the run started): no absolute path of the machine in a notebook
+    print(f"results: {Path(workdir) / f'{prefix}rank*_results_epoch*.json'}")

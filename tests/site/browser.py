@@ -1,5 +1,5 @@
 """Headless Chromium for the site's tests: a local HTTP server for the built site, a driver, and
-what a page shows once it has loaded (title, images, math, errors in the console).
+what a page shows once it has loaded (title, images, math, wide outputs, errors in the console).
 
 Chromium and its driver come from Debian (``apt-get install -y chromium chromium-driver``), the
 driver's client from PyPI (``selenium``); nothing is downloaded when the test runs, and the
@@ -92,7 +92,31 @@ return {
   typeset: document.querySelectorAll('mjx-container').length,
   math_errors: Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent.slice(0, 80)),
   raw_tex: ['$$', '\\\\(', '\\\\['].filter(s => prose.includes(s)),
+  // inline math MyST did not turn into a formula: $x$ or $a + b$ left in the text
+  raw_dollar: (prose.match(/\\$[^\\s$](?:[^$\\n]*[^\\s$])?\\$/g) || []).slice(0, 5),
+  wide: wideBoxes(),
 };
+"""
+
+# Every box of a notebook's output, and every code block, whose content is wider than the box: whether the reader
+# can scroll it sideways (overflow-x auto or scroll, and scrollLeft moves), or it is cut off (hidden) or spills over
+# the page (visible). A box that wraps its lines is not wide.
+_WIDE = """
+function wideBoxes() {
+  const found = [];
+  document.querySelectorAll('div.cell_output .output, div.cell_output pre, article div.highlight pre').forEach(e => {
+    if (e.scrollWidth <= e.clientWidth + 1) return;
+    const overflow = getComputedStyle(e).overflowX;
+    const before = e.scrollLeft;
+    e.scrollLeft = before + 40;  // a script can scroll a box that hides its overflow: the reader cannot
+    const scrolls = e.scrollLeft > before && (overflow === 'auto' || overflow === 'scroll');
+    e.scrollLeft = before;
+    found.push({what: e.tagName.toLowerCase() + (e.querySelector('table') ? ' with a table' : ''),
+                text: e.textContent.trim().slice(0, 60), overflow: overflow,
+                content: e.scrollWidth, box: e.clientWidth, scrolls: scrolls});
+  });
+  return found;
+}
 """
 
 
@@ -100,7 +124,7 @@ def inspect(driver, url: str) -> dict:
     """Load ``url``, wait for MathJax and the fonts, and report what the page shows and logged."""
     driver.get(url)
     typeset = driver.execute_async_script(_TYPESET)
-    page = driver.execute_script(_INSPECT)
+    page = driver.execute_script(_WIDE + _INSPECT)
     page["typeset_result"] = typeset
     page["console_errors"] = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     return page

@@ -1,5 +1,6 @@
 """A small course tree for the site's tests: one notebook executed by Jupyter (a plot, a table, math,
-printed text, a progress-bar widget), a guide with math, a README, and a package and a notebook cell holding a reference block.
+printed text, a progress-bar widget, a printed line and a table wider than the page), a guide with math, a
+README, and a package and a notebook cell holding a reference block.
 
 It proves what the real course cannot show until its notebooks are committed with outputs: that the
 outputs Jupyter writes (PNG plots, HTML tables, LaTeX) reach the page and render. The markers are
@@ -70,6 +71,8 @@ CELLS = [
     ("code", "import pandas as pd\npd.DataFrame({'ranks': [2, 4], 'seconds': [0.25, 0.5]})"),
     ("code", "from IPython.display import Math, display\ndisplay(Math(r'\\alpha + \\beta n'))"),
     ("code", "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='steps'):\n    pass"),  # a Jupyter widget
+    ("code", "print('  '.join(f'column {i:2d}' for i in range(40)))"),  # a printed line wider than the page
+    ("code", "pd.DataFrame({f'a long column name {i}': [i, 2 * i] for i in range(16)})"),  # a wide table
     ("code", f"{BEGIN}\n{CELL_SECRET}\n{END}\nprint('cell ran')"),
     ("markdown", "See [the guide](../docs/guide.md) and [the solver](../demo/solve.py)."),
 ]
