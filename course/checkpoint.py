@@ -193,14 +193,22 @@ def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=
 
 
 def checkpoint_group(group=None):
-    """A gloo group of the ranks of ``group`` (None: the world) for asynchronous saves (collective over
-    those ranks). DCP's background thread plans and finishes a save with collectives (gathers,
-    broadcasts); in a group of their own they never interleave with the main thread's training
-    collectives, and gloo serves the staged host copies on every device. None without a process group."""
+    """A gloo group of the ranks of ``group`` (None: the world) for asynchronous saves. Collective over the
+    whole world: every rank calls it, member of ``group`` or not (``new_group``'s rule), at the same point of
+    its sequence of group creations. DCP's background thread plans and finishes a save with collectives
+    (gathers, broadcasts); in a group of their own they never interleave with the main thread's training
+    collectives, and gloo serves the staged host copies on every device. None without a process group.
+
+    The group is made like every other group of a run (``use_local_synchronization`` left off): its name
+    then comes from torch's count of the groups made so far, the same on every rank. With
+    ``use_local_synchronization=True`` the name would come from the count of groups this rank *holds*,
+    which differs between ranks as soon as some were left out of a group (the middle stages of a pipeline
+    of pp >= 3 are in no embedding group): the members would wait for each other under different names
+    forever."""
     if not dist.is_initialized():
         return None
     ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True, group_desc="checkpoint")
+    return dist.new_group(ranks, backend="gloo", group_desc="checkpoint")
 
 
 class PendingCheckpoint:
