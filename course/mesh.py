@@ -216,14 +216,13 @@ def new_groups(rank_lists: list[list[int]], desc: str, *, backend: str | None = 
     Raises:
         ValueError: a rank in two lists (make overlapping groups in separate calls).
     """
-    world_size = dist.get_world_size()
     seen: set[int] = set()
     for ranks in rank_lists:
         if seen & set(ranks):
             raise ValueError(f"rank(s) {sorted(seen & set(ranks))} are in two of the groups {rank_lists}; every "
                              "rank may be in at most one group of a call: make overlapping groups in separate calls")
         seen |= set(ranks)
-    mine, rank = None, dist.get_rank()
+    world_size, mine, rank = dist.get_world_size(), None, dist.get_rank()
     for ranks in rank_lists:  # every rank creates every group, in the same order, as new_group requires
         group = dist.new_group(list(ranks), backend=backend, group_desc=desc)
         if rank in ranks:
