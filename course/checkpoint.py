@@ -31,7 +31,9 @@ for its last save before it ends.
 Resuming (``--resume latest`` or ``--resume DIR``; automatically after a restart, see
 :func:`restart_count`) loads the state in place, rebuilds the epoch's batches, skips the steps
 already done and restores the random generators just before the next step — so a resumed run
-repeats the uninterrupted run's per-step losses exactly on CPU.
+repeats the uninterrupted run's per-step losses exactly on CPU. A checkpoint written on CPU resumes on
+GPUs and one written on GPUs resumes on CPU (:func:`load_checkpoint`): a CPU checkpoint holds no CUDA
+generator, so a GPU run resumed from one keeps its CUDA generator as seeded.
 """
 from __future__ import annotations
 
@@ -274,11 +276,36 @@ def save_checkpoint_async(root: Path, step: int, state: dict, *, rank: int = 0, 
 
 
 def load_checkpoint(path: Path, state: dict, *, group=None) -> dict:
-    """Load checkpoint ``path`` into ``state`` in place (collective over ``group``); returns ``state``."""
+    """Load checkpoint ``path`` into ``state`` in place (collective over ``group``); returns ``state``.
+
+    A checkpoint written on another kind of device loads: the CUDA random generator of a rank
+    (``rng_rank{r}["cuda"]``, :func:`rng_state`) is asked for only where the checkpoint holds one — a run on
+    GPUs resumed from a CPU checkpoint restores the CPU and Python generators and keeps its CUDA generator as
+    seeded (dropout on the GPU then draws other masks than an uninterrupted GPU run would; the losses are
+    not repeated exactly) — and a GPU checkpoint's CUDA generator is left unread by a CPU run.
+
+    Raises:
+        torch.distributed.checkpoint.api.CheckpointException: DCP's (a ``BaseException``), for any other entry
+            of ``state`` that the checkpoint lacks.
+    """
     import torch.distributed.checkpoint as dcp
 
+    for key in _cuda_rng_missing(path, state):
+        del state[key]["cuda"]
     dcp.load(state, checkpoint_id=str(path), process_group=group if dist.is_initialized() else None)
     return state
+
+
+def _cuda_rng_missing(path: Path, state: dict) -> list[str]:
+    """The ``rng_rank{r}`` entries of ``state`` that ask for a CUDA generator checkpoint ``path`` does not hold
+    (it was written on CPU)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    wanted = [k for k, v in state.items() if k.startswith("rng_rank") and isinstance(v, dict) and "cuda" in v]
+    if not wanted:
+        return []
+    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return [k for k in wanted if f"{k}.cuda" not in saved]
 
 
 def save_final_weights(state: dict, path: Path, *, rank: int = 0, group=None) -> Path:
