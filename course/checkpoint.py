@@ -31,7 +31,9 @@ for its last save before it ends.
 Resuming (``--resume latest`` or ``--resume DIR``; automatically after a restart, see
 :func:`restart_count`) loads the state in place, rebuilds the epoch's batches, skips the steps
 already done and restores the random generators just before the next step — so a resumed run
-repeats the uninterrupted run's per-step losses exactly on CPU.
+repeats the uninterrupted run's per-step losses exactly on CPU. A checkpoint written on CPU resumes on
+GPUs and one written on GPUs resumes on CPU (:func:`load_checkpoint`): a CPU checkpoint holds no CUDA
+generator, so a GPU run resumed from one keeps its CUDA generator as seeded.
 """
 from __future__ import annotations
 
@@ -193,14 +195,22 @@ def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=
 
 
 def checkpoint_group(group=None):
-    """A gloo group of the ranks of ``group`` (None: the world) for asynchronous saves (collective over
-    those ranks). DCP's background thread plans and finishes a save with collectives (gathers,
-    broadcasts); in a group of their own they never interleave with the main thread's training
-    collectives, and gloo serves the staged host copies on every device. None without a process group."""
+    """A gloo group of the ranks of ``group`` (None: the world) for asynchronous saves. Collective over the
+    whole world: every rank calls it, member of ``group`` or not (``new_group``'s rule), at the same point of
+    its sequence of group creations. DCP's background thread plans and finishes a save with collectives
+    (gathers, broadcasts); in a group of their own they never interleave with the main thread's training
+    collectives, and gloo serves the staged host copies on every device. None without a process group.
+
+    The group is made like every other group of a run (``use_local_synchronization`` left off): its name
+    then comes from torch's count of the groups made so far, the same on every rank. With
+    ``use_local_synchronization=True`` the name would come from the count of groups this rank *holds*,
+    which differs between ranks as soon as some were left out of a group (the middle stages of a pipeline
+    of pp >= 3 are in no embedding group): the members would wait for each other under different names
+    forever."""
     if not dist.is_initialized():
         return None
     ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True, group_desc="checkpoint")
+    return dist.new_group(ranks, backend="gloo", group_desc="checkpoint")
 
 
 class PendingCheckpoint:
@@ -266,11 +276,36 @@ def save_checkpoint_async(root: Path, step: int, state: dict, *, rank: int = 0, 
 
 
 def load_checkpoint(path: Path, state: dict, *, group=None) -> dict:
-    """Load checkpoint ``path`` into ``state`` in place (collective over ``group``); returns ``state``."""
+    """Load checkpoint ``path`` into ``state`` in place (collective over ``group``); returns ``state``.
+
+    A checkpoint written on another kind of device loads: the CUDA random generator of a rank
+    (``rng_rank{r}["cuda"]``, :func:`rng_state`) is asked for only where the checkpoint holds one — a run on
+    GPUs resumed from a CPU checkpoint restores the CPU and Python generators and keeps its CUDA generator as
+    seeded (dropout on the GPU then draws other masks than an uninterrupted GPU run would; the losses are
+    not repeated exactly) — and a GPU checkpoint's CUDA generator is left unread by a CPU run.
+
+    Raises:
+        torch.distributed.checkpoint.api.CheckpointException: DCP's (a ``BaseException``), for any other entry
+            of ``state`` that the checkpoint lacks.
+    """
     import torch.distributed.checkpoint as dcp
 
+    for key in _cuda_rng_missing(path, state):
+        del state[key]["cuda"]
     dcp.load(state, checkpoint_id=str(path), process_group=group if dist.is_initialized() else None)
     return state
+
+
+def _cuda_rng_missing(path: Path, state: dict) -> list[str]:
+    """The ``rng_rank{r}`` entries of ``state`` that ask for a CUDA generator checkpoint ``path`` does not hold
+    (it was written on CPU)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    wanted = [k for k, v in state.items() if k.startswith("rng_rank") and isinstance(v, dict) and "cuda" in v]
+    if not wanted:
+        return []
+    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return [k for k in wanted if f"{k}.cuda" not in saved]
 
 
 def save_final_weights(state: dict, path: Path, *, rank: int = 0, group=None) -> Path:

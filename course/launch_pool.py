@@ -236,9 +236,7 @@ class _State:
         from course import nccl_rules
 
         nccl_rules.uninstall()
-        for group in _groups() - self.groups:  # the groups this run made
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(group)
+        _destroy_groups_made_since(self.groups, dist.destroy_process_group)
         torch.set_num_threads(self.threads)
         torch.set_default_dtype(self.dtype)
         torch.set_grad_enabled(True)
@@ -248,7 +246,24 @@ class _State:
             os.chdir(self.cwd)
 
 
-def _groups() -> set:
+def _groups() -> list:
+    """The process groups this rank holds besides the world, in the order they were made (torch's ``pg_map`` is
+    a dict: it keeps the order of insertion)."""
     from torch.distributed import distributed_c10d as c10d
 
-    return {g for g in c10d._world.pg_map if g is not c10d.GroupMember.WORLD}
+    return [g for g in c10d._world.pg_map if g is not c10d.GroupMember.WORLD]
+
+
+def _destroy_groups_made_since(before: list, destroy) -> list:
+    """Destroy (``destroy(group)``, i.e. ``dist.destroy_process_group``) the groups this rank holds that are not in
+    ``before``, the last made first, and return them in that order. Every rank made its groups in the same order
+    (:mod:`course.nccl_rules`, rule 5), so every rank destroys the groups it shares with another in the same order:
+    NCCL's ``ncclCommAbort`` was collective in some versions, and two ranks aborting two shared communicators in
+    opposite orders would wait for each other (torch's ``destroy_process_group()`` shuts its groups down in one
+    order for the same reason). A set's order — what this was — follows object addresses, different in each rank."""
+    kept = set(before)
+    made = [g for g in _groups() if g not in kept][::-1]
+    for group in made:
+        with contextlib.suppress(Exception):
+            destroy(group)
+    return made

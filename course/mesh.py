@@ -194,6 +194,45 @@ class ParallelDims:
                 "edp": [at(d * self.ep + ep_rank) for d in range(self.dp * self.cp // self.ep)]}
 
 
+def new_groups(rank_lists: list[list[int]], desc: str, *, backend: str | None = None):
+    """Create one process group per list of global ranks in ``rank_lists`` and return this rank's (None if
+    it is in none). Collective: every rank of the world calls it with the same lists, in the same order.
+
+    Every rank ends the call holding one group more than before, also the ranks that are in no list: those
+    form one extra group of their own (``desc + ":rest"``, never used). Torch names a group made by
+    ``split_group`` (what ``init_device_mesh`` uses when the process group is bound to a device, as
+    :mod:`course.launch` binds it on GPUs) or by ``new_group(use_local_synchronization=True)`` from its
+    ranks and the number of groups the rank already holds, and the members of a group meet under that
+    name; if some ranks held fewer groups (the middle stages of a pipeline of pp >= 3 are in no embedding
+    group), the names of every such group made later would differ between its members and its creation
+    would wait forever — a second mesh's groups on GPUs, for instance. :mod:`course.nccl_rules` checks
+    this on CPU (tests named ``rendezvous``).
+
+    Args:
+        rank_lists: the groups' global ranks; a rank may be in at most one list.
+        desc: the groups' description (``group_desc``: what torch's logs and flight recorder show).
+        backend: the groups' back-end (None: the run's).
+
+    Raises:
+        ValueError: a rank in two lists (make overlapping groups in separate calls).
+    """
+    seen: set[int] = set()
+    for ranks in rank_lists:
+        if seen & set(ranks):
+            raise ValueError(f"rank(s) {sorted(seen & set(ranks))} are in two of the groups {rank_lists}; every "
+                             "rank may be in at most one group of a call: make overlapping groups in separate calls")
+        seen |= set(ranks)
+    world_size, mine, rank = dist.get_world_size(), None, dist.get_rank()
+    for ranks in rank_lists:  # every rank creates every group, in the same order, as new_group requires
+        group = dist.new_group(list(ranks), backend=backend, group_desc=desc)
+        if rank in ranks:
+            mine = group
+    rest = [r for r in range(world_size) if r not in seen]
+    if rest:
+        dist.new_group(rest, backend=backend, group_desc=f"{desc}:rest")
+    return mine
+
+
 class Mesh:
     """A run's device mesh inside one rank: its coordinates and its groups.
 
@@ -273,18 +312,14 @@ class Mesh:
                 if all(getattr(self.dims.coordinates(r), d) == getattr(here, d) for d in DIM_NAMES if d not in names)]
 
     def _new_groups(self, name: str, members_of) -> object:
-        """Create the groups ``members_of(r)`` for every rank r (every rank creates every group, in the
-        same order, as ``new_group`` requires) and return this rank's."""
-        mine, made = None, set()
+        """Create the groups ``members_of(r)`` for every rank r (:func:`new_groups`: every rank creates every
+        group, in the same order) and return this rank's."""
+        lists = []
         for r in range(self.world_size):
-            ranks = tuple(members_of(r))
-            if ranks in made:
-                continue
-            made.add(ranks)
-            group = dist.new_group(list(ranks), group_desc=name)
-            if self.rank in ranks:
-                mine = group
-        return mine
+            ranks = list(members_of(r))
+            if ranks not in lists:
+                lists.append(ranks)
+        return new_groups(lists, name)
 
     def _singleton(self):
         """A group of this rank alone (for a dimension of size 1: its collectives are no-ops)."""
@@ -293,17 +328,15 @@ class Mesh:
         return self._alone
 
     def _embedding_groups(self):
+        """The group of each pipeline's first and last stage (one per dp, cp and tp rank); None on the middle
+        stages, which :func:`new_groups` gives a group of their own so that every rank holds as many groups as
+        every other (with pp >= 3 the middle stages are in no embedding group)."""
         if self.dims.pp == 1:
             return None
-        mine = None
-        for dp in range(self.dims.dp):  # every rank creates every group, in the same order
-            for cp in range(self.dims.cp):
-                for tp in range(self.dims.tp):
-                    ranks = [self.dims.rank_of(0, dp, tp, cp), self.dims.rank_of(self.dims.pp - 1, dp, tp, cp)]
-                    group = dist.new_group(ranks, group_desc="embedding")
-                    if self.rank in ranks:
-                        mine = group
-        return mine
+        d = self.dims
+        ends = [[d.rank_of(0, dp, tp, cp), d.rank_of(d.pp - 1, dp, tp, cp)]
+                for dp in range(d.dp) for cp in range(d.cp) for tp in range(d.tp)]
+        return new_groups(ends, "embedding")
 
     def hybrid_shard_groups(self, replicas: int) -> tuple:
         """``(shard group, replicate group)`` of this rank for hybrid sharding with ``replicas`` replicas of

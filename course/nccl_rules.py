@@ -20,6 +20,22 @@ rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
 4. **The operations of one** ``batch_isend_irecv`` **start together** (an NCCL group call)
    and complete together.
 
+5. **Making a group is collective, and its name must meet.** On GPUs (the process group bound to the
+   device, as :mod:`course.launch` binds it) a group on the run's back-end is made by splitting the
+   world's NCCL communicator (``ncclCommSplit``), which every rank of the world must join: torch makes
+   the non-members join with a no-colour split — except for a group made with
+   ``use_local_synchronization=True``, whose non-members skip the call, so its members wait for them
+   unless every rank makes such a group at the same time. Torch names a group made without
+   ``use_local_synchronization`` from its count of the groups made so far. So every rank must make the
+   same groups, in the same order. A group made by ``split_group`` (``init_device_mesh``'s groups on
+   GPUs) or with ``use_local_synchronization=True`` is named from its ranks and the number of groups the
+   rank *holds*: its members must hold as many groups as each other, or they wait for each other under
+   different names forever. Each rank posts what it makes in the default store and checks it against
+   the others before the group is made: a group made by only some ranks, groups made in different
+   orders, and names that would not meet raise :class:`NcclRuleError` saying which ranks did what
+   (gloo on CPU builds ``init_device_mesh``'s groups with ``new_group`` and names them from the global
+   count, which hides the last case there).
+
 A wait that does not finish within ``LLMSYS_NCCL_RULES_TIMEOUT`` seconds (default 60)
 raises with what this rank waits for and what each of its streams holds: the deadlock NCCL
 would have, found on a laptop. Two ranks that each send to the other before receiving are
@@ -32,13 +48,15 @@ data, and compares the sizes. Tokens and data travel over the same gloo group wi
 their own, so they are matched by order too.
 
 Installed by :func:`install` (it replaces ``torch.distributed``'s ``isend``, ``irecv``,
-``send``, ``recv`` and ``batch_isend_irecv``, and makes its collectives wait for the group's
-pending point-to-point operations first), so student code that calls ``torch.distributed``
-directly is held to the same rules.
+``send``, ``recv``, ``batch_isend_irecv`` and ``new_group`` — also the one ``init_device_mesh``
+calls — and makes its collectives wait for the group's pending point-to-point operations first),
+so student code that calls ``torch.distributed`` directly is held to the same rules.
 
 Sources: NCCL documentation, "Point-to-point communication" and "Group calls"; PyTorch
 ``ProcessGroupNCCL`` (eager initialisation reuses the group's communicator for
-point-to-point, pytorch/pytorch#129140, #132900).
+point-to-point, pytorch/pytorch#129140, #132900); ``torch.distributed.distributed_c10d``'s
+``new_group``, ``split_group`` and ``_process_group_name`` (group names) and ``_new_process_group_helper``
+(the no-colour split of non-members).
 """
 from __future__ import annotations
 
@@ -306,6 +324,116 @@ def batch_isend_irecv(p2p_op_list):
     return [EmulatedWork(unit, op) for op in ops]
 
 
+# ---- making groups (rule 5) -----------------------------------------------------------------------------
+
+_KEY = "llmsys_nccl_rules"  # the default store's keys of these checks (removed once every rank has read them)
+
+
+class _Creations:
+    """What this rank has made since :func:`install`: its world-collective creations, and per rank list the
+    creations whose names come from the groups a rank holds."""
+
+    def __init__(self):
+        self.collective = 0
+        self.named: dict[tuple, int] = {}
+
+
+_CREATIONS = _Creations()
+
+
+def _meet(key: str, members: list[int], value: str, what: str) -> dict[int, str]:
+    """Post ``value`` under ``key`` for this rank, wait for every rank of ``members`` to post theirs, and return
+    them all (``what``: this rank's creation, for the message). Raises NcclRuleError naming the ranks that do not
+    arrive within the rules' timeout."""
+    import datetime
+
+    store = c10d._world.pg_map[c10d._get_default_group()][1]
+    rank = dist.get_rank()
+    keys = [f"{key}/{r}" for r in members]
+    store.set(f"{key}/{rank}", value)
+    try:
+        store.wait(keys, datetime.timedelta(seconds=_timeout()))
+    except Exception:  # noqa: BLE001 - a timeout: say who is missing
+        missing = [r for r, k in zip(members, keys) if not store.check([k])]
+        raise NcclRuleError(
+            f"rank {rank} makes {what} and waited {_timeout():.0f} s for rank(s) {missing} to make it too — a group "
+            "made by only some ranks. On GPUs making a group is collective (ncclCommSplit of the world's "
+            "communicator, which non-members join too), so every rank of the world must make every group, in the "
+            "same order, even those it is not a member of") from None
+    values = {r: store.get(k).decode() for r, k in zip(members, keys)}
+    if store.add(f"{key}/read", 1) == len(members):  # the last reader removes the keys
+        for k in (*keys, f"{key}/read"):
+            store.delete_key(k)
+    return values
+
+
+def _check_creation(members: list[int], backend, local: bool, desc, split_on_gpus: bool) -> None:
+    """Rule 5 for one group about to be made with ranks ``members`` (sorted)."""
+    rank = dist.get_rank()
+    label = f"group {members}" + (f" ({desc})" if desc else "")
+    # On the run's back-end a group is a split of the world's communicator on GPUs: every rank takes part,
+    # except the non-members of a use_local_synchronization group (which then hangs unless every rank makes
+    # one at the same time, each its own). On another back-end (gloo beside NCCL) only the names count.
+    collective = not local or backend is None
+    if collective:
+        n = _CREATIONS.collective
+        _CREATIONS.collective += 1
+        mine = f"local:{label}" if local else label
+        made = _meet(f"{_KEY}/collective/{n}", list(range(dist.get_world_size())), mine,
+                     f"the world's group creation #{n + 1} ({label})")
+        shared = {v for v in made.values() if not v.startswith("local:")}
+        if shared and (len(shared) > 1 or len(shared) < len(set(made.values()))):  # ok: one group, or each its own
+            what = "; ".join(f"rank {r}: {v.removeprefix('local:')}"
+                             + (" (use_local_synchronization)" if v.startswith("local:") else "")
+                             for r, v in sorted(made.items()))
+            raise NcclRuleError(
+                f"the ranks make different groups at the world's group creation #{n + 1} — made in different "
+                f"orders, or by only some ranks: {what}. On GPUs making a group is collective over the whole world "
+                "(ncclCommSplit; torch names it from its count of the groups made so far), so every rank must make "
+                "every group, in the same order, even those it is not a member of")
+    if (split_on_gpus or local) and rank in members:  # its members meet under its name
+        ranks = tuple(members)
+        n = _CREATIONS.named.get(ranks, 0)
+        _CREATIONS.named[ranks] = n + 1
+        held = len(c10d._world.pg_names)
+        counts = {r: int(v) for r, v in _meet(f"{_KEY}/named/{'_'.join(map(str, ranks))}/{n}", members, str(held),
+                                              label).items()}
+        if len(set(counts.values())) > 1:
+            how = "split_group (init_device_mesh's groups on GPUs)" if split_on_gpus else \
+                "new_group(use_local_synchronization=True)"
+            holds = ", ".join(f"rank {r} holds {c}" for r, c in sorted(counts.items()))
+            raise NcclRuleError(
+                f"rank {rank}: the {label} made by {how} would get a different name on each rank, and its creation "
+                f"would wait forever: torch names such a group from its ranks and the number of groups the rank "
+                f"already holds, and here {holds}. Some ranks were left out of a group made earlier (the middle "
+                "stages of a pipeline of pp >= 3 are in no embedding group): make groups so that every rank gains "
+                "as many (course.mesh.new_groups gives the ranks in no group one of their own), or make this group "
+                "without use_local_synchronization")
+
+
+def _checked_new_group(original, split_on_gpus: bool):
+    """``new_group`` that first checks rule 5 (``split_on_gpus``: the caller is ``init_device_mesh``, which on
+    GPUs makes its groups with ``split_group`` instead)."""
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def new_group(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        ranks = a["ranks"]
+        local = bool(a["use_local_synchronization"])
+        members = sorted(ranks) if ranks is not None else list(range(dist.get_world_size()))
+        if not (local and dist.get_rank() not in members):  # a use_local_synchronization non-member skips it
+            _check_creation(members, a["backend"], local, a["group_desc"], split_on_gpus)
+        return original(*args, **kwargs)
+
+    new_group.__name__ = "new_group"
+    new_group.__wrapped__ = original
+    return new_group
+
+
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                 "broadcast", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter",
                 "all_gather_object", "broadcast_object_list")
@@ -331,7 +459,14 @@ def install() -> None:
     Called by :mod:`course.launch` in every rank when ``LLMSYS_NCCL_RULES=1``."""
     if _ORIGINAL:
         return
-    replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv, "batch_isend_irecv": batch_isend_irecv}
+    global _CREATIONS
+    from torch.distributed import device_mesh
+
+    _CREATIONS = _Creations()
+    replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv, "batch_isend_irecv": batch_isend_irecv,
+                    "new_group": _checked_new_group(c10d.new_group, split_on_gpus=False)}
+    _ORIGINAL["device_mesh.new_group"] = device_mesh.new_group  # imported by name there: replaced there too
+    device_mesh.new_group = _checked_new_group(c10d.new_group, split_on_gpus=True)
     for name in _COLLECTIVES:
         replacements[name] = _after_pending_p2p(name, getattr(c10d, name))
     for name, function in replacements.items():
@@ -352,6 +487,11 @@ def install() -> None:
 def uninstall() -> None:
     """Put ``torch.distributed`` back as it was (tests)."""
     global _ENGINE
+    mesh_new_group = _ORIGINAL.pop("device_mesh.new_group", None)
+    if mesh_new_group is not None:
+        from torch.distributed import device_mesh
+
+        device_mesh.new_group = mesh_new_group
     for name, function in _ORIGINAL.items():
         setattr(c10d, name, function)
         if hasattr(dist, name) and not name.startswith("_"):

@@ -75,3 +75,37 @@ def test_fresh_processes_inside_disabled(pool_on):
     with launch_pool.disabled():
         fresh = launch(state_worker, 2, False, timeout=60)
     assert {r["pid"] for r in fresh.values()}.isdisjoint({r["pid"] for r in pooled.values()})
+
+
+class _Group:
+    """A stand-in for a process group: a name, and a hash like an object's address (different in each process)."""
+
+    def __init__(self, name: str, address: int):
+        self.name, self.address = name, address
+
+    def __hash__(self):
+        return self.address
+
+    def __repr__(self):
+        return self.name
+
+
+def test_the_groups_a_run_made_are_destroyed_in_one_order_on_every_rank(monkeypatch):
+    """Two ranks made the groups 0..5 in that order (each holds those it is a member of), at different addresses;
+    both destroy what they hold in the same order — the last made first — whatever the addresses (NCCL's abort
+    was collective in some versions; a set's order, what the pool used, follows the addresses)."""
+    import types
+
+    from torch.distributed import distributed_c10d as c10d
+
+    world = _Group("world", 0)
+    held = {0: [0, 1, 2, 3, 5], 1: [1, 2, 3, 4, 5]}  # group 0 only on rank 0, group 4 only on rank 1
+    addresses = {0: lambda i: 8 * (7 - i), 1: lambda i: 8 * (3 * i % 7)}  # a different placement in each process
+    destroyed = {}
+    for rank, groups in held.items():
+        pg_map = {world: None} | {_Group(str(i), addresses[rank](i)): None for i in groups}
+        monkeypatch.setattr(c10d, "_world", types.SimpleNamespace(pg_map=pg_map, default_pg=world))  # GroupMember.WORLD
+        order: list[str] = []
+        launch_pool._destroy_groups_made_since([], lambda g: order.append(g.name))
+        destroyed[rank] = order
+    assert destroyed == {0: ["5", "3", "2", "1", "0"], 1: ["5", "4", "3", "2", "1"]}, destroyed

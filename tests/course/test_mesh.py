@@ -71,6 +71,15 @@ def test_bad_sizes_are_refused_with_the_option_to_change():
         ParallelDims(dp=2, tp=4).coordinates(8)
 
 
+def test_new_groups_refuses_a_rank_in_two_groups_of_one_call():
+    """course.mesh.new_groups gives the ranks in none of the groups one of their own, so every rank gains one
+    group: a rank in two groups of the call would gain two (refused before any group is made)."""
+    from course.mesh import new_groups
+
+    with pytest.raises(ValueError, match=r"rank\(s\) \[1\] are in two of the groups"):
+        new_groups([[0, 1], [1, 2]], "overlapping")
+
+
 # ---- the mesh on real processes ---------------------------------------------------------------
 
 SHAPES = [(1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1), (1, 1, 4)]  # (dp, pp, tp) on 4 ranks

@@ -12,7 +12,12 @@ operations of one ``batch_isend_irecv`` start together. Under it:
 * every pipeline schedule finishes and equals one process: GPipe and 1F1B at p = 4 (a5_2_4),
   interleaved 1F1B at p = 2 with v = 2 (a5_2_5), ZB-H1 at p = 4 (a5_2_6);
 * the 3D step finishes and equals one process at (dp, pp, tp) = (1, 2, 2) with 1F1B and
-  (2, 2, 1) with GPipe (a5_6_3).
+  (2, 2, 1) with GPipe (a5_6_3);
+* making a group is collective and its name must meet on every member: a group made by only some
+  ranks (which plain gloo allows) and groups made in different orders are refused; two meshes in one
+  process — a pipeline of 4 stages, whose middle stages are in no embedding group, then a (1, 2, 2)
+  mesh — and the async-checkpoint group after a group that left a rank out are made with names that
+  meet on every rank, and the planted wrong ways of making them are caught (issue 38, items 1, 2, 9).
 """
 from __future__ import annotations
 
@@ -108,3 +113,42 @@ def test_three_d_step_rendezvous(nccl_rules):
     out = launch(layouts_worker, 4, cases, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for i, case in enumerate(cases):
         check({rank: r[i] for rank, r in out.items()}, case)
+
+
+# ---- making groups: collective, with names that meet ---------------------------------------------------------
+
+# (dp, pp, tp) on 4 ranks: pp = 4 (ranks 1, 2 are in no embedding group), then a second mesh
+MESHES = [(1, 4, 1), (1, 2, 2)]
+
+
+def test_a_group_made_by_only_some_ranks_is_caught_rendezvous(monkeypatch):
+    """Plain gloo lets rank 0 make a group rank 1 never makes; under the rules rank 0 waits a bounded time
+    for rank 1 and says so."""
+    monkeypatch.setenv(TIMEOUT_ENV, "4")
+    with pytest.raises(RankFailure) as info:
+        launch(support.group_by_some_ranks_worker, 2, device="cpu", timeout=60)
+    text = str(info.value)
+    assert "waited 4 s for rank(s) [1] to make it too" in text and "made by only some ranks" in text, text
+
+
+def test_groups_made_in_different_orders_are_caught_rendezvous(nccl_rules):
+    with pytest.raises(RankFailure, match=r"make different groups at the world's group creation #1 .*"
+                                          r"rank 0: group \[0\]; rank 1: group \[1\]"):
+        launch(support.groups_in_different_orders_worker, 2, device="cpu", timeout=60)
+
+
+def test_two_meshes_and_the_checkpoint_group_meet_rendezvous(nccl_rules):
+    """A pipeline of 4 stages, then a (1, 2, 2) mesh, then a group without rank 3, then the async-checkpoint
+    group: every creation passes the rules, and after each mesh every rank holds as many groups as the
+    others (what the names of init_device_mesh's groups on GPUs, and use_local_synchronization's, depend on)."""
+    out = launch(support.meshes_and_checkpoint_group_worker, 4, MESHES, device="cpu", timeout=120)
+    assert len({tuple(held) for held in out.values()}) == 1, f"groups held per rank after each mesh: {out}"
+
+
+@pytest.mark.parametrize("planted", ["embedding groups alone", "local checkpoint group"])
+def test_planted_names_that_do_not_meet_are_caught_rendezvous(nccl_rules, planted):
+    """The embedding groups made alone (the middle stages gain no group: the second mesh's groups would get
+    different names on GPUs), or the checkpoint group named from the groups each rank holds (rank 3 holds one
+    fewer after the group that left it out: the hang of issue 38, item 1)."""
+    with pytest.raises(RankFailure, match="would get a different name on each rank"):
+        launch(support.meshes_and_checkpoint_group_worker, 4, MESHES, planted, device="cpu", timeout=120)

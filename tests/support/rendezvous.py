@@ -79,3 +79,71 @@ def check_equal_to_single_process(results: dict, world_size: int, schedule: str)
         check(results, world_size)
     except AssertionError as exc:
         raise AssertionError(f"{schedule}: {exc}") from None
+
+
+# ---- making groups (course.nccl_rules, rule 5) ------------------------------------------------------------
+
+
+def group_by_some_ranks_worker(rank: int, world_size: int) -> None:
+    """Rank 0 makes ``new_group([0])``, rank 1 does not: plain gloo lets it (a non-member returns at once and the
+    member's group needs no one else); then the same under NCCL's rules."""
+    from course import nccl_rules
+
+    for rules in (False, True):
+        if rules:
+            nccl_rules.install()
+        if rank == 0:
+            dist.new_group([0], group_desc="only rank 0")
+            if not rules:
+                print("rank 0: plain gloo: made a group rank 1 never made", flush=True)
+
+
+def groups_in_different_orders_worker(rank: int, world_size: int) -> None:
+    """Both ranks make ``new_group([0])`` and ``new_group([1])``, in opposite orders."""
+    first, second = ([0], [1]) if rank == 0 else ([1], [0])
+    dist.new_group(first)
+    dist.new_group(second)
+
+
+def meshes_and_checkpoint_group_worker(rank: int, world_size: int, shapes: list, planted: str | None = None) -> list:
+    """Build a :class:`course.mesh.Mesh` of each ``(dp, pp, tp)`` in ``shapes`` in turn, then a group that leaves
+    rank ``world_size - 1`` out (as the experiments' ``new_group(list(range(n)))`` do), then the async-checkpoint
+    group; returns how many groups this rank holds after each mesh.
+
+    ``planted``: a wrong way of making them — ``"embedding groups alone"`` (the middle stages gain no group while
+    the ends gain their embedding group) or ``"local checkpoint group"`` (the checkpoint group made with
+    ``use_local_synchronization=True``, named from the groups each rank holds)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    import course.checkpoint
+    import course.mesh
+    from course.mesh import Mesh
+
+    saved = course.mesh.Mesh._embedding_groups, course.checkpoint.checkpoint_group
+    if planted == "embedding groups alone":
+        def embedding_groups(self):
+            mine = None
+            for dp in range(self.dims.dp):
+                for tp in range(self.dims.tp):
+                    ranks = [self.dims.rank_of(0, dp, tp), self.dims.rank_of(self.dims.pp - 1, dp, tp)]
+                    group = dist.new_group(ranks, group_desc="embedding")
+                    mine = group if rank in ranks else mine
+            return mine
+        course.mesh.Mesh._embedding_groups = embedding_groups
+    elif planted == "local checkpoint group":
+        def checkpoint_group(group=None):
+            return dist.new_group(list(range(world_size)), backend="gloo", use_local_synchronization=True,
+                                  group_desc="checkpoint")
+        course.checkpoint.checkpoint_group = checkpoint_group
+    elif planted is not None:
+        raise ValueError(f"unknown planted error {planted!r}")
+    try:  # (a pooled rank runs other tests afterwards: the planted functions go back in any case)
+        held = []
+        for dp, pp, tp in shapes:
+            Mesh.build(dp=dp, pp=pp, tp=tp)
+            held.append(len(c10d._world.pg_names))
+        dist.new_group(list(range(world_size - 1)), group_desc="all but the last rank")
+        course.checkpoint.checkpoint_group(None)
+    finally:
+        course.mesh.Mesh._embedding_groups, course.checkpoint.checkpoint_group = saved
+    return held
