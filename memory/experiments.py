@@ -204,13 +204,16 @@ def zero_step_times(rank: int, world_size: int, variants=((0, False), (1, False)
         raise ValueError(f"each (zero, checkpointing) variant once, not {variants}")
     if repeats < MIN_REPEATS:
         raise ValueError(f"repeats must be >= {MIN_REPEATS} (a median and a spread), not {repeats}")
+    from course.mesh import Mesh
+
     worker_env_quiet()
     device = _device()
+    world = Mesh.build(dp=world_size).dp_group
     names = [f"ZeRO-{z}" + (" + checkpointing" if c else "") for z, c in variants]
     steps, counts = {}, {}
     for name, (zero, ckpt) in zip(names, variants):
         model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {})).to(device)
-        steps[name] = ShardedStep(model, zero, None, torch.optim.Adam, activation_checkpointing=ckpt,
+        steps[name] = ShardedStep(model, zero, world, torch.optim.Adam, activation_checkpointing=ckpt,
                                   precision=precision, lr=1e-3)
         counts[name] = 0
 
@@ -220,7 +223,7 @@ def zero_step_times(rank: int, world_size: int, variants=((0, False), (1, False)
             steps[name].train_step(random_batch(counts[name], batch_size, seq_len, vocab_size, rank), device)
         return run
 
-    seconds = interleaved({name: one_step(name) for name in names}, repeats, warmup, device)
+    seconds = interleaved({name: one_step(name) for name in names}, repeats, warmup, device, group=world)
     return {"dp": world_size, "names": names, "variants": variants, "seconds": seconds}
 
 

@@ -118,6 +118,7 @@ def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, re
         ValueError: a non-positive size, or fewer than :data:`course.benchmarking.MIN_REPEATS` repeats.
     """
     import torch
+    import torch.distributed as dist
 
     from course.benchmarking import MIN_REPEATS, summarise, timed
     from course.launch import context
@@ -136,7 +137,8 @@ def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, re
             x @ w
 
     work()  # warm-up
-    rates = [calls * per_call / timed(work, device) for _ in range(repeats)]
+    world = dist.group.WORLD
+    rates = [calls * per_call / timed(work, device, group=world) for _ in range(repeats)]
     return {"world_size": world_size, "flops_per_rank": summarise(rates), "shape": [rows, inner, cols]}
 
 
