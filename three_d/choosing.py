@@ -99,7 +99,7 @@ def leader_verdicts(seconds: dict) -> dict:
 
 
 def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, repeats: int = 5,
-                flop_per_repeat: float = 2e9) -> dict:
+                flop_per_repeat: float = 2e9, threads: int | None = None) -> dict:
     """Worker: the FLOP/s of an fp32 matrix product ``(rows, inner) x (inner, cols)`` per rank **while every rank
     of the launch runs it at once** — the peak an MFU of a run with as many ranks on the same machine divides
     by (on a CPU the ranks share the cores; a peak measured by one rank alone would overstate what each of
@@ -108,14 +108,15 @@ def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, re
     Each repeat: every rank computes ``flop_per_repeat`` FLOPs of products (a loop far longer than the
     scheduler's time slice, so the ranks do run together), timed from a barrier to the end of the slowest
     rank (:func:`course.benchmarking.timed`); one untimed repeat first. Rate per rank = FLOPs per rank /
-    that wall time.
+    that wall time. ``threads``: torch's intra-op threads per rank (None: the launcher's, cores // ranks on a
+    CPU); the run's ranks each have one when there are at least as many ranks as cores.
 
     Returns:
-        ``{"world_size", "flops_per_rank" (:func:`course.benchmarking.summarise` of FLOP/s, one per repeat),
+        ``{"world_size", "threads", "flops_per_rank" (:func:`course.benchmarking.summarise` of FLOP/s, one per repeat),
         "shape"}`` — the same on every rank.
 
     Raises:
-        ValueError: a non-positive size, or fewer than :data:`course.benchmarking.MIN_REPEATS` repeats.
+        ValueError: a non-positive size, fewer than :data:`course.benchmarking.MIN_REPEATS` repeats, or threads < 1.
     """
     import torch
     import torch.distributed as dist
@@ -127,7 +128,11 @@ def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, re
         raise ValueError(f"matmul_rate needs positive sizes, not ({rows}, {inner}) x ({inner}, {cols})")
     if repeats < MIN_REPEATS:
         raise ValueError(f"repeats must be >= {MIN_REPEATS}, not {repeats}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, not {threads}")
     device = context().device
+    if threads is not None:
+        torch.set_num_threads(threads)
     x, w = torch.randn(rows, inner, device=device), torch.randn(inner, cols, device=device)
     per_call = 2.0 * rows * inner * cols
     calls = max(1, int(flop_per_repeat // per_call))
@@ -139,7 +144,8 @@ def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, re
     work()  # warm-up
     world = dist.group.WORLD
     rates = [calls * per_call / timed(work, device, group=world) for _ in range(repeats)]
-    return {"world_size": world_size, "flops_per_rank": summarise(rates), "shape": [rows, inner, cols]}
+    return {"world_size": world_size, "threads": torch.get_num_threads(), "flops_per_rank": summarise(rates),
+            "shape": [rows, inner, cols]}
 
 
 def megatron_flops_per_step(batch: int, seq: int, layers: int, hidden: int, vocab: int, *,

@@ -33,14 +33,15 @@ def test_leader_verdicts_reject_what_cannot_be_compared():
 
 
 def test_matmul_rate_is_one_summary_per_launch_from_the_slowest_rank():
-    out = launch(matmul_rate, 2, 16, 32, 64, 3, 2e7, timeout=120, collective_timeout=60)
+    out = launch(matmul_rate, 2, 16, 32, 64, 3, 2e7, 1, timeout=120, collective_timeout=60)
     assert out[0] == out[1], "the slowest rank's time: every rank reports the same rates"
-    assert out[0]["world_size"] == 2 and out[0]["shape"] == [16, 32, 64]
+    assert out[0]["world_size"] == 2 and out[0]["shape"] == [16, 32, 64] and out[0]["threads"] == 1
     rates = out[0]["flops_per_rank"]
     assert rates["n"] == 3 and 0 < rates["min"] <= rates["median"] <= rates["max"]
 
 
-@pytest.mark.parametrize("args, message", [((0, 32, 64, 3), "positive sizes"), ((16, 32, 64, 2), "repeats must be")])
+@pytest.mark.parametrize("args, message", [((0, 32, 64, 3), "positive sizes"), ((16, 32, 64, 2), "repeats must be"),
+                                           ((16, 32, 64, 3, 1e6, 0), "threads must be")])
 def test_matmul_rate_rejects_bad_input(args, message):
     with pytest.raises(ValueError, match=message):
         matmul_rate(0, 1, *args)
