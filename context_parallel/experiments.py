@@ -322,7 +322,11 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     others wait) and sequence length; and one step's loss and gradients against a single process.
 
     Returns (rank 0; ``{}`` elsewhere) ``{"memory": [rows: method, cp, seq, peak MB (largest over the cp
-    ranks), activations MB, temporaries MB, gradients MB], "equality": [rows: method, cp, loss difference,
+    ranks), activations MB, temporaries MB, gradients MB (MemTracker's categories at that rank's peak moment,
+    which can fall in the forward or the backward pass), saved for backward MB (the activation bytes autograd
+    saved in the forward pass, :class:`course.saved_tensors.SavedTensorBytes`: all of them, whenever the peak
+    falls), attention alone peak MB (one attention layer's forward + backward on the rank's shard: what differs
+    between the methods)], "equality": [rows: method, cp, loss difference,
     largest gradient difference], "fixed": {sizes that do not depend on cp or seq: all weight gradients, one
     tile of scores}}``. Peak counts what the step allocates (not the weights, which exist
     before it); with cp = 1 both methods run the blockwise kernel on the whole sequence.
@@ -332,6 +336,7 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     from context_parallel.gpt2 import shard_batch, shard_loss_sum
     from course.launch import context
     from course.mesh import Mesh
+    from course.saved_tensors import SavedTensorBytes
     from course.task import worker_env_quiet
 
     worker_env_quiet()
@@ -351,18 +356,33 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
                 model = _gpt2(seq, n_layer, vocab).to(device)
                 shard = shard_batch(_batch(seq, vocab, device=device), attention.layout, rank)
 
+                params = list(model.parameters())
+
                 def step():
-                    loss, _ = shard_loss_sum(model, shard, attention)
+                    with SavedTensorBytes(exclude=params) as saved:
+                        loss, _ = shard_loss_sum(model, shard, attention)
+                    measured_saved[0] = saved.activation_bytes
                     loss.backward()
 
+                measured_saved = [0]
                 measured = _peak(step, device)
+                measured["saved"] = measured_saved[0]
                 model.zero_grad(set_to_none=True)
+                # the attention alone: one layer's forward + backward on this rank's shard, what differs between
+                # the methods (the ring's tiles and travelling K/V, Ulysses' all-to-all copies and local kernel)
+                heads, head_dim = model.config.n_head, model.config.n_embd // model.config.n_head
+                g = torch.Generator().manual_seed(rank)
+                q, k, v = (torch.randn(1, heads, seq // cp, head_dim, generator=g).to(device).requires_grad_()
+                           for _ in range(3))
+                measured["attention"] = _peak(lambda: attention(q, k, v, head_dim ** -0.5).sum().backward(), device)["peak"]
                 peaks: list = [None] * cp
                 dist.all_gather_object(peaks, measured, group=group)
                 worst = max(peaks, key=lambda m: m["peak"])
                 memory.append({"method": method, "cp": cp, "seq": seq, "peak MB": worst["peak"] / MB,
                                "activations MB": worst.get("ACT", 0) / MB, "temporaries MB": worst.get("TEMP", 0) / MB,
-                               "gradients MB": worst.get("GRAD", 0) / MB})
+                               "gradients MB": worst.get("GRAD", 0) / MB,
+                               "saved for backward MB": max(m["saved"] for m in peaks) / MB,
+                               "attention alone peak MB": max(m["attention"] for m in peaks) / MB})
     dist.barrier(group=dist.group.WORLD)
     seq = seq_lens[0]
     batch = _batch(seq, vocab, batch=2, device=device)

@@ -14,6 +14,10 @@ each rank:
   (:class:`course.measure.MemoryMeter`: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak
   RSS on the CPU; ``timer`` and ``memory`` in the result name them).
 
+:func:`zero_step_times` times the stages for a comparison: every variant in the same launch, their steps
+interleaved (:func:`course.benchmarking.interleaved`), so that :func:`course.benchmarking.compare` can give a
+verdict; :func:`memory_breakdown`'s own step times run the stages one after another and are not for comparing.
+
 The model and the batches live on the rank's device (``course.launch.context().device``; the CPU in a
 single process).
 """
@@ -166,6 +170,61 @@ def memory_breakdown_by_dp(rank: int, world_size: int, runs, stages=(0, 1, 2, 3)
                     found.setdefault(dp, []).append(row)
     dist.barrier(group=world)
     return found
+
+
+def zero_step_times(rank: int, world_size: int, variants=((0, False), (1, False), (2, False), (3, False)),
+                    repeats: int = 5, warmup: int = 1, preset: str = "tiny", vocab_size: int = 1000, seq_len: int = 64,
+                    batch_size: int = 4, precision: str = "fp32", model_overrides: dict | None = None) -> dict:
+    """Worker: the seconds of one training step of each ``(zero, checkpointing)`` variant, **interleaved**
+    (:func:`course.benchmarking.interleaved`: ``warmup`` untimed steps of each, then ``repeats`` rounds in
+    which every variant takes one timed step in turn, timed on the slowest rank of the world), so a change in
+    the machine's load or a warming allocator touches every variant alike, and a verdict between two of them
+    is :func:`course.benchmarking.compare` of their lists.
+
+    Every variant holds its own GPT-2 (the same initial weights) and :class:`memory.training.ShardedStep`
+    over the world as the dp group (``dp = world_size``); each step takes a fresh random batch
+    (:func:`random_batch`, a different one per rank). Launch it with no more ranks than cores for a
+    wall-clock comparison (``course.benchmarking.machine(busy_ranks=world_size)`` says whether it was).
+
+    Returns:
+        ``{"dp", "names" (one per variant, e.g. ``"ZeRO-1"``, ``"ZeRO-0 + checkpointing"``),
+        "seconds" ({name: [seconds per step, one per repeat]}), "variants"}`` — the same on every rank.
+
+    Raises:
+        ValueError: a stage outside 0..3, fewer than :data:`course.benchmarking.MIN_REPEATS` repeats, or two
+            variants alike.
+    """
+    from course.benchmarking import MIN_REPEATS, interleaved
+    from course.task import worker_env_quiet
+
+    variants = [(int(z), bool(c)) for z, c in variants]
+    if any(z not in (0, 1, 2, 3) for z, _ in variants):
+        raise ValueError(f"ZeRO stages are 0, 1, 2 or 3, not {sorted({z for z, _ in variants})}")
+    if len(set(variants)) != len(variants):
+        raise ValueError(f"each (zero, checkpointing) variant once, not {variants}")
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats must be >= {MIN_REPEATS} (a median and a spread), not {repeats}")
+    from course.mesh import Mesh
+
+    worker_env_quiet()
+    device = _device()
+    world = Mesh.build(dp=world_size).dp_group
+    names = [f"ZeRO-{z}" + (" + checkpointing" if c else "") for z, c in variants]
+    steps, counts = {}, {}
+    for name, (zero, ckpt) in zip(names, variants):
+        model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {})).to(device)
+        steps[name] = ShardedStep(model, zero, world, torch.optim.Adam, activation_checkpointing=ckpt,
+                                  precision=precision, lr=1e-3)
+        counts[name] = 0
+
+    def one_step(name):
+        def run():
+            counts[name] += 1
+            steps[name].train_step(random_batch(counts[name], batch_size, seq_len, vocab_size, rank), device)
+        return run
+
+    seconds = interleaved({name: one_step(name) for name in names}, repeats, warmup, device, group=world)
+    return {"dp": world_size, "names": names, "variants": variants, "seconds": seconds}
 
 
 def precision_curves(steps: int = 30, precisions=("fp32", "bf16"), n_batches: int = 4, batch_size: int = 8,

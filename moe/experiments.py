@@ -100,8 +100,9 @@ def all_to_all_worker(rank: int, world_size: int, num_experts: int = 8, top_k: i
     destination, rows received, and what the communication counter recorded in each pass.
 
     Returns:
-        ``{"sent_to": [rows per destination rank], "received": rows, "records": [(kind, phase, bytes,
-        traffic_bytes, shape)], "hidden": h, "num_experts": E}``.
+        ``{"sent_to": [rows per destination rank, the layer's count], "router_rows_to": [the same from the
+        router's own top-k choices, read by a forward hook: apart from the dispatch code], "received": rows,
+        "records": [(kind, phase, bytes, traffic_bytes, shape)], "hidden": h, "num_experts": E}``.
     """
     from course.collectives import CommCounter
     from course.launch import context
@@ -120,17 +121,21 @@ def all_to_all_worker(rank: int, world_size: int, num_experts: int = 8, top_k: i
         layer.router.weight.mul_(20.0)
     x = torch.randn(tokens_per_rank, hidden, generator=torch.Generator().manual_seed(100 + rank)).to(device)
     x.requires_grad_(True)
-    records = []
+    records, chosen = [], []
+    # the router's own top-k choices, read before (and apart from) the layer's dispatch code
+    hook = layer.router.register_forward_hook(lambda m, a, out: chosen.append(out.experts.detach().cpu()))
     with CommCounter() as counter:
         out = layer(x)
         records += [(r.kind, "forward", r.bytes, r.traffic_bytes, r.shape) for r in counter.records]
         counter.reset()
         out.square().mean().backward()
         records += [(r.kind, "backward", r.bytes, r.traffic_bytes, r.shape) for r in counter.records]
+    hook.remove()
+    router_rows_to = torch.bincount(chosen[0].reshape(-1), minlength=num_experts).view(world_size, -1).sum(dim=1).tolist()
     sent_to = layer.stats["per_expert"].view(world_size, -1).sum(dim=1).tolist()  # dropless: every choice is sent
     rows = [r for r in records if r[1] == "forward" and len(r[4]) == 2]  # dispatch (rows sent), combine (rows received)
-    return {"sent_to": sent_to, "received": rows[1][4][0] if len(rows) > 1 else None, "records": records,
-            "hidden": hidden, "num_experts": num_experts}
+    return {"sent_to": sent_to, "router_rows_to": router_rows_to, "received": rows[1][4][0] if len(rows) > 1 else None,
+            "records": records, "hidden": hidden, "num_experts": num_experts}
 
 
 def _router_choices(model, batches, device) -> dict[int, list[torch.Tensor]]:
@@ -237,6 +242,28 @@ def all_to_all_bytes_formula(tokens: float, top_k: int, hidden: int, num_experts
     (Counted as the input of each call, the rows a rank keeps for itself included.)
     """
     return moe_layers * (ep * num_experts * 8 + 4 * tokens * top_k * hidden * bytes_per_element)
+
+
+def predicted_row_traffic(rows_to: list[list[int]], hidden: int, bytes_per_element: int = 4) -> list[float]:
+    """Bytes each rank sends to *other* ranks in the four row all-to-alls of one dropless MoE layer's forward
+    and backward pass, predicted from the routing alone: ``rows_to[r][j]`` is how many of rank r's routed rows
+    go to experts on rank j (e.g. ``all_to_all_worker``'s ``router_rows_to`` of every rank).
+
+    Rank r sends ``sum_{j != r} rows_to[r][j]`` rows in the dispatch and in the combine's backward (gradients
+    of its outputs go back to the experts), and ``sum_{j != r} rows_to[j][r]`` rows in the combine and in the
+    dispatch's backward (its experts' outputs, and the gradients of their inputs, go home) — each row
+    ``hidden * bytes_per_element`` bytes (Lepikhin et al. 2021, GShard, Sec. 2.2; dropless as in MegaBlocks).
+    The counts exchanged before the dispatch are not included.
+
+    Raises:
+        ValueError: ``rows_to`` is not square (one row per rank, one entry per rank).
+    """
+    p = len(rows_to)
+    if any(len(row) != p for row in rows_to):
+        raise ValueError(f"rows_to must be {p} x {p} (rows each rank routes to each rank), not {[len(r) for r in rows_to]}")
+    row_bytes = hidden * bytes_per_element
+    return [2.0 * row_bytes * (sum(rows_to[r][j] for j in range(p) if j != r) + sum(rows_to[j][r] for j in range(p) if j != r))
+            for r in range(p)]
 
 
 def summarize_timings(step_seconds: dict[str, list[float]]) -> list[dict]:

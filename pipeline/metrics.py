@@ -150,6 +150,49 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
     return events
 
 
+def costs_by_kind(actions: list[list[tuple]], durations: list[list[float]], per_rank: bool = False):
+    """The mean duration of each kind of action (``"F"``, ``"B"``, ``"W"``) of a measured step.
+
+    Args:
+        actions, durations: as for :func:`replay` (e.g. a step's
+            :attr:`pipeline.stage_runner.StepResult.event_cpu_s` per rank).
+        per_rank: one ``{kind: seconds}`` per rank instead of one over every rank.
+
+    Returns:
+        ``{kind: mean seconds}`` over every rank's actions of that kind (the stages made equal), or
+        ``[{kind: mean seconds} per rank]`` with ``per_rank``.
+
+    Raises:
+        ValueError: a rank's durations do not match its actions.
+    """
+    if len(durations) != len(actions) or any(len(d) != len(a) for d, a in zip(durations, actions)):
+        raise ValueError("durations[r] must give one duration per action of rank r")
+
+    def means(pairs):
+        found: dict[str, list[float]] = {}
+        for action, seconds in pairs:
+            found.setdefault(action[0], []).append(seconds)
+        return {kind: sum(v) / len(v) for kind, v in found.items()}
+
+    if per_rank:
+        return [means(zip(acts, durs)) for acts, durs in zip(actions, durations)]
+    return means((a, d) for acts, durs in zip(actions, durations) for a, d in zip(acts, durs))
+
+
+def replay_by_kind(actions: list[list[tuple]], costs, latency: float = 0.0) -> list[list[tuple[str, int, float, float]]]:
+    """:func:`replay` with every action of a kind taking the same time: ``costs`` is ``{kind: seconds}`` for
+    every rank (equal stages, as the bubble formulas assume) or a list of them, one per rank (each stage its
+    own cost). :func:`simulate` is the case ``{"F": t_forward, "B": t_backward}``.
+
+    Raises:
+        KeyError: an action's kind has no cost (e.g. ``"W"`` for ZB-H1); ValueError: see :func:`replay`.
+    """
+    per_rank = costs if isinstance(costs, (list, tuple)) else [costs] * len(actions)
+    if len(per_rank) != len(actions):
+        raise ValueError(f"costs for {len(per_rank)} ranks, actions for {len(actions)}")
+    return replay(actions, [[c[a[0]] for a in acts] for acts, c in zip(actions, per_rank)], latency)
+
+
 def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]]) -> list[float]:
     """Measured hand-over latencies of a run: for every action that waited for another rank
     (it started after its rank's previous action ended), the seconds from the end of the action

@@ -168,7 +168,9 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
 
     ``keep_events``: each row also holds ``events[r]`` of its median-bubble step, with the
     tied-embedding all-reduce as an ``"AR"`` event on the first and last rank (it is not
-    counted in the bubble: the schedules are compared on their own work). ``device``: ``"cpu"``,
+    counted in the bubble: the schedules are compared on their own work), and that step's
+    ``event_cpu_s[r]`` (CPU seconds per action, in the order of the schedule's actions: what a
+    replay takes). ``device``: ``"cpu"``,
     ``"cuda"`` or ``"auto"`` (:func:`course.launch.resolve_device_backend`)."""
     from course.benchmarking import machine, summarise
     from course.launch import launch_all
@@ -222,6 +224,7 @@ def run(p_values, m_values, schedules=tuple(SCHEDULES), balances=("count", "auto
                         k = sorted(range(repeats), key=lambda s: bubbles[s])[repeats // 2]
                         rows[-1]["events"] = [per_rank[r][schedule][m][k]["events"]
                                               + per_rank[r][schedule][m][k]["tied_events"] for r in range(p)]
+                        rows[-1]["event_cpu_s"] = [per_rank[r][schedule][m][k]["event_cpu_s"] for r in range(p)]
     config = dict(p=list(p_values), m=list(m_values), schedules=list(schedules), balances=list(balances), v=v,
                   repeats=repeats, warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq,
                   vocab=vocab, cpu_count=info["cores"], torch=torch.__version__, device=device,

@@ -2,10 +2,14 @@
 
 Notebook 06 predicts each factorisation's step time and memory per rank with the planner
 (``project/plan.py``), measures them (:mod:`three_d.factorisation_benchmark`) and compares the two
-orders with :func:`compare_rankings`. :func:`mfu` is the field's model FLOPs utilisation and
-:data:`PUBLISHED` the figures papers report for large GPU runs.
+orders with :func:`compare_rankings`; :func:`leader_verdicts` says whether the factorisation with the best
+median is measurably faster than every other (:func:`course.benchmarking.compare`), the only way the notebook
+names a fastest one. :func:`mfu` is the field's model FLOPs utilisation, :func:`matmul_rate` the peak it divides
+by, measured under the run's own concurrency, and :data:`PUBLISHED` the figures papers report for large GPU runs.
 """
 from __future__ import annotations
+
+import statistics
 
 
 def ranks(values: dict, *, largest_first: bool = False) -> dict:
@@ -57,6 +61,91 @@ def mfu(model_flops_per_step: float, step_s: float, n_devices: int, peak_flops: 
         raise ValueError(f"mfu needs step_s > 0, n_devices >= 1 and peak_flops > 0 (got {step_s}, {n_devices}, "
                          f"{peak_flops})")
     return model_flops_per_step / (step_s * n_devices * peak_flops)
+
+
+def leader_verdicts(seconds: dict) -> dict:
+    """Is the factorisation with the smallest median step measurably the fastest?
+
+    ``seconds`` is ``{(dp, pp, tp): [seconds per step, one per repeat]}``, measured side by side (repeat k of
+    every factorisation in the same round, :func:`course.benchmarking.interleaved`). The *leader* is the key
+    with the smallest median; it is compared with every other by :func:`course.benchmarking.compare`.
+
+    Returns:
+        ``{"leader", "verdicts" ({other key: compare's dict of leader against it}), "fastest" (the leader when
+        it is faster than every other, else None), "tied" (keys it is indistinguishable from), "sentence"}``.
+
+    Raises:
+        ValueError: fewer than two factorisations, or their repeats are not side by side (see ``compare``).
+    """
+    from course.benchmarking import compare
+
+    if len(seconds) < 2:
+        raise ValueError(f"a fastest factorisation needs at least two to compare, not {len(seconds)}")
+    name = lambda k: "·".join(map(str, k))
+    leader = min(seconds, key=lambda k: statistics.median(seconds[k]))
+    verdicts = {k: compare(seconds[leader], v, (name(leader), name(k))) for k, v in seconds.items() if k != leader}
+    tied = [k for k, v in verdicts.items() if v["verdict"] != "faster"]
+    if not tied:
+        closest = max(verdicts, key=lambda k: verdicts[k]["ratio"]["median"])  # leader / other nearest 1
+        sentence = (f"{name(leader)} (dp·pp·tp) is the fastest on this machine, faster than each of the other "
+                    f"{len(verdicts)}; the closest: {verdicts[closest]['sentence']}")
+        fastest = leader
+    else:
+        sentence = (f"no factorisation is measurably the fastest on this machine: {name(leader)} has the best median "
+                    f"but is indistinguishable from {', '.join(name(k) for k in tied)} "
+                    f"({verdicts[tied[0]]['sentence']})")
+        fastest = None
+    return {"leader": leader, "verdicts": verdicts, "fastest": fastest, "tied": tied, "sentence": sentence}
+
+
+def matmul_rate(rank: int, world_size: int, rows: int, inner: int, cols: int, repeats: int = 5,
+                flop_per_repeat: float = 2e9, threads: int | None = None) -> dict:
+    """Worker: the FLOP/s of an fp32 matrix product ``(rows, inner) x (inner, cols)`` per rank **while every rank
+    of the launch runs it at once** — the peak an MFU of a run with as many ranks on the same machine divides
+    by (on a CPU the ranks share the cores; a peak measured by one rank alone would overstate what each of
+    them can reach by about ranks per core).
+
+    Each repeat: every rank computes ``flop_per_repeat`` FLOPs of products (a loop far longer than the
+    scheduler's time slice, so the ranks do run together), timed from a barrier to the end of the slowest
+    rank (:func:`course.benchmarking.timed`); one untimed repeat first. Rate per rank = FLOPs per rank /
+    that wall time. ``threads``: torch's intra-op threads per rank (None: the launcher's, cores // ranks on a
+    CPU); the run's ranks each have one when there are at least as many ranks as cores.
+
+    Returns:
+        ``{"world_size", "threads", "flops_per_rank" (:func:`course.benchmarking.summarise` of FLOP/s, one per repeat),
+        "shape"}`` — the same on every rank.
+
+    Raises:
+        ValueError: a non-positive size, fewer than :data:`course.benchmarking.MIN_REPEATS` repeats, or threads < 1.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from course.benchmarking import MIN_REPEATS, summarise, timed
+    from course.launch import context
+
+    if min(rows, inner, cols) < 1 or flop_per_repeat <= 0:
+        raise ValueError(f"matmul_rate needs positive sizes, not ({rows}, {inner}) x ({inner}, {cols})")
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats must be >= {MIN_REPEATS}, not {repeats}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, not {threads}")
+    device = context().device
+    if threads is not None:
+        torch.set_num_threads(threads)
+    x, w = torch.randn(rows, inner, device=device), torch.randn(inner, cols, device=device)
+    per_call = 2.0 * rows * inner * cols
+    calls = max(1, int(flop_per_repeat // per_call))
+
+    def work():
+        for _ in range(calls):
+            x @ w
+
+    work()  # warm-up
+    world = dist.group.WORLD
+    rates = [calls * per_call / timed(work, device, group=world) for _ in range(repeats)]
+    return {"world_size": world_size, "threads": torch.get_num_threads(), "flops_per_rank": summarise(rates),
+            "shape": [rows, inner, cols]}
 
 
 def megatron_flops_per_step(batch: int, seq: int, layers: int, hidden: int, vocab: int, *,

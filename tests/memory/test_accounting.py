@@ -55,3 +55,31 @@ def test_one_launch_measures_each_dp_size_over_its_own_group():
     assert by_dp[2][0]["comm_traffic_bytes"] > 0
     with pytest.raises(ValueError, match="runs need 4 ranks"):
         memory_breakdown_by_dp(0, 2, [(4, (False,))])
+
+
+def test_step_times_of_the_variants_are_interleaved_side_by_side():
+    from course.benchmarking import compare
+    from memory.experiments import zero_step_times
+
+    variants = ((0, False), (2, False), (0, True))
+    found = launch(zero_step_times, 2, variants, 3, 1, "tiny", 300, 32, 2, "fp32", SMALL,
+                   timeout=240, collective_timeout=60)
+    assert found[0] == found[1], "the slowest rank's times: the same on every rank"
+    out = found[0]
+    assert out["dp"] == 2 and out["names"] == ["ZeRO-0", "ZeRO-2", "ZeRO-0 + checkpointing"]
+    assert all(len(out["seconds"][n]) == 3 and min(out["seconds"][n]) > 0 for n in out["names"])
+    # side by side: compare accepts them (it refuses lists of different lengths); the verdict itself is the machine's
+    assert compare(out["seconds"]["ZeRO-2"], out["seconds"]["ZeRO-0"])["verdict"] in (
+        "faster", "slower", "indistinguishable")
+
+
+@pytest.mark.parametrize("variants, repeats, message", [
+    (((4, False),), 3, "ZeRO stages are 0, 1, 2 or 3"),
+    (((0, False), (0, False)), 3, "each .* variant once"),
+    (((0, False),), 2, "repeats must be >= 3"),
+])
+def test_step_times_reject_bad_input_before_any_step(variants, repeats, message):
+    from memory.experiments import zero_step_times
+
+    with pytest.raises(ValueError, match=message):
+        zero_step_times(0, 1, variants, repeats)

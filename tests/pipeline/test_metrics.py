@@ -114,3 +114,38 @@ def test_real_1f1b_run_with_equal_stages_has_the_formula_bubble():
         measured, formula = report["bubble"][m], bubble_fraction(p, m)
         assert abs(measured - formula) <= TOLERANCE, f"m={m}: measured {measured:.3f}, formula {formula:.3f}"
         assert report["peak_in_flight"][m] == [min(p - r, m) for r in range(p)]
+
+
+def test_costs_by_kind_are_the_mean_per_kind_over_ranks_or_per_rank():
+    from pipeline.metrics import costs_by_kind
+
+    actions = [[("F", 0), ("B", 0), ("W", 0)], [("F", 0), ("B", 0), ("W", 0), ("F", 1)]]
+    durations = [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0, 5.0]]
+    assert costs_by_kind(actions, durations) == {"F": 3.0, "B": 3.0, "W": 4.0}  # F: (1 + 3 + 5) / 3
+    assert costs_by_kind(actions, durations, per_rank=True) == [{"F": 1.0, "B": 2.0, "W": 3.0},
+                                                                {"F": 4.0, "B": 4.0, "W": 5.0}]
+    with pytest.raises(ValueError, match="one duration per action"):
+        costs_by_kind(actions, [[1.0], [1.0]])
+
+
+@pytest.mark.needs_solution
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 3)])
+def test_replay_by_kind_of_equal_costs_is_the_registry_s_theory(p, m):
+    from pipeline.metrics import replay_by_kind
+    from pipeline.schedules import schedule_actions
+
+    for name, costs in (("1f1b", {"F": 1.0, "B": 2.0}), ("gpipe", {"F": 1.0, "B": 1.0}),
+                        ("zb-h1", {"F": 1.0, "B": 1.0, "W": 1.0})):
+        actions = [schedule_actions(name, r, p, m) for r in range(p)]
+        events = replay_by_kind(actions, costs)
+        # exact arithmetic on small integers: the bubble is a ratio of sums of whole time slots
+        assert measured_bubble_fraction(events) == pytest.approx(SCHEDULES[name].bubble(p, m), abs=1e-12), name
+    actions = [schedule_actions("1f1b", r, p, m) for r in range(p)]
+    assert replay_by_kind(actions, {"F": 1.0, "B": 2.0}) == simulate(actions, 1.0, 2.0)
+    # per rank: a stage twice as slow leaves the others idle, so the bubble grows past the formula
+    slow = [{"F": 1.0, "B": 2.0}] * (p - 1) + [{"F": 2.0, "B": 4.0}]
+    assert measured_bubble_fraction(replay_by_kind(actions, slow)) > bubble_fraction(p, m)
+    with pytest.raises(KeyError):
+        replay_by_kind([schedule_actions("zb-h1", r, p, m) for r in range(p)], {"F": 1.0, "B": 1.0})
+    with pytest.raises(ValueError, match="costs for"):
+        replay_by_kind(actions, [{"F": 1.0, "B": 2.0}] * (p + 1))
