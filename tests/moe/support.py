@@ -176,56 +176,103 @@ def sync_config():
     return MoEConfig(num_experts=4, top_k=2, aux_loss_coef=0.1, z_loss_coef=0.01)
 
 
-def gradient_sync_worker(rank: int, world_size: int) -> dict:
-    """One backward pass of :class:`ToyMoENet` on this rank's tokens and ``sync_moe_gradients`` over the
-    mesh's groups, at dp = 4 and every ep of :data:`SYNC_EP_SIZES`: the gradients and the groups used."""
+# Meshes of 4 ranks whose dp x cp group is smaller than the world (the other ranks are tp or pp peers, which
+# hold the same experts and dense weights, or another stage's): name -> Mesh.build arguments.
+WIDER_MESHES = {"dp2-tp2-ep2": dict(dp=2, tp=2, ep=2), "pp2-dp2-ep1": dict(pp=2, dp=2, ep=1)}
+
+
+def _synced(mesh, ep: int, replica: int) -> dict:
+    """:class:`ToyMoENet`'s gradients after the backward pass of the tokens of dp x cp rank ``replica`` and
+    ``sync_moe_gradients`` over ``mesh``'s groups, with the groups the all-reduces ran in."""
     from course.collectives import CommCounter
-    from course.mesh import Mesh
     from moe.gradients import sync_moe_gradients
 
+    model = ToyMoENet(sync_config(), mesh.ep_group, mesh.ep_rank, ep)
+    model.loss(tokens(replica, SYNC_TOKENS[replica]), replica).backward()
+    with CommCounter() as counter:
+        sync_moe_gradients(model, mesh.dp_cp_group, mesh.edp_group)
+    return {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "ep_rank": mesh.ep_rank,
+            "groups": counter.by_group()}
+
+
+def gradient_sync_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """One backward pass of :class:`ToyMoENet` on this rank's tokens and ``sync_moe_gradients`` over the
+    mesh's groups, at dp = 4 and every ep of :data:`SYNC_EP_SIZES` (keys: the ep), and on each mesh of
+    :data:`WIDER_MESHES` (keys: its name), where a rank takes the tokens of its dp rank (its tp or pp peers
+    take the same): the gradients and the groups used. ``planted``: with a planted wrong solution
+    (:mod:`tests.support.planting`)."""
+    from course.mesh import Mesh
+    from tests.support.planting import planting
+
     out = {}
-    for ep in SYNC_EP_SIZES:
-        mesh = Mesh.build(dp=world_size, ep=ep)
-        model = ToyMoENet(sync_config(), mesh.ep_group, mesh.ep_rank, ep)
-        model.loss(tokens(rank, SYNC_TOKENS[rank]), rank).backward()
-        with CommCounter() as counter:
-            sync_moe_gradients(model, mesh.dp_cp_group, mesh.edp_group)
-        out[ep] = {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "ep_rank": mesh.ep_rank,
-                   "groups": counter.by_group()}
+    with planting(planted):
+        for ep in SYNC_EP_SIZES:
+            out[ep] = _synced(Mesh.build(dp=world_size, ep=ep), ep, rank)
+        for name, sizes in WIDER_MESHES.items():
+            mesh = Mesh.build(**sizes)
+            out[name] = _synced(mesh, sizes["ep"], mesh.dp_rank)
     return out
 
 
-def sync_reference() -> dict:
-    """The gradients of one process: the mean over the 4 ranks' losses, every expert here."""
+def sync_reference(replicas: int = 4) -> dict:
+    """The gradients of one process: the mean over the losses of ``replicas`` dp ranks, every expert here."""
     model = ToyMoENet(sync_config())
-    loss = sum(model.loss(tokens(rank, SYNC_TOKENS[rank]), rank) for rank in range(4)) / 4
+    loss = sum(model.loss(tokens(rank, SYNC_TOKENS[rank]), rank) for rank in range(replicas)) / replicas
     loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def training_worker(rank: int, world_size: int, args) -> dict:
-    """The MoE training of ``project/run_moe.py`` (:func:`moe.training.train_moe`) on Multi30k, then, on
-    rank 0, the same steps done by one process (:func:`moe.training.accumulated_step`) from the same
-    initial weights. Returns the per-step losses, final weights and last gradients of both."""
-    import copy
+SGD_LR = 0.1  # the trajectory tests' learning rate (plain SGD: see training_worker)
 
+
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD (``w -= lr * g``) that keeps, at every step, each parameter's gradient (by name) before stepping."""
+
+    def __init__(self, named_parameters, lr: float):
+        named = list(named_parameters)
+        super().__init__([p for _, p in named], lr=lr)
+        self.names, self.grads = [n for n, _ in named], []
+
+    def step(self, closure=None):
+        params = self.param_groups[0]["params"]
+        self.grads.append({n: p.grad.detach().clone() for n, p in zip(self.names, params)})
+        return super().step(closure)
+
+
+def training_worker(rank: int, world_size: int, args) -> dict:
+    """The MoE training of ``project/run_moe.py`` (:func:`moe.training.moe_training` on the dp x ep mesh,
+    run by the one epoch runner) on Multi30k with its AdamW replaced by plain SGD (:data:`SGD_LR`), then, on
+    rank 0, the same steps done by one process (:func:`moe.training.accumulated_step`) from the same
+    initial weights. Returns the per-step losses, every step's gradients and the final weights of both.
+
+    SGD, not AdamW, so that the trajectory is exact: Adam divides each gradient element by the root of its
+    second moment, which turns a rounding-size gradient difference in an element with a tiny gradient into
+    a learning-rate-size weight difference (and hides a constant factor in the gradients); SGD's weights
+    differ by ``lr x`` the summed gradient differences, and every step's gradients are compared."""
+    import copy
+    import json
+
+    from course.epoch_runner import run_epochs
+    from course.mesh import Mesh
     from course.task import prepare_data, worker_env_quiet
-    from moe.training import accumulated_step, build_moe_model, shard_batches, train_moe
+    from moe.training import accumulated_step, build_moe_model, moe_training, shard_batches
 
     worker_env_quiet()
     data = prepare_data(args)
-    result = train_moe(rank, world_size, args, data, keep_model=True)
-    model = result.pop("model")
-    mine = {"losses": result["train_losses"], "ep_rank": model.moe_layers[0].group.rank() if args.ep > 1 else 0,
-            "state": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    mode = moe_training(rank, args, data, Mesh.build(dp=world_size, ep=args.ep))
+    model = mode.model
+    mode.optimizer = RecordingSGD(model.named_parameters(), SGD_LR)
+    results = [json.loads(open(path).read()) for path in run_epochs(mode)]
+    mine = {"losses": [x for r in results for x in r["train_losses"]],
+            "ep_rank": model.moe_layers[0].group.rank() if args.ep > 1 else 0,
+            "state": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": mode.optimizer.grads}
     if rank != 0:
         return mine
     one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=None)
-    optimizer = torch.optim.AdamW(one.parameters(), lr=args.learning_rate)
+    optimizer = RecordingSGD(one.named_parameters(), SGD_LR)
     loaders = [shard_batches(data.train, args.batch_size, r, args.dp, data.collate, args.seed, args.max_batches)[0]
                for r in range(args.dp)]
     losses = [accumulated_step(one, optimizer, list(shards), "cpu") for shards in zip(*loaders)]
     mine["reference"] = {"losses": losses, "state": {n: p.detach().clone() for n, p in one.named_parameters()},
-                         "grads": {n: p.grad.clone() for n, p in one.named_parameters()}}
+                         "grads": optimizer.grads}
     return mine
