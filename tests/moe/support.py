@@ -6,6 +6,8 @@ The workers import neither ``transformers`` nor the test modules (only ``torch``
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from course.mesh import ParallelDims
@@ -103,9 +105,92 @@ def ep_config(case):
     return MoEConfig(**case[1])
 
 
-def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32) -> dict:
+class SplitSizeMismatch(AssertionError):
+    """The split sizes of an all-to-all disagree between the ranks (found before the collective runs)."""
+
+
+def split_table(rows: int, output_splits, input_splits, group) -> torch.Tensor:
+    """``(p, 2p + 1)`` int64, row i from group rank i: the rows it sends to each rank, the rows it expects from
+    each rank, the rows of its input. Gathered with ``torch.distributed.all_gather`` (not counted), on the
+    device of the rank's tensors' group back-end: a tensor of fixed size, so it cannot hang on bad splits."""
+    import torch.distributed as dist
+
+    from course.collectives import group_size
+    from course.launch import context
+
+    p = group_size(group)
+    equal = [rows // p] * p
+    sent = list(input_splits) if input_splits is not None else equal
+    expected = list(output_splits) if output_splits is not None else equal
+    mine = torch.tensor((sent + [-1] * p)[:p] + (expected + [-1] * p)[:p] + [rows], dtype=torch.int64,
+                        device=context().device)
+    table = [torch.empty_like(mine) for _ in range(p)]
+    dist.all_gather(table, mine, group=group)
+    return torch.stack(table).cpu()
+
+
+def check_split_sizes(rows: int, output_splits, input_splits, group) -> None:
+    """Before an all-to-all: every rank's input splits sum to its rows, and what group rank i sends to j is
+    what j expects from i, on every rank alike (all see the same table and raise together: no rank is left
+    waiting in the collective, which on NCCL could hang or read the wrong rows instead of raising).
+
+    Raises:
+        SplitSizeMismatch: naming each disagreeing pair and what the split lists must hold.
+    """
+    from course.collectives import group_size
+
+    p = group_size(group)
+    if p == 1:
+        return
+    table = split_table(rows, output_splits, input_splits, group)
+    sends, expects, held = table[:, :p], table[:, p:2 * p], table[:, 2 * p]
+    problems = [f"group rank {i} sends {int(sends[i].sum())} rows but holds {int(held[i])}"
+                for i in range(p) if int(sends[i].sum()) != int(held[i])]
+    problems += [f"group rank {i} sends {int(sends[i, j])} rows to group rank {j}, which expects {int(expects[j, i])} "
+                 f"from it" for i in range(p) for j in range(p) if int(sends[i, j]) != int(expects[j, i])]
+    if problems:
+        raise SplitSizeMismatch(
+            "all-to-all split sizes disagree between the ranks (checked before the collective): "
+            + "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+            + ". The output splits are the rows each rank sends here: exchange the expert counts first "
+              "(received[i, e] = rows ep rank i sends to this rank's local expert e) and sum them per source rank; "
+              "the backward pass sends the gradients back with the two split lists swapped.")
+
+
+@contextlib.contextmanager
+def split_sizes_checked():
+    """Every ``course.collectives.all_to_all_single`` called by ``moe`` (and through ``course.collectives``)
+    first runs :func:`check_split_sizes`; restored afterwards (pooled ranks are reused)."""
+    from unittest import mock
+
+    import course.collectives
+    import moe.all_to_all
+    import moe.expert_parallel
+
+    original = course.collectives.all_to_all_single
+
+    def checked(x, output_split_sizes=None, input_split_sizes=None, group=None):
+        check_split_sizes(x.shape[0], output_split_sizes, input_split_sizes, group)
+        return original(x, output_split_sizes, input_split_sizes, group=group)
+
+    with contextlib.ExitStack() as stack:
+        for module in (course.collectives, moe.all_to_all, moe.expert_parallel):
+            stack.enter_context(mock.patch.object(module, "all_to_all_single", checked))
+        yield
+
+
+def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32, planted: str | None = None) -> dict:
     """Every case of :data:`EP_CASES` at ep = 4 and ep = 2 (dp = 4): the layer's output and gradients on
-    this rank, and the communication it did, by group."""
+    this rank, and the communication it did, by group. Every all-to-all's split sizes are checked across
+    the ranks before it runs (:func:`split_sizes_checked`). ``planted``: with a planted wrong solution
+    (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted), split_sizes_checked():
+        return _expert_parallel_cases(rank, world_size, dtype)
+
+
+def _expert_parallel_cases(rank: int, world_size: int, dtype) -> dict:
     from course.collectives import CommCounter
     from course.mesh import Mesh
     from moe.layer import MoELayer
