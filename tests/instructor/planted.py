@@ -181,7 +181,8 @@ PLANTED: dict[str, Planted] = {
         "a5_8_2", "the exchanged counts read as [local expert][source rank]", ("moe.expert_parallel:exchange_counts",),
         _counts_transposed),
     "output splits from local counts": Planted(
-        "a5_8_2", "dispatch expects from each rank what it sends to it", ("moe.expert_parallel:dispatch", "moe.layer:dispatch"),
+        "a5_8_2", "dispatch expects from each rank what it sends to it",
+        ("moe.expert_parallel:dispatch", "moe.layer:dispatch"),
         _output_splits_from_local_counts),
     "backward splits not swapped": Planted(
         "a5_8_2", "the all-to-all's backward pass sends with the forward pass's splits",

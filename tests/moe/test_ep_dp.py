@@ -59,7 +59,8 @@ def check_synced_gradients(runs: dict, case, ep: int, replicas: int) -> None:
         groups = got["groups"]
         assert set(groups) <= {"dp", "edp"}, f"{case}, rank {rank}: gradients synchronised in {sorted(groups)}"
         if ep == 2 and replicas > ep:  # the edp group has replicas / ep ranks (of one rank nothing is counted)
-            assert "edp" in groups, f"{case}, rank {rank}: the experts' gradients are all-reduced over their replicas (edp)"
+            assert "edp" in groups, (
+                f"{case}, rank {rank}: the experts' gradients are all-reduced over their replicas (edp)")
 
 
 @pytest.mark.timeout(180)
