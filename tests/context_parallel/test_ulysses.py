@@ -2,7 +2,9 @@
 
 One launch of 4 ranks runs Ulysses attention at cp = 2 (two groups of two at once) and cp = 4:
 contiguous shards causal and not, and zig-zag shards (the causal mask then follows the gathered
-positions). Each rank compares its shard of the output and of the gradients of q, k and v with
+positions), and contiguous causal shards with a factor of the scores other than the default
+``head_dim ** -0.5`` (``scale=1.0``: a solution that does not pass ``scale`` on to the local attention
+fails there). Each rank compares its shard of the output and of the gradients of q, k and v with
 ``scaled_dot_product_attention`` over the whole sequence (float32, 1e-5). The communication is
 counted: four all-to-alls forward (q, k, v in, the output back) and four backward, each of one
 (batch, heads, seq/p, head_dim) tensor, in the cp group. (Heads that cp does not divide are
@@ -17,7 +19,8 @@ from tests.context_parallel.workers import assert_equals_reference, read_case
 pytestmark = pytest.mark.a5_7_3
 
 TOL = dict(atol=1e-5, rtol=1e-5)
-CASES = [f"cp{cp}-{layout}" for cp in (2, 4) for layout in ("contiguous-causal", "contiguous-full", "zigzag-causal")]
+CASES = [f"cp{cp}-{layout}" for cp in (2, 4)
+         for layout in ("contiguous-causal", "contiguous-full", "zigzag-causal", "contiguous-causal-scaled")]
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tests.support.planting import planting
+
 SHAPE = (2, 2, 48, 8)  # batch, heads, seq (divisible by 2 cp for cp = 2, 4), head_dim
 BLOCK = 5  # a tile size that divides neither the shards nor the chunks
 
@@ -22,9 +24,9 @@ def global_inputs(shape=SHAPE, seed: int = 0):
     return [torch.randn(*shape, generator=g) for _ in range(4)]  # q, k, v, grad of the output
 
 
-def reference(q, k, v, grad, causal: bool):
+def reference(q, k, v, grad, causal: bool, scale: float | None = None):
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
     out.backward(grad)
     return out.detach(), [t.grad for t in leaves]
 
@@ -155,19 +157,20 @@ class GivenLayout:
         return x.index_select(dim, self.positions(rank))
 
 
-def _ulysses_case(group, layout_kind: str, causal: bool) -> dict:
+def _ulysses_case(group, layout_kind: str, causal: bool, scale: float | None = None) -> dict:
     from context_parallel import ulysses_attention
     from course import trace
     from course.collectives import group_rank, group_size
 
     p, r = group_size(group), group_rank(group)
     q, k, v, grad = global_inputs((2, 4, 24, 8), seed=1)  # 4 heads: divisible by cp = 2 and 4
-    ref, ref_grads = reference(q, k, v, grad, causal)
+    ref, ref_grads = reference(q, k, v, grad, causal, scale)
     layout = GivenLayout(layout_kind, p, q.size(2))
     leaves = [layout.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
     recorder = trace.Recorder()
     with trace.recording(recorder):
-        out = ulysses_attention(*leaves, group, causal, layout=None if layout_kind == "contiguous" else layout)
+        out = ulysses_attention(*leaves, group, causal, scale=scale,
+                                layout=None if layout_kind == "contiguous" else layout)
         forward = _records(recorder)
         recorder.clear()
         out.backward(layout.shard(grad, 2, r))
@@ -177,15 +180,23 @@ def _ulysses_case(group, layout_kind: str, causal: bool) -> dict:
             "backward_comm": backward, "local_bytes": leaves[0].numel() * 4}
 
 
-def ulysses_worker(rank: int, world_size: int) -> dict:
-    """Ulysses at cp = 2 (two pairs at once) and cp = 4, contiguous (causal and not) and zig-zag shards."""
+ULYSSES_SCALE = 1.0  # a factor of the scores other than the default head_dim ** -0.5 (8 ** -0.5 = 0.35)
+
+
+def ulysses_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """Ulysses at cp = 2 (two pairs at once) and cp = 4, contiguous (causal and not) and zig-zag shards, and
+    contiguous causal shards with the scores scaled by :data:`ULYSSES_SCALE` (``-scaled``). ``planted``: run
+    with a planted wrong solution (``tests/instructor/planted.py``; instructor-only)."""
     torch.set_num_threads(1)
     groups = cp_groups(rank, world_size)
     cases = {}
-    for cp in (2, 4):
-        for layout, causal in (("contiguous", True), ("contiguous", False), ("zigzag", True)):
-            cases[f"cp{cp}-{layout}-{'causal' if causal else 'full'}"] = attempt(_ulysses_case, groups[cp], layout,
-                                                                                causal)
+    with planting(planted):
+        for cp in (2, 4):
+            for layout, causal in (("contiguous", True), ("contiguous", False), ("zigzag", True)):
+                cases[f"cp{cp}-{layout}-{'causal' if causal else 'full'}"] = attempt(_ulysses_case, groups[cp],
+                                                                                    layout, causal)
+            cases[f"cp{cp}-contiguous-causal-scaled"] = attempt(_ulysses_case, groups[cp], "contiguous", True,
+                                                                ULYSSES_SCALE)
     return {"cases": cases}
 
 

@@ -15,7 +15,20 @@ recomputation runs in fp32: other activations), the random state not restored (o
 the random state restored without ``fork_rng`` (the caller's stream is moved back).
 On a GPU the same is checked with CUDA inputs by the GPU tier (``tests/gpu``), where replaying only the
 CPU's autocast state would fail.
+
+The generators of the inputs' GPU are checked on the CPU too: on a GPU, dropout draws its masks from
+that GPU's generator (``torch.cuda``'s), not the CPU's, so a function that saves and restores only the
+CPU's random state recomputes a block with other masks there. A block whose input reports ``cuda:0``
+(CPU storage) draws its mask from a stand-in for ``torch.cuda``'s random-number API (``get_rng_state``,
+``set_rng_state`` and their ``_all`` forms, ``device``, ``device_count``, ``current_device``,
+``is_available``, initialised; in ``torch.cuda`` and ``torch.cuda.random``; ``torch.utils.checkpoint``,
+reentrant or not, passes it), one CPU generator per GPU: the
+recomputation must draw the forward pass's mask, and leave the caller's GPU stream where it was.
+(Planted and watched failing: saving and restoring only the CPU generator; restoring the GPU state
+without ``fork_rng``.)
 """
+import contextlib
+
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -98,3 +111,91 @@ def test_bf16_gradients_equal_plain_and_torch_checkpoint():
             f"{float((got[1][name] - g).abs().max()):.3g} (same precision and dropout masks in the recomputation?)")
         assert torch.equal(got[1][name], reference[1][name]), f"gradient of {name} differs from torch.utils.checkpoint"
     assert torch.equal(got[2], plain[2]), "the recomputation must leave the caller's random stream as it was"
+
+
+class OnGpu(torch.Tensor):
+    """A CPU tensor that reports ``cuda:0`` as its device: a block's input on a GPU, on a CPU-only machine."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def get_device(self) -> int:
+        return 0
+
+
+class FakeCudaRandom:
+    """``torch.cuda``'s random-number API over CPU generators, one per (fake) GPU; ``gens[i]`` is what a
+    dropout on GPU i draws from."""
+
+    def __init__(self, gpus: int = 2):
+        self.gens = [torch.Generator().manual_seed(100 + i) for i in range(gpus)]
+        self.current = 0
+
+    def index(self, device=None) -> int:
+        if device is None:
+            return self.current
+        if isinstance(device, int):
+            return device
+        device = torch.device(device)
+        return self.current if device.index is None else device.index
+
+    def get_rng_state(self, device="cuda"):
+        return self.gens[self.index(device)].get_state()
+
+    def set_rng_state(self, state, device="cuda"):
+        self.gens[self.index(device)].set_state(state)
+
+    def get_rng_state_all(self):
+        return [g.get_state() for g in self.gens]
+
+    def set_rng_state_all(self, states):
+        for g, state in zip(self.gens, states):
+            g.set_state(state)
+
+    @contextlib.contextmanager
+    def device(self, device):
+        before, self.current = self.current, self.index(device)
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def install(self, monkeypatch) -> None:
+        for module in (torch.cuda, torch.cuda.random):
+            for name in ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all"):
+                monkeypatch.setattr(module, name, getattr(self, name), raising=False)
+        monkeypatch.setattr(torch.cuda, "device", self.device)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.gens))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "_initialized", True)  # torch.utils.checkpoint saves GPU states only then
+
+
+def test_recomputation_on_a_gpu_draws_from_the_gpus_generator(monkeypatch):
+    from memory.checkpointing import CheckpointFunction
+
+    cuda = FakeCudaRandom()
+    cuda.install(monkeypatch)
+    masks = []
+
+    def block(x):  # dropout on GPU 0: its mask comes from GPU 0's generator
+        masks.append(torch.rand(x.shape, generator=cuda.gens[0]) >= 0.5)
+        return x * masks[-1] * 2.0
+
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(1)).as_subclass(OnGpu).requires_grad_(True)
+    assert x.device.type == "cuda"
+    y = CheckpointFunction.apply(block, x)
+    torch.rand(3, generator=cuda.gens[0])  # the caller goes on drawing (the next blocks' dropout)
+    caller = cuda.gens[0].get_state()
+    cpu = torch.get_rng_state()
+    y.backward(torch.ones(6, 5))
+    assert len(masks) == 2, f"the block ran {len(masks)} times (a forward pass and one recomputation expected)"
+    assert torch.equal(masks[1], masks[0]), (
+        "the recomputation drew another dropout mask than the forward pass: on a GPU dropout draws from the "
+        "generator of the inputs' GPU (torch.cuda.get_rng_state / set_rng_state for that device), not only the CPU's")
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), masks[0] * 2.0), "the input's gradient is mask x 2"
+    assert torch.equal(cuda.gens[0].get_state(), caller), (
+        "the recomputation moved the caller's GPU random stream: restore the saved GPU state inside "
+        "torch.random.fork_rng(devices=[the inputs' GPUs]), which puts the caller's back afterwards")
+    assert torch.equal(torch.get_rng_state(), cpu), "the recomputation moved the caller's CPU random stream"

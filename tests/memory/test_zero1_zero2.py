@@ -7,7 +7,10 @@ those of one process stepping ``torch.optim.Adam`` on the mean loss (and, for Ze
 those of ``torch.distributed.optim.ZeroRedundancyOptimizer``) and be bit-for-bit the same on
 every rank, and a rank must hold Adam state for its slice only. ZeRO-2: after the reduction a
 rank holds no full gradient — its slice's gradient (the average, checked on the slice itself)
-is all it keeps, not a view into a full-size buffer.
+is all it keeps, not a view into a full-size buffer. ZeRO-1: after the reduction every parameter's
+``grad`` holds the data-parallel mean gradient (``_reduce_stage1``'s contract: a step that gives only the
+optimizer's slice the mean and leaves each ``param.grad`` as the rank's own gradient fails; gradient
+clipping and logging read ``param.grad``).
 """
 import functools
 
@@ -22,8 +25,8 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)
-def run(stage, world_size):
-    return launch_once(zero_worker, world_size, stage, STEPS, timeout=120)
+def run(stage, world_size, planted=None):
+    return launch_once(zero_worker, world_size, stage, STEPS, planted, timeout=120)
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,8 +34,8 @@ def reference(world_size):
     return reference_run(world_size, STEPS)
 
 
-def check_against_dp(stage, world_size):
-    outputs = run(stage, world_size)
+def check_against_dp(stage, world_size, planted=None):
+    outputs = run(stage, world_size, planted)
     grads, params = reference(world_size)
     numel = sum(p.numel() for p in make_model().parameters())
     size = -(-numel // world_size)
@@ -51,6 +54,12 @@ def check_against_dp(stage, world_size):
             assert torch.allclose(rec["params"], params[step], **TOL), (
                 f"rank {rank} step {step}: parameters differ from data parallelism with torch.optim.Adam "
                 f"(max diff {float((rec['params'] - params[step]).abs().max()):.2e})")
+            if stage == 1:
+                held = rec["param_grads"]
+                assert torch.allclose(held, grads[step], **TOL), (
+                    f"rank {rank} step {step}: the parameters' .grad differ from the data-parallel mean gradient "
+                    f"(max diff {float((held - grads[step]).abs().max()):.2e}): after reduce_gradients every "
+                    "parameter's grad holds the mean over dp (views of the averaged flat gradient), not this rank's own")
             assert torch.equal(rec["params"], outputs[0]["steps"][step]["params"]), (
                 f"rank {rank} step {step}: parameters differ from rank 0's; after the step every rank must hold "
                 "every updated slice (all-gather them)")

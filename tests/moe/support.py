@@ -6,6 +6,8 @@ The workers import neither ``transformers`` nor the test modules (only ``torch``
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from course.mesh import ParallelDims
@@ -103,9 +105,92 @@ def ep_config(case):
     return MoEConfig(**case[1])
 
 
-def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32) -> dict:
+class SplitSizeMismatch(AssertionError):
+    """The split sizes of an all-to-all disagree between the ranks (found before the collective runs)."""
+
+
+def split_table(rows: int, output_splits, input_splits, group) -> torch.Tensor:
+    """``(p, 2p + 1)`` int64, row i from group rank i: the rows it sends to each rank, the rows it expects from
+    each rank, the rows of its input. Gathered with ``torch.distributed.all_gather`` (not counted), on the
+    device of the rank's tensors' group back-end: a tensor of fixed size, so it cannot hang on bad splits."""
+    import torch.distributed as dist
+
+    from course.collectives import group_size
+    from course.launch import context
+
+    p = group_size(group)
+    equal = [rows // p] * p
+    sent = list(input_splits) if input_splits is not None else equal
+    expected = list(output_splits) if output_splits is not None else equal
+    mine = torch.tensor((sent + [-1] * p)[:p] + (expected + [-1] * p)[:p] + [rows], dtype=torch.int64,
+                        device=context().device)
+    table = [torch.empty_like(mine) for _ in range(p)]
+    dist.all_gather(table, mine, group=group)
+    return torch.stack(table).cpu()
+
+
+def check_split_sizes(rows: int, output_splits, input_splits, group) -> None:
+    """Before an all-to-all: every rank's input splits sum to its rows, and what group rank i sends to j is
+    what j expects from i, on every rank alike (all see the same table and raise together: no rank is left
+    waiting in the collective, which on NCCL could hang or read the wrong rows instead of raising).
+
+    Raises:
+        SplitSizeMismatch: naming each disagreeing pair and what the split lists must hold.
+    """
+    from course.collectives import group_size
+
+    p = group_size(group)
+    if p == 1:
+        return
+    table = split_table(rows, output_splits, input_splits, group)
+    sends, expects, held = table[:, :p], table[:, p:2 * p], table[:, 2 * p]
+    problems = [f"group rank {i} sends {int(sends[i].sum())} rows but holds {int(held[i])}"
+                for i in range(p) if int(sends[i].sum()) != int(held[i])]
+    problems += [f"group rank {i} sends {int(sends[i, j])} rows to group rank {j}, which expects {int(expects[j, i])} "
+                 f"from it" for i in range(p) for j in range(p) if int(sends[i, j]) != int(expects[j, i])]
+    if problems:
+        raise SplitSizeMismatch(
+            "all-to-all split sizes disagree between the ranks (checked before the collective): "
+            + "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+            + ". The output splits are the rows each rank sends here: exchange the expert counts first "
+              "(received[i, e] = rows ep rank i sends to this rank's local expert e) and sum them per source rank; "
+              "the backward pass sends the gradients back with the two split lists swapped.")
+
+
+@contextlib.contextmanager
+def split_sizes_checked():
+    """Every ``course.collectives.all_to_all_single`` called by ``moe`` (and through ``course.collectives``)
+    first runs :func:`check_split_sizes`; restored afterwards (pooled ranks are reused)."""
+    from unittest import mock
+
+    import course.collectives
+    import moe.all_to_all
+    import moe.expert_parallel
+
+    original = course.collectives.all_to_all_single
+
+    def checked(x, output_split_sizes=None, input_split_sizes=None, group=None):
+        check_split_sizes(x.shape[0], output_split_sizes, input_split_sizes, group)
+        return original(x, output_split_sizes, input_split_sizes, group=group)
+
+    with contextlib.ExitStack() as stack:
+        for module in (course.collectives, moe.all_to_all, moe.expert_parallel):
+            stack.enter_context(mock.patch.object(module, "all_to_all_single", checked))
+        yield
+
+
+def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32, planted: str | None = None) -> dict:
     """Every case of :data:`EP_CASES` at ep = 4 and ep = 2 (dp = 4): the layer's output and gradients on
-    this rank, and the communication it did, by group."""
+    this rank, and the communication it did, by group. Every all-to-all's split sizes are checked across
+    the ranks before it runs (:func:`split_sizes_checked`). ``planted``: with a planted wrong solution
+    (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted), split_sizes_checked():
+        return _expert_parallel_cases(rank, world_size, dtype)
+
+
+def _expert_parallel_cases(rank: int, world_size: int, dtype) -> dict:
     from course.collectives import CommCounter
     from course.mesh import Mesh
     from moe.layer import MoELayer
@@ -176,56 +261,103 @@ def sync_config():
     return MoEConfig(num_experts=4, top_k=2, aux_loss_coef=0.1, z_loss_coef=0.01)
 
 
-def gradient_sync_worker(rank: int, world_size: int) -> dict:
-    """One backward pass of :class:`ToyMoENet` on this rank's tokens and ``sync_moe_gradients`` over the
-    mesh's groups, at dp = 4 and every ep of :data:`SYNC_EP_SIZES`: the gradients and the groups used."""
+# Meshes of 4 ranks whose dp x cp group is smaller than the world (the other ranks are tp or pp peers, which
+# hold the same experts and dense weights, or another stage's): name -> Mesh.build arguments.
+WIDER_MESHES = {"dp2-tp2-ep2": dict(dp=2, tp=2, ep=2), "pp2-dp2-ep1": dict(pp=2, dp=2, ep=1)}
+
+
+def _synced(mesh, ep: int, replica: int) -> dict:
+    """:class:`ToyMoENet`'s gradients after the backward pass of the tokens of dp x cp rank ``replica`` and
+    ``sync_moe_gradients`` over ``mesh``'s groups, with the groups the all-reduces ran in."""
     from course.collectives import CommCounter
-    from course.mesh import Mesh
     from moe.gradients import sync_moe_gradients
 
+    model = ToyMoENet(sync_config(), mesh.ep_group, mesh.ep_rank, ep)
+    model.loss(tokens(replica, SYNC_TOKENS[replica]), replica).backward()
+    with CommCounter() as counter:
+        sync_moe_gradients(model, mesh.dp_cp_group, mesh.edp_group)
+    return {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "ep_rank": mesh.ep_rank,
+            "groups": counter.by_group()}
+
+
+def gradient_sync_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """One backward pass of :class:`ToyMoENet` on this rank's tokens and ``sync_moe_gradients`` over the
+    mesh's groups, at dp = 4 and every ep of :data:`SYNC_EP_SIZES` (keys: the ep), and on each mesh of
+    :data:`WIDER_MESHES` (keys: its name), where a rank takes the tokens of its dp rank (its tp or pp peers
+    take the same): the gradients and the groups used. ``planted``: with a planted wrong solution
+    (:mod:`tests.support.planting`)."""
+    from course.mesh import Mesh
+    from tests.support.planting import planting
+
     out = {}
-    for ep in SYNC_EP_SIZES:
-        mesh = Mesh.build(dp=world_size, ep=ep)
-        model = ToyMoENet(sync_config(), mesh.ep_group, mesh.ep_rank, ep)
-        model.loss(tokens(rank, SYNC_TOKENS[rank]), rank).backward()
-        with CommCounter() as counter:
-            sync_moe_gradients(model, mesh.dp_cp_group, mesh.edp_group)
-        out[ep] = {"grads": {n: p.grad.clone() for n, p in model.named_parameters()}, "ep_rank": mesh.ep_rank,
-                   "groups": counter.by_group()}
+    with planting(planted):
+        for ep in SYNC_EP_SIZES:
+            out[ep] = _synced(Mesh.build(dp=world_size, ep=ep), ep, rank)
+        for name, sizes in WIDER_MESHES.items():
+            mesh = Mesh.build(**sizes)
+            out[name] = _synced(mesh, sizes["ep"], mesh.dp_rank)
     return out
 
 
-def sync_reference() -> dict:
-    """The gradients of one process: the mean over the 4 ranks' losses, every expert here."""
+def sync_reference(replicas: int = 4) -> dict:
+    """The gradients of one process: the mean over the losses of ``replicas`` dp ranks, every expert here."""
     model = ToyMoENet(sync_config())
-    loss = sum(model.loss(tokens(rank, SYNC_TOKENS[rank]), rank) for rank in range(4)) / 4
+    loss = sum(model.loss(tokens(rank, SYNC_TOKENS[rank]), rank) for rank in range(replicas)) / replicas
     loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def training_worker(rank: int, world_size: int, args) -> dict:
-    """The MoE training of ``project/run_moe.py`` (:func:`moe.training.train_moe`) on Multi30k, then, on
-    rank 0, the same steps done by one process (:func:`moe.training.accumulated_step`) from the same
-    initial weights. Returns the per-step losses, final weights and last gradients of both."""
-    import copy
+SGD_LR = 0.1  # the trajectory tests' learning rate (plain SGD: see training_worker)
 
+
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD (``w -= lr * g``) that keeps, at every step, each parameter's gradient (by name) before stepping."""
+
+    def __init__(self, named_parameters, lr: float):
+        named = list(named_parameters)
+        super().__init__([p for _, p in named], lr=lr)
+        self.names, self.grads = [n for n, _ in named], []
+
+    def step(self, closure=None):
+        params = self.param_groups[0]["params"]
+        self.grads.append({n: p.grad.detach().clone() for n, p in zip(self.names, params)})
+        return super().step(closure)
+
+
+def training_worker(rank: int, world_size: int, args) -> dict:
+    """The MoE training of ``project/run_moe.py`` (:func:`moe.training.moe_training` on the dp x ep mesh,
+    run by the one epoch runner) on Multi30k with its AdamW replaced by plain SGD (:data:`SGD_LR`), then, on
+    rank 0, the same steps done by one process (:func:`moe.training.accumulated_step`) from the same
+    initial weights. Returns the per-step losses, every step's gradients and the final weights of both.
+
+    SGD, not AdamW, so that the trajectory is exact: Adam divides each gradient element by the root of its
+    second moment, which turns a rounding-size gradient difference in an element with a tiny gradient into
+    a learning-rate-size weight difference (and hides a constant factor in the gradients); SGD's weights
+    differ by ``lr x`` the summed gradient differences, and every step's gradients are compared."""
+    import copy
+    import json
+
+    from course.epoch_runner import run_epochs
+    from course.mesh import Mesh
     from course.task import prepare_data, worker_env_quiet
-    from moe.training import accumulated_step, build_moe_model, shard_batches, train_moe
+    from moe.training import accumulated_step, build_moe_model, moe_training, shard_batches
 
     worker_env_quiet()
     data = prepare_data(args)
-    result = train_moe(rank, world_size, args, data, keep_model=True)
-    model = result.pop("model")
-    mine = {"losses": result["train_losses"], "ep_rank": model.moe_layers[0].group.rank() if args.ep > 1 else 0,
-            "state": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    mode = moe_training(rank, args, data, Mesh.build(dp=world_size, ep=args.ep))
+    model = mode.model
+    mode.optimizer = RecordingSGD(model.named_parameters(), SGD_LR)
+    results = [json.loads(open(path).read()) for path in run_epochs(mode)]
+    mine = {"losses": [x for r in results for x in r["train_losses"]],
+            "ep_rank": model.moe_layers[0].group.rank() if args.ep > 1 else 0,
+            "state": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": mode.optimizer.grads}
     if rank != 0:
         return mine
     one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=None)
-    optimizer = torch.optim.AdamW(one.parameters(), lr=args.learning_rate)
+    optimizer = RecordingSGD(one.named_parameters(), SGD_LR)
     loaders = [shard_batches(data.train, args.batch_size, r, args.dp, data.collate, args.seed, args.max_batches)[0]
                for r in range(args.dp)]
     losses = [accumulated_step(one, optimizer, list(shards), "cpu") for shards in zip(*loaders)]
     mine["reference"] = {"losses": losses, "state": {n: p.detach().clone() for n, p in one.named_parameters()},
-                         "grads": {n: p.grad.clone() for n, p in one.named_parameters()}}
+                         "grads": optimizer.grads}
     return mine

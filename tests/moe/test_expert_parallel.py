@@ -9,7 +9,13 @@ each rank's tokens, is the reference, to 1e-6 (float32):
   tokens;
 * each rank's expert gradients = the sum, over the ranks of its ep group, of the single-process
   gradients of those experts (the experts processed all those ranks' tokens);
-* all communication stays in the ep group.
+* all communication stays in the ep group;
+* every all-to-all's split sizes agree between the ranks — what rank i sends to j is what j expects from
+  i, and each rank sends the rows it holds — checked on the ranks before the collective runs
+  (``tests/moe/support.py``, ``split_sizes_checked``): counts not exchanged, received counts read
+  transposed, output splits taken from the local counts, or a backward pass that does not swap the
+  splits fail there with a message about the counts, not inside gloo (on NCCL such splits can hang or
+  read the wrong rows instead of raising).
 
 Cases: top-2 dropless; an expert that no token chooses; every token choosing one expert (top-1:
 that expert's rank receives everything, the others nothing); a capacity that drops choices (dropping

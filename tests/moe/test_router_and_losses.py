@@ -89,6 +89,36 @@ def test_gates_carry_the_gradient_of_the_softmax_over_all_experts():
     torch.testing.assert_close(z.grad, ref_z.grad, **TOL, msg="d gates / d logits")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_softmax_of_low_precision_logits_is_taken_in_float32(dtype, normalize):
+    """bf16 / fp16 router logits (a model trained in mixed precision): the softmax is taken in float32
+    (Switch Transformer, Sec. 2.4, "selective precision"; ``route``'s docstring), so ``probs`` and
+    ``gates`` are float32 and equal the float32 softmax of the logits' values; the logits stay as given.
+
+    Tolerance: the 16-bit logits are exactly representable in float32, so the float32 softmax over 8
+    experts (an exp, a sum of 8, a division) is within a few float32 ulps of the exact one, relative
+    error below 1e-6. A softmax taken in the logits' dtype and cast afterwards is rounded to 8 (bf16) or
+    11 (fp16) significant bits, relative error up to 2**-9 = 2e-3 or 2**-11 = 4.9e-4 in its largest
+    probabilities: far outside."""
+    from moe.router import route
+
+    z = logits(23, 8, seed=9, scale=3.0).to(dtype)
+    routing = route(z, 2, normalize_gates=normalize)
+    assert routing.logits.dtype == dtype, "Routing.logits are the logits as given, in their own dtype"
+    assert routing.probs.dtype == torch.float32, (
+        f"probs are {routing.probs.dtype} for {dtype} logits: take the softmax in float32 (logits.float())")
+    assert routing.gates.dtype == torch.float32, f"gates are {routing.gates.dtype}; they are float32"
+    want = torch.softmax(z.float(), dim=-1)
+    torch.testing.assert_close(routing.probs, want, **TOL,
+                               msg=lambda m: f"probs of {dtype} logits differ from the float32 softmax: {m}")
+    top = torch.topk(want, 2, dim=-1).values
+    if normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    torch.testing.assert_close(routing.gates, top, **TOL,
+                               msg=lambda m: f"gates of {dtype} logits differ from the float32 softmax's top 2: {m}")
+
+
 @pytest.mark.parametrize("tokens,experts,k,factor", [(10, 4, 2, 1.0), (10, 4, 2, 1.25), (64, 8, 1, 1.0),
                                                      (64, 8, 1, 0.5), (7, 3, 2, 2.0), (100, 16, 2, 1.1)])
 def test_expert_capacity_is_the_factor_times_an_even_share_rounded_up(tokens, experts, k, factor):

@@ -86,10 +86,19 @@ def reference_run(world_size: int, steps: int):
     return grads, params
 
 
-def zero_worker(rank, world_size, stage, steps):
+def zero_worker(rank, world_size, stage, steps, planted=None):
     """ZeRO-``stage`` (1 or 2) for ``steps`` steps; per step: this rank's slice gradient, the
     flat parameters, the optimizer state's element count, whether full gradients are still held;
-    stage 1 also the parameters of ``torch.distributed.optim.ZeroRedundancyOptimizer`` run beside it."""
+    stage 1 also every parameter's gradient after the reduction (flat, None as zeros) and the parameters
+    of ``torch.distributed.optim.ZeroRedundancyOptimizer`` run beside it. ``planted``: with a planted
+    wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _zero_steps(rank, world_size, stage, steps)
+
+
+def _zero_steps(rank, world_size, stage, steps):
     import torch.distributed as dist
 
     from memory.zero import ZeroOptimizer
@@ -110,6 +119,8 @@ def zero_worker(rank, world_size, stage, steps):
         rec = {"shard_grad": opt.shard.grad.detach().clone(),
                "shard_grad_storage_bytes": opt.shard.grad.untyped_storage().nbytes(),
                "full_grads_held": sum(p.grad.numel() for p in opt.params if p.grad is not None)}
+        if stage == 1:
+            rec["param_grads"] = flat(torch.zeros_like(p) if p.grad is None else p.grad for p in opt.params)
         opt.step()
         rec["params"] = flat(opt.params)
         rec["state_numel"] = sum(t.numel() for t in opt.state_tensors() if t.dim() > 0)

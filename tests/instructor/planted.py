@@ -1,0 +1,222 @@
+"""Plausible wrong solutions of graded keys, planted to see the key's tests fail on them (instructor-only).
+
+A graded test must fail on the stub and on every plausible wrong solution (docs/grading.md, "Wrong
+solutions the tests reject"). The wrong solutions that once earned full marks are kept here, each
+with the key, what is wrong, and the names it replaces (``"module:attribute"``, or
+``"module:Class.attribute"``); :func:`plant` swaps them in for a block of code, in the process that
+runs it — a test's own process, or a rank, through a worker's ``planted`` argument
+(:mod:`tests.support.planting`). ``tests/instructor/test_planted.py`` runs each key's checks with each
+of them and sees them fail. They stay out of the student release: several are the reference with one
+line changed.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+from unittest import mock
+
+import torch
+
+
+@dataclass(frozen=True)
+class Planted:
+    key: str
+    what: str
+    targets: tuple[str, ...]
+    make: Callable[[Any], Any]  # the original object -> its replacement
+
+
+# ---- a5_7_3: Ulysses -------------------------------------------------------------------------------------------
+
+def _ulysses_without_scale(original):
+    def ulysses_attention(q, k, v, group=None, causal=True, scale=None, layout=None):
+        return original(q, k, v, group, causal, None, layout)  # scale never reaches the local attention
+    return ulysses_attention
+
+
+# ---- a5_8_1: the router ----------------------------------------------------------------------------------------
+
+def _route(probs_of):
+    def make(original):
+        from moe.router import Routing
+
+        def route(logits, top_k, normalize_gates=True):
+            probs = probs_of(logits)
+            gates, experts = torch.topk(probs, top_k, dim=-1)
+            if normalize_gates:
+                gates = gates / gates.sum(dim=-1, keepdim=True)
+            return Routing(logits, probs, gates, experts)
+        return route
+    return make
+
+
+# ---- a5_8_2: expert parallelism --------------------------------------------------------------------------------
+# Each calls all_to_all_single through its module at call time, so the tests' split-size check sees it.
+
+def _counts_not_exchanged(original):
+    def exchange_counts(counts, group):
+        from course.collectives import group_size
+
+        return counts.view(group_size(group), -1).clone()  # this rank's own counts taken for the received ones
+    return exchange_counts
+
+
+def _counts_transposed(original):
+    def exchange_counts(counts, group):
+        import moe.expert_parallel as ep_module
+        from course.collectives import group_size
+
+        ep = group_size(group)
+        return ep_module.all_to_all_single(counts, group=group).view(-1, ep).t()  # read as [expert][rank]
+    return exchange_counts
+
+
+def _output_splits_from_local_counts(original):
+    def dispatch(tokens, counts, group):
+        import moe.expert_parallel as ep_module
+        from moe.all_to_all import all_to_all
+
+        ep = ep_module.group_size(group)
+        received_counts = ep_module.exchange_counts(counts, group)
+        local = received_counts.shape[1]
+        input_splits = counts.view(ep, local).sum(dim=1).tolist()
+        output_splits = list(input_splits)  # what this rank sends, taken for what it receives
+        received = all_to_all(tokens, output_splits, input_splits, group)
+        expert_of_row = torch.repeat_interleave(torch.arange(local, device=counts.device).repeat(ep),
+                                                received_counts.reshape(-1))
+        order = torch.argsort(expert_of_row, stable=True)
+        return received[order], received_counts.sum(dim=0), ep_module.DispatchState(input_splits, output_splits, order)
+    return dispatch
+
+
+def _backward_splits_not_swapped(original):
+    def backward(ctx, grad):
+        import moe.all_to_all as a2a
+
+        # the forward pass's splits again: the gradients are not sent back where their rows came from
+        return a2a.all_to_all_single(grad.contiguous(), ctx.output_splits, ctx.input_splits, group=ctx.group), \
+            None, None, None
+    return staticmethod(backward)
+
+
+# ---- a5_8_3: EP x DP gradients ---------------------------------------------------------------------------------
+
+def _gradients_over_world_size(original):
+    def sync_moe_gradients(model, dense_group, expert_group):
+        import torch.distributed as dist
+
+        from moe.gradients import _all_reduce_flat
+
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        world = dist.get_world_size()  # the world, not the dp x cp group: wrong once pp or tp > 1
+        _all_reduce_flat(model.dense_parameters(), dense_group, world)
+        _all_reduce_flat(model.expert_parameters(), expert_group, world)
+    return sync_moe_gradients
+
+
+# ---- a5_5_1: ZeRO-1 --------------------------------------------------------------------------------------------
+
+def _zero1_slice_only(original):
+    def _reduce_stage1(self):
+        from course import collectives
+
+        local = self._local_flat_grad()
+        self.flat_grad = collectives.all_reduce(local.clone(), group=self.group) / self.dp
+        self.shard.grad = self.flat_grad[self.start:self.end]  # every param.grad stays this rank's own
+    return _reduce_stage1
+
+
+# ---- a5_5_4: activation checkpointing --------------------------------------------------------------------------
+
+def _checkpoint_function(save_gpu: bool, fork_gpu: bool):
+    """A CheckpointFunction that restores the CPU's random state (inside fork_rng) and, with ``save_gpu``, the
+    inputs' GPUs' — inside fork_rng only with ``fork_gpu``."""
+    def make(original):
+        class CheckpointFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, run, *inputs):
+                ctx.run = run
+                ctx.cpu_rng = torch.get_rng_state()
+                ctx.gpus = sorted({x.device.index for x in inputs if torch.is_tensor(x) and x.device.type == "cuda"})
+                ctx.gpu_rng = [torch.cuda.get_rng_state(g) for g in ctx.gpus] if save_gpu else []
+                ctx.save_for_backward(*inputs)
+                with torch.no_grad():
+                    return run(*inputs)
+
+            @staticmethod
+            def backward(ctx, *grad_outputs):
+                inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
+                with torch.random.fork_rng(devices=ctx.gpus if fork_gpu else []):
+                    torch.set_rng_state(ctx.cpu_rng)
+                    for gpu, state in zip(ctx.gpus, ctx.gpu_rng):
+                        torch.cuda.set_rng_state(state, gpu)
+                    with torch.enable_grad():
+                        outputs = ctx.run(*inputs)
+                outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+                pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                return (None, *[x.grad if x.requires_grad else None for x in inputs])
+        return CheckpointFunction
+    return make
+
+
+PLANTED: dict[str, Planted] = {
+    "ulysses without scale": Planted(
+        "a5_7_3", "Ulysses attention that never passes scale to the local attention",
+        ("context_parallel:ulysses_attention", "context_parallel.ulysses:ulysses_attention"), _ulysses_without_scale),
+    "router softmax in the logits' dtype": Planted(
+        "a5_8_1", "the router's softmax taken in the logits' own dtype (bf16 / fp16 probabilities)",
+        ("moe.router:route",), _route(lambda z: torch.softmax(z, dim=-1))),
+    "router softmax cast afterwards": Planted(
+        "a5_8_1", "the router's softmax taken in the logits' dtype, then cast to float32",
+        ("moe.router:route",), _route(lambda z: torch.softmax(z, dim=-1).float())),
+    "counts not exchanged": Planted(
+        "a5_8_2", "exchange_counts returns this rank's own counts", ("moe.expert_parallel:exchange_counts",),
+        _counts_not_exchanged),
+    "received counts transposed": Planted(
+        "a5_8_2", "the exchanged counts read as [local expert][source rank]", ("moe.expert_parallel:exchange_counts",),
+        _counts_transposed),
+    "output splits from local counts": Planted(
+        "a5_8_2", "dispatch expects from each rank what it sends to it",
+        ("moe.expert_parallel:dispatch", "moe.layer:dispatch"),
+        _output_splits_from_local_counts),
+    "backward splits not swapped": Planted(
+        "a5_8_2", "the all-to-all's backward pass sends with the forward pass's splits",
+        ("moe.all_to_all:_AllToAll.backward",), _backward_splits_not_swapped),
+    "gradients over the world size": Planted(
+        "a5_8_3", "EP x DP gradients divided by dist.get_world_size() instead of the dp x cp group's size",
+        ("moe.gradients:sync_moe_gradients",), _gradients_over_world_size),
+    "zero1 averages the slice only": Planted(
+        "a5_5_1", "ZeRO-1 gives the optimizer's slice the mean gradient and leaves every param.grad the rank's own",
+        ("memory.zero:ZeroOptimizer._reduce_stage1",), _zero1_slice_only),
+    "checkpoint restores the CPU generator only": Planted(
+        "a5_5_4", "activation checkpointing that saves and restores only the CPU's random state",
+        ("memory.checkpointing:CheckpointFunction",), _checkpoint_function(save_gpu=False, fork_gpu=False)),
+    "checkpoint restores the GPU generator without fork_rng": Planted(
+        "a5_5_4", "the GPU's random state restored for the recomputation, the caller's not put back",
+        ("memory.checkpointing:CheckpointFunction",), _checkpoint_function(save_gpu=True, fork_gpu=False)),
+}
+
+
+@contextlib.contextmanager
+def plant(name: str):
+    """Replace the targets of :data:`PLANTED` ``[name]`` in this process for the block, then restore them.
+
+    Raises:
+        KeyError: no planted solution of that name.
+    """
+    planted = PLANTED[name]
+    with contextlib.ExitStack() as stack:
+        for target in planted.targets:
+            module, _, path = target.partition(":")
+            owner = importlib.import_module(module)
+            *parents, attribute = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+            stack.enter_context(mock.patch.object(owner, attribute, planted.make(original)))
+        yield

@@ -1,0 +1,93 @@
+"""The graded tests reject the planted wrong solutions (tests/instructor/planted.py; instructor-only).
+
+Each test runs a key's graded checks with one wrong solution planted — in this process, or in the ranks
+through the worker's ``planted`` argument — and sees them fail where they should; where an older check
+let the wrong solution through, it is run too and seen to pass, so the new check is what catches it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course.launch import RankFailure, launch
+from tests.instructor.planted import PLANTED, plant
+
+
+def planted_for(key: str) -> list[str]:
+    return [name for name, p in PLANTED.items() if p.key == key]
+
+
+@pytest.mark.timeout(300)
+def test_ulysses_without_scale_fails_the_scaled_cases():
+    from tests.context_parallel.test_ulysses import CASES, TOL
+    from tests.context_parallel.workers import assert_equals_reference, read_case, ulysses_worker
+
+    results = launch(ulysses_worker, 4, "ulysses without scale", device="cpu", timeout=150)
+    for name in CASES:
+        if name.endswith("-scaled"):
+            with pytest.raises(AssertionError, match="output"):
+                assert_equals_reference(read_case(results, name, 0), name, 0, TOL)
+        else:  # the default scale: the wrong solution passes these
+            for rank in range(4):
+                assert_equals_reference(read_case(results, name, rank), name, rank, TOL)
+
+
+@pytest.mark.parametrize("name", planted_for("a5_8_1"))
+def test_router_softmax_in_low_precision_is_rejected(name):
+    from tests.moe import test_router_and_losses as graded
+
+    with plant(name):
+        for dtype in (torch.bfloat16, torch.float16):
+            for normalize in (True, False):
+                with pytest.raises(AssertionError, match="float32"):
+                    graded.test_softmax_of_low_precision_logits_is_taken_in_float32(dtype, normalize)
+        graded.test_gates_carry_the_gradient_of_the_softmax_over_all_experts()  # float32 logits: no difference
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", planted_for("a5_8_2"))
+def test_wrong_split_sizes_fail_on_the_counts_before_the_collective(name):
+    from tests.moe.support import expert_parallel_worker
+
+    with pytest.raises(RankFailure, match="all-to-all split sizes disagree between the ranks"):
+        launch(expert_parallel_worker, 4, torch.float32, name, timeout=120, collective_timeout=60)
+
+
+@pytest.mark.timeout(300)
+def test_gradients_over_the_world_size_fail_on_the_wider_meshes():
+    from tests.moe.support import SYNC_EP_SIZES, WIDER_MESHES, gradient_sync_worker
+    from tests.moe.test_ep_dp import WORLD, check_synced_gradients
+
+    runs = launch(gradient_sync_worker, WORLD, "gradients over the world size", timeout=120, collective_timeout=60)
+    for ep in SYNC_EP_SIZES:  # the world is dp x cp here: the wrong divisor is the right one
+        check_synced_gradients(runs, ep, ep, WORLD)
+    for mesh, sizes in WIDER_MESHES.items():
+        with pytest.raises(AssertionError, match="divide by the dp x cp group's size"):
+            check_synced_gradients(runs, mesh, sizes["ep"], sizes["dp"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero1_that_averages_only_the_slice_is_rejected(world_size):
+    from tests.memory.test_zero1_zero2 import check_against_dp
+
+    with pytest.raises(AssertionError, match="the parameters' .grad differ from the data-parallel mean gradient"):
+        check_against_dp(1, world_size, "zero1 averages the slice only")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("checkpoint restores the CPU generator only", "drew another dropout mask"),
+    ("checkpoint restores the GPU generator without fork_rng", "moved the caller's GPU random stream"),
+])
+def test_checkpoint_without_the_gpu_generator_is_rejected(name, message, monkeypatch):
+    from tests.memory import test_checkpointing_replay as graded
+
+    assert PLANTED[name].key == "a5_5_4"
+    with plant(name), pytest.raises(AssertionError, match=message):
+        graded.test_recomputation_on_a_gpu_draws_from_the_gpus_generator(monkeypatch)
+
+
+def test_every_planted_solution_is_run_here():
+    text = open(__file__, encoding="utf-8").read()
+    for name, planted in PLANTED.items():
+        assert f'"{name}"' in text or f'planted_for("{planted.key}")' in text, f"{name} is planted but never run"
