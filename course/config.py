@@ -224,9 +224,13 @@ class RunConfig:
         """A configuration from keyword values for a run on ``devices`` GPUs of another machine, resolved and
         checked as the run will be there, without torch and without the environment checks (``modal run``:
         :mod:`project.modal_support`). ``device`` and ``backend`` are taken as given, not resolved against
-        this machine's GPUs. Raises :class:`ConfigError`."""
+        this machine's GPUs. Raises :class:`ConfigError`; first if the mesh does not have one rank per device."""
         config = cls(**values)
         config.resolve(devices, here=False)
+        try:
+            config.dims.check(devices)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         config.check()
         return config
 
