@@ -3,9 +3,11 @@
     modal run modal_run.py --world-size 2 --n-epochs 5                 # data parallel on 2 GPUs
     modal run modal_run.py --world-size 4 --zero 3 --precision bf16 --activation-checkpointing
     modal run modal_run.py --world-size 4 --bucket-mb 25 --overlap     # or --compression topk|powersgd
-    modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --n-chunk 8
+    modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --micro-batches 8
     modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
-    modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2
+    modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2 --schedule zb-h1
+    modal run modal_run.py --mode cp --world-size 4 --dp 2 --attention ulysses   # context parallel, cp = 4 / dp
+    modal run modal_run.py --mode moe --world-size 4 --ep 2                       # MoE, dp = 4, experts over ep
     modal run modal_run.py --mode benchmark --world-size 8             # also schedule_benchmark, factorisation_benchmark
     modal run modal_run.py --gpu-tests --world-size 8                  # the GPU test tier (NCCL vs gloo), its summary
     modal run modal_run.py --grade                                     # the graded tests (pinned to the CPU)
@@ -18,7 +20,10 @@ there with NCCL, one process per GPU (``--launcher spawn``, the script's own lau
 its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face dataset.
 ``--extra "..."`` passes further options to the script (e.g. ``--learning_rate 3e-4``).
 
-Options are checked here before anything is sent (see ``project/modal_support.py``).
+The options are the script's configuration's (``project/options``), with dashes: ``--micro-batches``,
+``--virtual-stages``, ``--dp --pp --tp --cp --ep`` (``--n-chunk`` and ``--tp-size`` still work, with a
+note naming the new name). They are checked here before anything is sent, by that configuration's own
+rules, without torch (see ``project/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
 local Python sources (among them ``instructor/grade.py`` and ``instructor/keys.py``, which
 ``--grade`` runs), and ``tests/``, ``pyproject.toml`` and ``conftest.py`` (the graded tests,
@@ -34,9 +39,9 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, make_request,  # noqa: E402
-                                   options_from_argv, print_grade, remote_run, run_name, save_files, summarize,
-                                   summarize_gpu_tier)
+from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OLD_OPTIONS,  # noqa: E402
+                                   OPTIONS, make_request, options_from_argv, print_grade, remote_run, run_name,
+                                   save_files, summarize, summarize_gpu_tier)
 
 APP_NAME = "llmsys-parallel-course"
 VOLUME_NAME = "llmsys-parallel-course"
@@ -74,22 +79,22 @@ def train(request: dict, name: str) -> dict:
 
 @app.local_entrypoint()
 def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
-         batch_size: Optional[int] = None, preset: Optional[str] = None, n_chunk: Optional[int] = None,
-         tp_size: Optional[int] = None, model_parallel_mode: Optional[str] = None,
-         dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None, schedule: Optional[str] = None,
-         zero: Optional[int] = None, precision: Optional[str] = None, activation_checkpointing: bool = False,
-         bucket_mb: Optional[float] = None, overlap: bool = False, compression: Optional[str] = None,
-         max_batches: Optional[int] = None, dataset: Optional[str] = None, launcher: str = "spawn",
-         extra: str = "", grade: bool = False, gpu_tests: bool = False, results_dir: str = "workdir/modal"):
-    """Run --mode data|pipeline|tensor|3d|benchmark|schedule_benchmark|factorisation_benchmark on
-    --world-size GPUs of type --gpu (or --grade, or --gpu-tests)."""
+         batch_size: Optional[int] = None, preset: Optional[str] = None, max_batches: Optional[int] = None,
+         dataset: Optional[str] = None, dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None,
+         cp: Optional[int] = None, ep: Optional[int] = None, micro_batches: Optional[int] = None,
+         virtual_stages: Optional[int] = None, model_parallel_mode: Optional[str] = None,
+         schedule: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
+         precision: Optional[str] = None, activation_checkpointing: bool = False, bucket_mb: Optional[float] = None,
+         overlap: bool = False, compression: Optional[str] = None, n_chunk: Optional[int] = None,
+         tp_size: Optional[int] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
+         gpu_tests: bool = False, results_dir: str = "workdir/modal"):
+    """Run --mode data|pipeline|tensor|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
+    --world-size GPUs of type --gpu (or --grade, or --gpu-tests). The other options are the script's
+    configuration's (project/options); --n-chunk and --tp-size are the former names of --micro-batches, --tp."""
+    options = {name: value for name, value in locals().items() if name in (*OPTIONS, *OLD_OPTIONS)}
     try:
         request = make_request(mode=mode, world_size=world_size, gpu=gpu, launcher=launcher, extra=extra,
-                               grade=grade, gpu_tests=gpu_tests, n_epochs=n_epochs, batch_size=batch_size,
-                               preset=preset, n_chunk=n_chunk, tp_size=tp_size, model_parallel_mode=model_parallel_mode,
-                               dp=dp, pp=pp, tp=tp, schedule=schedule, zero=zero, precision=precision,
-                               activation_checkpointing=activation_checkpointing, bucket_mb=bucket_mb, overlap=overlap,
-                               compression=compression, max_batches=max_batches, dataset=dataset)
+                               grade=grade, gpu_tests=gpu_tests, **options)
     except ValueError as exc:
         raise SystemExit(f"modal_run.py: {exc}")
     name = run_name(request)
@@ -119,7 +124,7 @@ if modal.is_local():  # under `modal run modal_run.py ...`: check the options be
     if _cli is not None:
         _cli.pop("results_dir", None)
         try:
-            make_request(**_cli)
+            make_request(**_cli, notes=False)  # the entry point says the notes
         except ValueError as _exc:
             print(f"modal_run.py: {_exc}", file=sys.stderr)
             raise SystemExit(2)

@@ -6,6 +6,7 @@
 * :mod:`context_parallel.layouts` — contiguous and zig-zag sequence layouts (a5_7_2).
 * :mod:`context_parallel.ring_attention` — ring attention, forward and backward (a5_7_2).
 * :mod:`context_parallel.ulysses` — DeepSpeed-Ulysses all-to-all attention (a5_7_3).
+* :mod:`context_parallel.rules` — what cp must divide (torch-free: the configuration's checks).
 * :mod:`context_parallel.gpt2` — a ``transformers`` GPT-2 whose attention runs across the cp group.
 * :mod:`context_parallel.packing` — long training sequences: translation pairs packed together.
 * :mod:`context_parallel.training` — the training mode of ``project/run_context_parallel.py``.
@@ -16,11 +17,16 @@ Every function that communicates takes the context-parallel process group (``gro
 ``cp`` group of the run's mesh; None: the whole world) and communicates only in it, through
 :mod:`course.collectives`. Importing this package does not import ``transformers``.
 """
-from context_parallel.blockwise_attention import blockwise_attention
-from context_parallel.layouts import LAYOUTS, SequenceLayout, causal_pairs, chunk_ids
-from context_parallel.online_softmax import SoftmaxState, block_gradients, causal_block, finish, online_softmax_update
-from context_parallel.ring_attention import ring_attention, ring_traffic_bytes
-from context_parallel.ulysses import check_heads, ulysses_attention, ulysses_traffic_bytes
+from course.environment import torch_installed
+from context_parallel.rules import check_heads
+
+if torch_installed():  # without torch (modal run on a laptop) only the rules above load
+    from context_parallel.blockwise_attention import blockwise_attention
+    from context_parallel.layouts import LAYOUTS, SequenceLayout, causal_pairs, chunk_ids
+    from context_parallel.online_softmax import (SoftmaxState, block_gradients, causal_block, finish,
+                                                 online_softmax_update)
+    from context_parallel.ring_attention import ring_attention, ring_traffic_bytes
+    from context_parallel.ulysses import ulysses_attention, ulysses_traffic_bytes
 
 __all__ = ["blockwise_attention", "LAYOUTS", "SequenceLayout", "causal_pairs", "chunk_ids", "SoftmaxState",
            "block_gradients", "causal_block", "finish", "online_softmax_update", "ring_attention",

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from context_parallel.layouts import SequenceLayout
+from context_parallel.rules import check_heads
 from course.collectives import all_to_all_single, group_size
 
 HEAD_DIM, SEQ_DIM = 1, 2  # of (batch, heads, seq, head_dim)
@@ -86,14 +87,6 @@ class HeadsToSequence(torch.autograd.Function):
         # BEGIN ASSIGN5_7_3
         return all_to_all(grad, scatter_dim=HEAD_DIM, gather_dim=SEQ_DIM, group=ctx.group), None
         # END ASSIGN5_7_3
-
-
-def check_heads(n_head: int, cp: int) -> None:
-    """Raise ``ValueError`` (naming what to change) unless ``cp`` divides the ``n_head`` attention heads."""
-    if n_head % cp:
-        divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
-        raise ValueError(f"Ulysses gives each of the cp = {cp} ranks n_head / cp whole heads, but {n_head} heads "
-                         f"are not divisible by {cp}; choose cp in {divisors}, or --attention ring")
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, causal: bool = True,

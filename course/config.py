@@ -17,6 +17,11 @@ folder, the cached tokenizer, the work directory, the checkpoint to resume), and
 with a message that says what to change (exit code 2) if any fails. The configuration is a plain
 picklable dataclass: the launcher passes it to every rank, and :meth:`RunConfig.record` is what the
 results files keep under ``config``.
+
+The fields, their choices and :meth:`RunConfig.check` import without torch (the device is resolved by
+:mod:`course.launch`, imported only to do that), so that a run meant for another machine is checked here
+first with the same rules: :meth:`RunConfig.for_machine` (``modal run`` on a laptop,
+``project/modal_support.py``).
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from course.launch import in_torchrun, resolve_device_backend
+from course.dims import ParallelDims
+from course.environment import in_torchrun
 from course.model import PRESETS, default_preset
 
 GROUPS = ("data", "model and training", "mesh", "run", "measurement", "checkpoints and restarts")
@@ -213,27 +219,44 @@ class RunConfig:
         config.check()
         return config
 
-    def resolve(self) -> None:
-        """Fill in ``auto`` and ``None``: the script's main mesh size from torchrun's ``WORLD_SIZE`` (else
-        2), the device and back-end, the preset."""
+    @classmethod
+    def for_machine(cls, devices: int, **values):
+        """A configuration from keyword values for a run on ``devices`` GPUs of another machine, resolved and
+        checked as the run will be there, without torch and without the environment checks (``modal run``:
+        :mod:`project.modal_support`). ``device`` and ``backend`` are taken as given, not resolved against
+        this machine's GPUs. Raises :class:`ConfigError`; first if the mesh does not have one rank per device."""
+        config = cls(**values)
+        config.resolve(devices, here=False)
+        try:
+            config.dims.check(devices)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        config.check()
+        return config
+
+    def resolve(self, devices: int | None = None, *, here: bool = True) -> None:
+        """Fill in ``auto`` and ``None``: the script's main mesh size from ``devices`` (the run's devices, one
+        process each; None: torchrun's ``WORLD_SIZE``, else 2), the device and back-end (``here``: for this
+        machine, :func:`course.launch.resolve_device_backend`; else as given), the preset."""
         if self.world_option and getattr(self, self.world_option) is None:
-            setattr(self, self.world_option, int(os.environ["WORLD_SIZE"]) if in_torchrun() else 2)
+            setattr(self, self.world_option, devices or (int(os.environ["WORLD_SIZE"]) if in_torchrun() else 2))
         for name in ("dp", "pp", "tp", "virtual_stages"):
             if getattr(self, name) is None:
                 setattr(self, name, 1)
-        try:
-            self.device, self.backend = resolve_device_backend(self.device, self.backend, self.world_size)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        if here:
+            from course.launch import resolve_device_backend  # imports torch
+
+            try:
+                self.device, self.backend = resolve_device_backend(self.device, self.backend, self.world_size)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.preset == "auto":
             self.preset = default_preset(self.device)
 
     # ---- what it describes -------------------------------------------------------------------------
     @property
     def dims(self):
-        """The mesh sizes as :class:`course.mesh.ParallelDims`."""
-        from course.mesh import ParallelDims
-
+        """The mesh sizes as :class:`course.dims.ParallelDims`."""
         return ParallelDims(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep)
 
     @property

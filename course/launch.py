@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from course.environment import in_torchrun
 from course.rank_watch import (death_report, die_with_parent, enable_stack_dumps, hang_report, name_process,
                                where_ranks_are)
 
@@ -100,11 +101,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def in_torchrun() -> bool:
-    """True when the environment already describes a process group (torchrun, srun)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def process_group_backend(device_type: str, backend: str) -> str:

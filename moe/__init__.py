@@ -19,10 +19,13 @@ Every collective takes its group (the ep group for tokens; the dp × cp and edp 
 through :mod:`course.collectives`, so it is counted. Importing this package does not import
 ``transformers``.
 """
+from course.environment import torch_installed
 from moe.config import MoEConfig
-from moe.gpt2 import DenseGPT2, MoEGPT2, moe_block_indices, parameter_counts
-from moe.gradients import sync_moe_gradients
-from moe.layer import MoELayer
+
+if torch_installed():  # without torch (modal run on a laptop) only the configuration above loads
+    from moe.gpt2 import DenseGPT2, MoEGPT2, moe_block_indices, parameter_counts
+    from moe.gradients import sync_moe_gradients
+    from moe.layer import MoELayer
 
 __all__ = ["MoEConfig", "MoELayer", "MoEGPT2", "DenseGPT2", "moe_block_indices", "parameter_counts",
            "sync_moe_gradients"]

@@ -3,10 +3,11 @@
 ``modal_run.py`` only declares the Modal app; everything that can be tested without Modal
 credentials, network or GPUs lives here:
 
-* :func:`make_request` checks the options on the laptop, before anything is sent
-  (unknown mode, more GPUs than Modal attaches to one container, ``tp_size`` other than
-  the world size, dp x pp x tp other than it, memory and communication options together, ...)
-  and raises ``ValueError`` with what to change;
+* :func:`make_request` checks the options on the laptop, before anything is sent: Modal's own (unknown
+  mode, more GPUs than Modal attaches to one container, a mesh of another size than ``--world-size``)
+  and, for a run mode, everything else with the rules of the script's own configuration
+  (``project/options``, :mod:`course.config`: the same options, choices and messages as the script's
+  command line), and raises ``ValueError`` with what to change;
 * :func:`build_command` turns a request into the command line of a run script or a benchmark
   (spawn mode, or ``torchrun --standalone --nproc_per_node``), of the course grader
   ``instructor/grade.py`` for ``--grade``, or of the GPU test tier (``pytest -m gpu``) for ``--gpu-tests``;
@@ -29,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = {"data": "project/run_data_parallel.py", "pipeline": "project/run_pipeline.py",
-           "tensor": "project/run_tensor_parallel.py", "3d": "project/run_3d.py"}
+# The run modes: each a run script and its configuration (project/options/<script>.py, a course.config.RunConfig).
+# A mode is one entry here: its options, choices and rules are its configuration's.
+RUNS = {"data": "run_data_parallel", "pipeline": "run_pipeline", "tensor": "run_tensor_parallel", "3d": "run_3d",
+        "cp": "run_context_parallel", "moe": "run_moe"}
+SCRIPTS = {mode: f"project/{script}.py" for mode, script in RUNS.items()}
 # The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
 # GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
 # --timeout, the run scripts' mesh names).
@@ -39,26 +43,17 @@ BENCHMARKS = {"benchmark": ("project/benchmark.py", ("--world_sizes", "--dp"), (
               "factorisation_benchmark": ("-m three_d.factorisation_benchmark", ("--world_size",),
                                           ("--out", "factorisation_benchmark.json"))}
 MODES = (*SCRIPTS, *BENCHMARKS)
-# The option of each script that sets how many GPUs (processes, stages, shards) it uses (3d: --dp --pp --tp).
-SIZE_OPTION = {"data": "--dp", "pipeline": "--pp", "tensor": "--tp"}
-# Options that only some modes understand.
-MODE_ONLY_OPTIONS = {"n_chunk": ("pipeline", "3d"), "model_parallel_mode": ("pipeline",), "tp_size": ("tensor",),
-                     "dp": ("3d",), "pp": ("3d",), "tp": ("3d",), "schedule": ("3d",),
-                     "zero": ("data",), "precision": ("data",), "activation_checkpointing": ("data",),
-                     "bucket_mb": ("data",), "overlap": ("data",), "compression": ("data",)}
-# Options passed through to the script unchanged (``--name value``) when given; FLAGS as ``--name`` when true.
-PASSTHROUGH = ("batch_size", "n_epochs", "preset", "dataset", "max_batches", "n_chunk", "model_parallel_mode",
-               "schedule", "zero", "precision", "bucket_mb", "compression")
-FLAGS = ("activation_checkpointing", "overlap")
-# Modal's option names that the scripts call otherwise (course.config.RunConfig: the same names in every script).
-SCRIPT_OPTION = {"n_chunk": "micro_batches"}
-# The choices of the options that have them (the scripts' own; checked here before anything is sent).
-CHOICES = {"schedule": ("1f1b", "gpipe"), "zero": (0, 1, 2, 3), "precision": ("fp32", "bf16"),
-           "compression": ("none", "topk", "powersgd")}
+# The configuration options ``modal run`` takes by name (``--micro-batches`` for ``micro_batches``); any other
+# option of a script goes in ``--extra``. Each is passed to the script when given, and only to a mode whose
+# configuration has it.
+OPTIONS = ("n_epochs", "batch_size", "preset", "max_batches", "dataset", "dp", "pp", "tp", "cp", "ep",
+           "micro_batches", "virtual_stages", "model_parallel_mode", "schedule", "attention", "zero", "precision",
+           "activation_checkpointing", "bucket_mb", "overlap", "compression")
+# Modal's former option names (one release): the name each now is.
+OLD_OPTIONS = {"n_chunk": "micro_batches", "tp_size": "tp"}
+MESH_SIZES = ("dp", "pp", "tp", "cp", "ep")
 # --gpu-tests: the GPU tier (tests/gpu, NCCL against gloo) and its JUnit report.
 GPU_TIER_XML = "gpu_tier.xml"
-# Pipeline modes that run in one process (stage s on cuda:s): torchrun cannot start them.
-SINGLE_PROCESS_PIPELINE_MODES = ("model_parallel", "pipeline_parallel")
 LAUNCHERS = ("spawn", "torchrun")
 # GPUs Modal attaches to one container, per type (modal.com/docs/guide/gpu, "Specifying GPU
 # count"): A10 (alias A10G) up to 4, the others up to 8. Add a type here with its limit.
@@ -80,7 +75,7 @@ class RunRequest:
     world_size: int
     gpu: str
     launcher: str = "spawn"
-    options: dict = field(default_factory=dict)  # script option name (snake_case) -> value
+    options: dict = field(default_factory=dict)  # script option name (snake_case) -> value (True: a flag)
     extra: list = field(default_factory=list)  # further script arguments, appended last
     grade: bool = False
     gpu_tests: bool = False
@@ -91,27 +86,60 @@ class RunRequest:
         return f"{self.gpu}:{self.world_size}"
 
 
+def config_class(mode: str):
+    """The configuration class (a :class:`course.config.RunConfig`) of run mode ``mode`` (a key of :data:`RUNS`),
+    from ``project/options/<script>.py`` (torch-free)."""
+    import importlib
+
+    from course.config import RunConfig
+
+    module = importlib.import_module(f"project.options.{RUNS[mode]}")
+    found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, RunConfig)
+             and c.__module__ == module.__name__]
+    assert len(found) == 1, f"project/options/{RUNS[mode]}.py declares {len(found)} configurations, not one"
+    return found[0]
+
+
+def script_options(mode: str) -> set[str]:
+    """The options (field names) of mode ``mode``'s command line: its fields, the mesh sizes among them only
+    where the script takes them (``mesh_options``)."""
+    import dataclasses
+
+    cls = config_class(mode)
+    return {f.name for f in dataclasses.fields(cls)
+            if f.metadata and (f.metadata["group"] != "mesh" or f.name in cls.mesh_options)}
+
+
+def _dashed(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _positive(name: str, value) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, not {value!r}")
+        raise ValueError(f"{_dashed(name)} must be a whole number >= 1, not {value!r}")
 
 
 def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
-                 extra: str = "", grade: bool = False, gpu_tests: bool = False, **options) -> RunRequest:
-    """Check the options of ``modal run modal_run.py`` and return the :class:`RunRequest`.
+                 extra: str = "", grade: bool = False, gpu_tests: bool = False, notes: bool = True,
+                 **options) -> RunRequest:
+    """Check the options of ``modal run modal_run.py`` on the laptop, before anything is sent, and return the
+    :class:`RunRequest`.
 
-    ``options`` are the script options of :data:`PASSTHROUGH` and :data:`FLAGS` plus ``tp_size``,
-    ``dp``, ``pp`` and ``tp`` (None or False: not given).
+    ``options`` are configuration options of :data:`OPTIONS` (None or False: not given) and the former names
+    of :data:`OLD_OPTIONS` (they work, with a note on stderr naming the new one unless ``notes`` is False).
+    A run mode's request is checked by its own configuration (:func:`config_class`): the command line the
+    script will get (these options, ``--device cuda`` and ``extra``) is parsed by the script's parser and
+    the configuration built from it is resolved for ``world_size`` GPUs and checked
+    (:meth:`course.config.RunConfig.for_machine`), without torch; its mesh must have ``world_size`` ranks.
 
     Raises:
-        ValueError: with what to change — unknown mode, GPU type or launcher; ``world_size``
-            above the per-container limit of the GPU type; an option of another mode or a value
-            outside its choices; ``tp_size`` other than ``world_size``; dp x pp x tp other than
-            ``world_size``; memory options with communication options; shapes that do not split
-            (heads or layers over the GPUs, batch over ranks or micro-batches); ``--grade`` with
-            ``--gpu-tests``.
+        ValueError: with what to change — unknown mode, GPU type or launcher; ``world_size`` above the
+            per-container limit of the GPU type; an option of another mode; ``--grade`` with ``--gpu-tests``;
+            ``--launcher torchrun`` for a run that is not one process per GPU; a mesh of another size than
+            ``world_size``; and everything the configuration refuses
+            (:class:`course.config.ConfigError`, its message).
     """
-    from course.model import DEFAULT_GPU_PRESET, PRESETS  # light: no torch
+    from course.model import PRESETS  # light: no torch
 
     if mode not in MODES:
         raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(MODES)}")
@@ -128,92 +156,62 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
         raise ValueError(f"--world-size {world_size} needs {world_size} GPUs in one container, but Modal attaches "
                          f"at most {limit} {gpu_type} to a container; use --world-size <= {limit}, or a GPU type "
                          "that allows 8 (e.g. --gpu L4, --gpu H100); beyond 8, use torchrun across nodes (README)")
-    unknown = set(options) - set(PASSTHROUGH) - set(FLAGS) - {"tp_size", "dp", "pp", "tp"}
+    unknown = set(options) - set(OPTIONS) - set(OLD_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}")
+        raise ValueError(f"unknown option(s) {', '.join(_dashed(n) for n in sorted(unknown))}")
+    for old, new in OLD_OPTIONS.items():
+        value = options.pop(old, None)
+        if value is None:
+            continue
+        if options.get(new) is not None and options[new] != value:
+            raise ValueError(f"{_dashed(old)} {value} and {_dashed(new)} {options[new]} are the same option "
+                             f"(its former and its new name): give {_dashed(new)} only")
+        if notes:
+            print(f"note: {_dashed(old)} is now {_dashed(new)}; the old name will go away", file=sys.stderr)
+        options[new] = value
     options = {k: v for k, v in options.items() if v is not None and v is not False}
+    extra_args = shlex.split(extra or "")
     if grade or gpu_tests:
-        return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""), bool(grade),
-                          bool(gpu_tests))
-    for name in ("batch_size", "n_epochs", "max_batches", "n_chunk", "tp_size", "dp", "pp", "tp"):
-        _positive(name, options.get(name))
-    for name, owners in MODE_ONLY_OPTIONS.items():
-        if name in options and mode not in owners:
-            raise ValueError(f"--{name.replace('_', '-')} is an option of --mode {' and '.join(owners)}, "
-                             f"not of --mode {mode}")
-    for name, choices in CHOICES.items():
-        if name in options and options[name] not in choices:
-            raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(map(str, choices))}, "
-                             f"not {options[name]!r}")
-    if "bucket_mb" in options and not options["bucket_mb"] > 0:
-        raise ValueError(f"--bucket-mb must be > 0 (MB per bucket), not {options['bucket_mb']}")
+        return RunRequest(mode, world_size, gpu_type, launcher, options, extra_args, bool(grade), bool(gpu_tests))
     if mode in BENCHMARKS:
-        unsupported = set(options) - {"preset"}
+        unsupported = sorted(set(options) - {"preset"})
         if unsupported:
-            raise ValueError(f"--mode {mode} takes no {', '.join('--' + n.replace('_', '-') for n in sorted(unsupported))}"
-                             f" (pass the benchmark's own options with --extra)")
-        return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""))
-    memory = [n for n in ("zero", "activation_checkpointing") if options.get(n)] + \
-        (["precision bf16"] if options.get("precision", "fp32") != "fp32" else [])
-    comm = [n for n in ("bucket_mb", "overlap") if n in options] + \
-        (["compression"] if options.get("compression", "none") != "none" else [])
-    if memory and comm:
-        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in memory)} run the memory part's training step, "
-                         f"which does its own gradient communication; drop "
-                         f"{', '.join('--' + n.replace('_', '-') for n in comm)}, or the memory options")
+            raise ValueError(f"--mode {mode} takes no {', '.join(_dashed(n) for n in unsupported)} "
+                             f"(pass the benchmark's own options with --extra)")
+        if options.get("preset", "auto") not in ("auto", *PRESETS):
+            raise ValueError(f"unknown --preset {options['preset']!r}: choose one of {', '.join(PRESETS)}")
+        return RunRequest(mode, world_size, gpu_type, launcher, options, extra_args)
+    return _checked_run(mode, world_size, gpu_type, launcher, options, extra_args)
 
-    preset = options.get("preset") or "auto"
-    if preset != "auto" and preset not in PRESETS:
-        raise ValueError(f"unknown --preset {preset!r}: choose one of {', '.join(PRESETS)} (or leave it out: gpt2)")
-    shape = PRESETS[DEFAULT_GPU_PRESET if preset == "auto" else preset]
-    batch = options.get("batch_size")
-    if not grade and mode == "data" and batch is not None and batch % world_size:
-        raise ValueError(f"--batch-size {batch} is not divisible by --world-size {world_size} "
-                         f"(each GPU takes batch_size // world_size sequences)")
-    if not grade and mode == "tensor":
-        tp = options.pop("tp_size", None)
-        if tp is not None and tp != world_size:
-            raise ValueError(f"--tp-size {tp} differs from --world-size {world_size}: tensor parallelism splits the "
-                             f"model over every GPU of the run; drop --tp-size or use --world-size {tp}")
-        for name in ("n_head", "n_embd"):
-            if shape[name] % world_size:
-                raise ValueError(f"{name}={shape[name]} of the GPT-2 preset does not split over --world-size "
-                                 f"{world_size} GPUs; choose a world size that divides {shape[name]}")
-    options.pop("tp_size", None)
-    if mode == "3d":
-        tp = options.pop("tp", None) or (2 if world_size % 2 == 0 and shape["n_head"] % 2 == 0 else 1)
-        dp = options.pop("dp", None)
-        pp = options.pop("pp", None) or max(1, world_size // (tp * (dp or 1)))
-        dp = dp or max(1, world_size // (pp * tp))
-        if dp * pp * tp != world_size:
-            raise ValueError(f"--dp {dp} x --pp {pp} x --tp {tp} = {dp * pp * tp} ranks, but --world-size is "
-                             f"{world_size}: give sizes whose product is the number of GPUs")
-        if pp > shape["n_layer"]:
-            raise ValueError(f"--pp {pp} stages is more than the {shape['n_layer']} transformer blocks of the preset")
-        if shape["n_head"] % tp or (4 * shape["n_embd"]) % tp:
-            raise ValueError(f"--tp {tp} does not divide the preset's {shape['n_head']} heads and MLP width")
-        n_chunk = options.get("n_chunk")
-        if batch is not None and batch % (dp * (n_chunk or 8)):
-            raise ValueError(f"--batch-size {batch} is not divisible by --dp {dp} x --n-chunk {n_chunk or 8}")
-        options.update(dp=dp, pp=pp, tp=tp)
-    if not grade and mode == "pipeline":
-        if world_size > shape["n_layer"]:
-            raise ValueError(f"--world-size {world_size} pipeline stages is more than the {shape['n_layer']} "
-                             "transformer blocks of the preset; use fewer GPUs or a bigger --preset")
-        n_chunk = options.get("n_chunk")
-        if batch is not None and n_chunk is not None and batch % n_chunk:
-            raise ValueError(f"--batch-size {batch} is not divisible by --n-chunk {n_chunk} micro-batches")
-        pmode = options.get("model_parallel_mode")
-        if pmode is not None:
-            import importlib  # the script's own choices (imports torch: only in this case)
 
-            choices = getattr(importlib.import_module("project.run_pipeline"), "MODES", None)
-            if choices and pmode not in choices:
-                raise ValueError(f"unknown --model-parallel-mode {pmode!r}: choose one of {', '.join(choices)}")
-        if launcher == "torchrun" and (pmode is None or pmode in SINGLE_PROCESS_PIPELINE_MODES):
-            raise ValueError(f"--model-parallel-mode {pmode or 'pipeline_parallel (the default)'} runs in one "
-                             "process; --launcher torchrun needs a multi-process mode (1f1b or gpipe)")
-    return RunRequest(mode, world_size, gpu_type, launcher, options, shlex.split(extra or ""))
+def _checked_run(mode: str, world_size: int, gpu_type: str, launcher: str, options: dict,
+                 extra: list[str]) -> RunRequest:
+    """:func:`make_request` for a run mode: its configuration checks it (see there)."""
+    from course.config import ConfigError
+
+    cls = config_class(mode)
+    mine = script_options(mode)
+    for name in options:
+        if name not in mine:
+            owners = [m for m in RUNS if name in script_options(m)]
+            raise ValueError(f"{_dashed(name)} is an option of --mode {' and '.join(owners)}, not of --mode {mode}")
+    given = [name for name in OPTIONS if name in options]
+    args = [a for name in given for a in
+            ([f"--{name}"] if options[name] is True else [f"--{name}", str(options[name])])]
+    parser = cls.parser()
+
+    def refuse(message: str):
+        raise ConfigError(f"{SCRIPTS[mode]}: {message}")
+
+    parser.error = refuse  # the script's parser, raising instead of exiting: unknown options, choices, types
+    values = vars(parser.parse_args([*args, "--device", "cuda", *extra]))
+    config = cls.for_machine(world_size, **values)  # also: one rank of the mesh per GPU
+    if launcher == "torchrun" and config.world_size != world_size:
+        raise ValueError(f"--launcher torchrun starts one process per GPU ({world_size}), but this run is "
+                         f"{config.world_size} process(es) on {world_size} GPUs; use --launcher spawn"
+                         + (" or a multi-process --model-parallel-mode (a schedule)" if mode == "pipeline" else ""))
+    sizes = {name: getattr(config, name) for name in MESH_SIZES if name in cls.mesh_options}
+    return RunRequest(mode, world_size, gpu_type, launcher, {**sizes, **{n: options[n] for n in given}}, extra)
 
 
 def build_command(request: RunRequest, workdir: str, *, python: str = sys.executable,
@@ -242,11 +240,8 @@ def build_command(request: RunRequest, workdir: str, *, python: str = sys.execut
             args += ["--timeout", str(int(timeout))]
     else:
         start = [str(Path(repo_root) / SCRIPTS[request.mode])]
-        args = [] if request.mode == "3d" else [SIZE_OPTION[request.mode], str(request.world_size)]
-        for name in (("dp", "pp", "tp") if request.mode == "3d" else ()) + PASSTHROUGH:
-            if name in request.options:
-                args += [f"--{SCRIPT_OPTION.get(name, name)}", str(request.options[name])]
-        args += [f"--{name}" for name in FLAGS if request.options.get(name)]
+        args = [a for name, value in request.options.items()
+                for a in ([f"--{name}"] if value is True else [f"--{name}", str(value)])]
         args += ["--device", "cuda", "--workdir", str(workdir)]
         if timeout is not None:
             args += ["--timeout", str(int(timeout))]

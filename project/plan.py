@@ -87,8 +87,8 @@ class PlanConfig(RunConfig):
     def devices(self) -> int:
         return self.n_devices if self.n_devices is not None else self.world_size
 
-    def resolve(self) -> None:
-        super().resolve()
+    def resolve(self, devices: int | None = None, *, here: bool = True) -> None:
+        super().resolve(devices, here=here)
         if self.activation_model is None:
             self.activation_model = "course" if self.hardware == "cpu" else "korthikanti"
 

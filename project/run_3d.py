@@ -22,82 +22,19 @@ see :mod:`three_d.training`). A different ``--tp`` is refused before any process
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.config import ConfigError, RunConfig, option  # noqa: E402
 from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
-from three_d.step import SCHEDULES  # noqa: E402
-
-RESULTS_PREFIX = "three_d_"
-THREE_D = "3D parallelism"
-
-
-@dataclass
-class ThreeDConfig(RunConfig):
-    """``project/run_3d.py``: ``dp x pp x tp`` ranks on one device mesh."""
-
-    description = "3D-parallel (dp x pp x tp) GPT-2 training on Multi30k German→English (assignment 5.6)."
-    results_prefix = RESULTS_PREFIX
-    mesh_options = ("dp", "pp", "tp", "micro_batches")
-    world_option = None
-
-    dp: int | None = option(1, "data-parallel replicas", group="mesh")
-    pp: int | None = option(4, "pipeline stages", group="mesh")
-    tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
-    micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
-    schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D, choices=SCHEDULES)
-    scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
-                                         "group", group=THREE_D)
-    max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
-
-    def check(self) -> None:
-        super().check()
-        if self.batch_size % (self.dp * self.micro_batches):
-            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} x --micro_batches "
-                              f"{self.micro_batches}: every dp rank gets batch_size / dp rows cut into micro_batches "
-                              f"equal micro-batches; try --batch_size "
-                              f"{max(1, self.batch_size // (self.dp * self.micro_batches)) * self.dp * self.micro_batches}")
-        if not self.max_grad_norm > 0:
-            raise ConfigError(f"--max_grad_norm must be positive, not {self.max_grad_norm}")
-
-    def check_environment(self) -> None:
-        super().check_environment()
-        if self.resume is not None:
-            check_resume_layout(self)
+from project.options.run_3d import RESULTS_PREFIX, THREE_D, ThreeDConfig, check_resume_layout  # noqa: E402,F401
 
 
 def parse_args(argv=None) -> ThreeDConfig:
     """The run's :class:`ThreeDConfig` from the command line (exits with a message on bad input)."""
     return ThreeDConfig.from_command_line(argv)
-
-
-def check_resume_layout(config: ThreeDConfig) -> None:
-    """A checkpoint reshards across --dp and --pp, not across --tp or the number of ranks: refuse here if it would.
-
-    Raises:
-        ConfigError: naming what to change.
-    """
-    from course.checkpoint import checkpoint_root, resolve_resume
-    from three_d.training import checkpoint_layout, tp_mismatch_message
-
-    path = resolve_resume(config.resume, checkpoint_root(config.workdir, RESULTS_PREFIX))
-    try:
-        saved = checkpoint_layout(path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if saved["tp"] != config.tp:
-        raise ConfigError(tp_mismatch_message(saved, config.tp))
-    ranks = saved["dp"] * saved["pp"] * saved["tp"]
-    if ranks != config.world_size:
-        raise ConfigError(f"--resume: the checkpoint was written by dp={saved['dp']} x pp={saved['pp']} x "
-                          f"tp={saved['tp']} = {ranks} ranks, this run has {config.world_size}; the progress and "
-                          f"random generators are kept per rank: choose --dp and --pp with dp x pp = "
-                          f"{ranks // saved['tp']}")
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,8 @@
 * :mod:`tensor_parallel.gpt2` — tensor-parallel GPT-2 (a5_3_4).
 * :mod:`tensor_parallel.sequence_parallel` — sequence parallelism (a5_3_5).
 * :mod:`tensor_parallel.block_types` — per-layer ``tp`` / ``spd`` / ``parallel`` blocks.
+* :mod:`tensor_parallel.rules` — the block types' names and what tp must divide (torch-free: the
+  configuration's checks).
 * :mod:`tensor_parallel.export` — the shards put back together as ``transformers``' GPT-2 (``--export_hf``).
 * :mod:`tensor_parallel.training` — the training mode of ``project/run_tensor_parallel.py``.
 * :mod:`tensor_parallel.experiments` — workers that notebooks/03_tensor_parallel.ipynb launches.
@@ -16,14 +18,17 @@ collectives of :mod:`course.collectives`.
 
 Importing this package does not import ``transformers``.
 """
-from tensor_parallel.export import hf_state_dict
-from tensor_parallel.gpt2 import TensorParallelGPT2, attention_bias
-from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
-                                      gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
-                                      reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
-                                      scatter_to_tensor_parallel_region)
-from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
+from course.environment import torch_installed
+
+if torch_installed():  # without torch (modal run on a laptop) none loads; tensor_parallel.rules does
+    from tensor_parallel.export import hf_state_dict
+    from tensor_parallel.gpt2 import TensorParallelGPT2, attention_bias
+    from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
+                                          gather_from_tensor_parallel_region, reduce_from_tensor_parallel_region,
+                                          reduce_scatter_to_sequence_parallel_region,
+                                          scatter_to_sequence_parallel_region, scatter_to_tensor_parallel_region)
+    from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 
 __all__ = [
     "TensorParallelGPT2", "attention_bias", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",

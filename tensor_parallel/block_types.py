@@ -42,43 +42,9 @@ import torch
 from torch import nn
 
 from course.collectives import group_rank
+from tensor_parallel.rules import BLOCK_TYPES, parse_block_types  # noqa: F401 (the block types, torch-free)
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       reduce_from_tensor_parallel_region, reduce_scatter_to_sequence_parallel_region)
-
-BLOCK_TYPES = {
-    "tp": "exact Megatron tensor parallelism: 2 all-reduces per block forward, 2 backward",
-    "spd": "Sync-Point Drop: attention all-reduce dropped, 1 per block forward and backward (approximation)",
-    "parallel": "per-rank residual streams across a run of blocks, 1 all-reduce per run (different architecture)",
-}
-
-
-def parse_block_types(block_types: str | Sequence[str] | None, n_layer: int) -> list[str]:
-    """One block type per layer.
-
-    Args:
-        block_types: None (all ``tp``); one name for every layer (``"spd"``); a
-            comma-separated string (``"tp,spd,parallel,parallel"``); or a list of names.
-        n_layer: number of transformer layers of the model.
-
-    Raises:
-        ValueError: an unknown name, or not exactly ``n_layer`` entries.
-    """
-    if block_types is None:
-        block_types = "tp"
-    if isinstance(block_types, str):
-        names = [b.strip() for b in block_types.split(",")]
-        if len(names) == 1:
-            names = names * n_layer
-    else:
-        names = [str(b).strip() for b in block_types]
-    unknown = sorted({b for b in names if b not in BLOCK_TYPES})
-    if unknown:
-        raise ValueError(f"unknown block type(s) {unknown}; choose from {sorted(BLOCK_TYPES)}")
-    if len(names) != n_layer:
-        raise ValueError(f"block_types has {len(names)} entries ({','.join(names)}) but the model has "
-                         f"n_layer={n_layer} layers; give one type per layer (comma-separated) or one name for all")
-    return names
-
 
 def enter_region(x: torch.Tensor, sequence_parallel: bool, group=None) -> torch.Tensor:
     """Start of a tensor-parallel region: ``f``, or the sequence all-gather under sequence parallelism."""

@@ -30,36 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tensor_parallel.block_types import (BlockBase, ParallelBlock, SyncPointDropBlock, block_runs, parse_block_types,
-                                         run_parallel_blocks)
+from tensor_parallel.block_types import BlockBase, ParallelBlock, SyncPointDropBlock, block_runs, run_parallel_blocks
 from course.collectives import group_size, mark_backward, region
 from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
+from tensor_parallel.rules import validate_tp_config
 from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_from_sequence_parallel_region,
                                       gather_from_tensor_parallel_region, scatter_to_sequence_parallel_region)
 from tensor_parallel.sequence_parallel import pad_sequence_to_multiple, sync_partial_grads
 from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_lm_loss
-
-
-def validate_tp_config(config, tp_size: int, block_types=None) -> list[str]:
-    """Check that a GPT-2 config can be split over ``tp_size`` ranks; return one block type per layer.
-
-    ``config`` needs ``n_head``, ``n_embd``, ``n_layer`` and ``n_inner`` (None: 4 * n_embd),
-    like ``transformers.GPT2Config``.
-
-    Raises:
-        ValueError: ``tp_size`` < 1; ``n_head`` or the MLP width not divisible by ``tp_size``;
-            bad ``block_types`` (see :func:`tensor_parallel.block_types.parse_block_types`).
-    """
-    if not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"tp_size must be a whole number >= 1, not {tp_size!r}")
-    if config.n_head % tp_size:
-        raise ValueError(f"n_head={config.n_head} is not divisible by tp_size={tp_size}: attention is split by "
-                         f"heads; choose a tp_size that divides {config.n_head}")
-    inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
-    if inner % tp_size:
-        raise ValueError(f"the MLP width (n_inner={inner}) is not divisible by tp_size={tp_size}; "
-                         f"choose a tp_size that divides {inner}")
-    return parse_block_types(block_types, config.n_layer)
 
 
 def reorder_qkv_for_tensor_parallel(weight: torch.Tensor, bias: torch.Tensor, tp_size: int):

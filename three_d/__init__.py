@@ -9,6 +9,11 @@
 It composes the other parts through their packages only (``import pipeline``,
 ``import tensor_parallel``) and :mod:`course` (``course.mesh.Mesh`` gives the groups).
 """
+import pipeline
 from three_d.mesh_arithmetic import coordinates, group_ranks
 
-__all__ = ["coordinates", "group_ranks"]
+# The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES). Here, not in
+# three_d.step, so that the configuration's choices load without torch (modal run on a laptop).
+SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks)
+
+__all__ = ["coordinates", "group_ranks", "SCHEDULES"]

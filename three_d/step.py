@@ -34,9 +34,7 @@ import torch
 
 import pipeline
 from course.collectives import all_reduce, group_size
-
-# The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES).
-SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks)
+from three_d import SCHEDULES  # the schedules a 3D step runs
 
 
 def count_targets(labels: torch.Tensor) -> int:

@@ -1,0 +1,6 @@
+"""The run scripts' configurations, one module per script (``project.options.run_3d`` holds
+``project/run_3d.py``'s), each a subclass of :class:`course.config.RunConfig`.
+
+They import without torch, so that ``modal run`` (:mod:`project.modal_support`) builds and checks the very
+configuration the script will run with, on a laptop that has no torch; the scripts import them from here.
+"""

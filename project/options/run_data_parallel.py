@@ -1,0 +1,103 @@
+"""The configuration of ``project/run_data_parallel.py`` (torch-free: the script, ``modal run`` and the tests
+import it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.config import ConfigError, RunConfig, option
+
+COMM, MEMORY = "gradient communication (notebooks/04_communication.ipynb)", "memory (notebooks/05_memory.ipynb)"
+
+
+@dataclass
+class DataParallelConfig(RunConfig):
+    """``project/run_data_parallel.py``: data parallelism over ``--dp`` processes, with the gradient
+    communication of part 5.4 or the memory techniques of part 5.5."""
+
+    description = "Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1)."
+    mesh_options = ("dp",)
+    world_option = "dp"
+    resumes_at_another_world_size = True  # data_parallel/data_order.py; ZeRO: memory/sharded_checkpoint.py
+
+    dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
+                            old=("world_size",))
+    save_checkpoint: bool = option(False, "save the final weights to <workdir>/checkpoint_data_parallel.pt (a "
+                                          "torch.save file made from a DCP checkpoint)",
+                                   group="checkpoints and restarts")
+    bucket_mb: float | None = option(None, "average gradients in buckets of this many MB (communication."
+                                           "BucketedReducer) instead of one all-reduce per parameter after the "
+                                           "backward pass (default with --overlap: 25)", group=COMM)
+    overlap: bool = option(False, "start each bucket's all-reduce during the backward pass, as soon as it is full",
+                           group=COMM)
+    compression: str = option("none", "topk: top-k sparsification with error feedback; powersgd: rank "
+                                      "--powersgd_rank PowerSGD", group=COMM, choices=("none", "topk", "powersgd"))
+    topk_ratio: float = option(0.01, "--compression topk: fraction of entries sent", group=COMM)
+    powersgd_rank: int = option(1, "--compression powersgd: matrix rank", group=COMM)
+    zero: int = option(0, "ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, 2 also "
+                          "gradients, 3 also parameters (FSDP, each GPT-2 block a unit)", group=MEMORY,
+                       choices=(0, 1, 2, 3))
+    hsdp: int = option(1, "hybrid sharding with --zero 3: the dp ranks as REPLICAS x (dp / REPLICAS); ZeRO-3 inside "
+                          "each group of dp / REPLICAS neighbouring ranks, its gradient slices averaged across the "
+                          "REPLICAS groups (1: ZeRO-3 over all ranks)", group=MEMORY, metavar="REPLICAS")
+    activation_checkpointing: bool = option(False, "recompute each GPT-2 block's activations in the backward pass",
+                                            group=MEMORY)
+    precision: str = option("fp32", "bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
+                                    "and Adam stay fp32", group=MEMORY, choices=("fp32", "bf16"))
+
+    @property
+    def world_size(self) -> int:
+        return self.dp
+
+    def check(self) -> None:
+        super().check()
+        if self.batch_size % self.dp:
+            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}: each rank takes "
+                              f"batch_size // dp examples; try --batch_size "
+                              f"{max(self.dp, self.batch_size // self.dp * self.dp)}")
+        if self.hsdp < 1 or self.dp % self.hsdp:
+            raise ConfigError(f"--hsdp {self.hsdp} must be a number of replicas that divides --dp {self.dp} (the dp ranks "
+                              f"are laid out as replicas x shard); try --hsdp {2 if self.dp % 2 == 0 else 1}")
+        if self.hsdp > 1 and self.zero != 3:
+            raise ConfigError(f"--hsdp {self.hsdp} shards with ZeRO-3 inside each group of {self.dp // self.hsdp} ranks: "
+                              "also give --zero 3")
+        if self.bucket_mb is not None and self.bucket_mb <= 0:
+            raise ConfigError(f"--bucket_mb must be > 0 (MB per bucket), not {self.bucket_mb}; try --bucket_mb 25")
+        if not 0 < self.topk_ratio <= 1:
+            raise ConfigError(f"--topk_ratio must be in (0, 1] (fraction of gradient entries sent), "
+                              f"not {self.topk_ratio}")
+        if self.powersgd_rank < 1:
+            raise ConfigError(f"--powersgd_rank must be >= 1, not {self.powersgd_rank}")
+        if self.compression != "none" and (self.bucket_mb is not None or self.overlap):
+            raise ConfigError(f"--compression {self.compression} sends its own compressed messages per tensor: "
+                              "drop --bucket_mb/--overlap, or use --compression none")
+        memory = [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
+                                  ("--precision bf16", self.precision != "fp32")) if on]
+        comm = [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
+                                ("--compression", self.compression != "none")) if on]
+        if memory and comm:
+            raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
+                              f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
+
+
+    def check_environment(self) -> None:
+        super().check_environment()
+        if self.resume is not None:
+            check_resume_layout(self)
+
+
+def check_resume_layout(config: DataParallelConfig) -> None:
+    """The checkpoint to resume holds the state of this run's kind: plain data parallelism (any --zero 0 run),
+    ZeRO-1/2 (one flat buffer), or ZeRO-3 (its units; with or without --hsdp) — each at any --dp.
+
+    Raises:
+        ConfigError: naming the --zero to resume with.
+    """
+    from course.checkpoint import checkpoint_root, resolve_resume
+    from memory.sharded_checkpoint import FAMILIES, ZERO_FLAT, ZERO_UNITS, checkpoint_family
+
+    path = resolve_resume(config.resume, checkpoint_root(config.workdir, config.results_prefix))
+    family = checkpoint_family(path)
+    mine = ZERO_UNITS if config.zero == 3 else ZERO_FLAT if config.zero in (1, 2) else "model"
+    if family is not None and family != mine:
+        raise ConfigError(f"--resume {config.resume}: the checkpoint holds the state of a {FAMILIES[family]} run, this "
+                          f"run has --zero {config.zero}; resume with {FAMILIES[family]} (at any --dp)")
