@@ -25,6 +25,12 @@ from tests.support.launching import launch_once
 pytestmark = pytest.mark.a5_4_2
 
 PER_RANK, STEPS = 4, 3
+# Weights after STEPS = 3 SGD steps (momentum 0.9, lr 0.1): SGD is linear in the gradient, so gradient rounding
+# differences d1, d2, d3 move a weight by lr x (2.71 d1 + 1.9 d2 + d3) <= 0.56 max|d| (plus their small effect on the
+# later gradients), never amplified as by Adam's normalisation. The gradients are float32 sums of <= 4 ranks x PER_RANK
+# x 8 = 128 products in another order (per-rank partial sums, then the all-reduce; buckets flatten without changing
+# the values): <= 128 x 2^-24 ~ 7.6e-6 of the sum of the terms' magnitudes in the worst case, sqrt(128) x 2^-24 ~ 7e-7
+# typically, so the weights differ by well under 1e-6 + 1e-5 |w| for these O(0.1 .. 1) values
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 

@@ -228,12 +228,12 @@ def _model(seed: int = 0):
     return build_gpt2("tiny", VOCAB, n_positions=SEQ, dropout=0.0, seed=seed, n_layer=2, n_embd=64)
 
 
-def _reference() -> tuple[list[float], list[torch.Tensor]]:
+def _reference(dtype: torch.dtype = torch.float32) -> tuple[list[float], list[torch.Tensor]]:
     """One process, the transformers model as built (eager attention), the whole global batch: the losses
-    of the steps and the gradients of the first."""
+    of the steps and the gradients of the first (in ``dtype``; float64: exact arithmetic to within 2^-53)."""
     from course.loss import lm_loss
 
-    model = _model()
+    model = _model().to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, first_grads = [], None
     for batch in _batches():

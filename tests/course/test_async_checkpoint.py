@@ -32,8 +32,11 @@ def test_an_async_save_overlaps_training_and_is_committed_only_once_written(tmp_
     monkeypatch.setenv(WRITE_DELAY, str(DELAY))
     out = launch(async_save_worker, 2, str(tmp_path), device="cpu", backend="gloo", timeout=90)
     for rank, r in out.items():
-        assert r["returned_after"] < DELAY / 2, f"rank {rank}: the async save blocked for {r['returned_after']:.2f} s"
-        assert r["waited"] > DELAY / 3, f"rank {rank}: nothing was left to wait for ({r['waited']:.2f} s)"
+        # Checked on the state of the write, not on how long calls took: the write (held DELAY s) had not
+        # completed when the save returned (so it did not block, and wait() had a write to wait for), and the
+        # checkpoint is committed only after wait(). (Only a process kept off a core for the whole DELAY between
+        # the write's start and the save's return could see it otherwise.)
+        assert r["written_at_return"] is False, f"rank {rank}: the async save returned only once its files were written"
         assert r["during"]["latest"] == "step00000001", f"rank {rank}: latest named {r['during']['latest']} mid-write"
         assert not r["during"]["final_exists"] and r["during"]["tmp_exists"], r["during"]
         assert r["during"]["committed"] is False

@@ -153,15 +153,17 @@ def aborting_worker(rank, world_size):
     dist.barrier()
 
 
+@pytest.mark.fresh_processes  # no pooled ranks of earlier tests alive: the check below counts every child
 def test_a_rank_killed_by_sigabrt_is_reported_by_rank_and_cause():
-    start = time.monotonic()
     with pytest.raises(L.RankFailure) as info:
         L.launch(aborting_worker, 2, timeout=60, collective_timeout=60)
     lines = str(info.value).splitlines()
     assert info.value.rank == 1
     assert lines[0].startswith("rank 1 failed: killed by SIGABRT (on GPUs: NCCL's watchdog"), lines[:3]
     assert re.search(r"at .*test_launch_devices\.py:\d+ in aborting_worker", lines[1]), lines[:3]
-    assert time.monotonic() - start < 45
+    # reported on the abort, not after the survivor's 60 s collective timeout or the launch's: said by the
+    # report (no wait timed out), not timed
+    assert "timed out" not in str(info.value) and "did not finish within" not in str(info.value), str(info.value)
     assert not multiprocessing.active_children()
 
 

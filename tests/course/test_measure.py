@@ -20,17 +20,22 @@ from course import measure
 def test_cpu_clock_stopwatch_and_stamps():
     assert measure.timer_name("cpu") == measure.timer_name(None) == "host-clock"
     assert measure.timer_name(torch.device("cuda", 0)) == "host-clock+cuda-sync"  # by name only: no GPU touched
+    # bracketed by the wall clock read around it (seconds, not ms or ns), never bounded by a duration: true at any load
+    before = time.time()
     with measure.Stopwatch("cpu") as sw:
         with pytest.raises(RuntimeError, match="once the with block has ended"):
             sw.seconds
         time.sleep(0.05)
         assert sw.lap() >= 0.05
-    assert 0.05 <= sw.seconds < 5 and sw.timer == "host-clock" and sw.end >= sw.start
+    after = time.time()
+    assert 0.05 <= sw.seconds <= after - before and sw.timer == "host-clock" and sw.end >= sw.start
     a = measure.stamp("cpu")
     time.sleep(0.02)
     b = measure.stamp("cpu")
     assert isinstance(a, float) and measure.seconds(b) - measure.seconds(a) >= 0.02
-    assert abs(measure.now("cpu") - time.time()) < 1.0  # the wall clock: comparable between processes
+    before = time.time()
+    reading = measure.now("cpu")
+    assert before <= reading <= time.time()  # the wall clock: comparable between processes
 
 
 def test_cpu_memory_meter_is_the_process_peak():
@@ -63,11 +68,12 @@ def counted_spans(rank, world_size):
 def test_collective_spans_are_read_only_while_a_recorder_is_active():
     from course.launch import launch
 
+    before = time.time()
     counted, again, spans = launch(counted_spans, 2, timeout=120)[0]
     assert counted == again == ["all_reduce"]
     (name, row, start, end, nbytes), = spans
     assert (name, row, nbytes) == ("all_reduce world", "communication", 12)
-    assert start <= end and abs(end - time.time()) < 120
+    assert before <= start <= end <= time.time()  # course.measure's wall clock, read inside the launch
 
 
 def test_results_file_names_its_clock_and_memory_measure(tmp_path):

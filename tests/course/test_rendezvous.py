@@ -21,8 +21,6 @@ operations of one ``batch_isend_irecv`` start together. Under it:
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -43,14 +41,14 @@ def test_planted_unsafe_order_is_caught_rendezvous(monkeypatch):
     """Gloo runs 'both send, then both receive' (it buffers the sends); under the rules the same order
     ends in a bounded time with a deadlock message naming the wait."""
     monkeypatch.setenv(TIMEOUT_ENV, "4")
-    began = time.monotonic()
     with pytest.raises(RankFailure) as info:
         launch(support.unsafe_order_worker, 2, device="cpu", timeout=60)
-    elapsed = time.monotonic() - began
     text = str(info.value)
     assert "plain gloo: exchanged" in text or "deadlock under NCCL" in text, text
     assert "deadlock under NCCL's point-to-point rules" in text, text
-    assert elapsed < 40, f"the deadlock took {elapsed:.0f} s to be reported"
+    # bounded by the rules' 4 s wait, not by the launch's 60 s: said by the report, not timed (the time a
+    # loaded machine takes to start the ranks is no part of the verdict)
+    assert "waited 4 s for" in text and "did not finish within" not in text, text
 
 
 def test_messages_matched_by_order_rendezvous(nccl_rules):

@@ -29,6 +29,8 @@ def test_measured_bytes_per_parameter_follow_the_zero_formulas():
         plain = [r for r in rows if not r["checkpointing"]]
         ckpt = [r for r in rows if r["checkpointing"]]
         for r in plain[1:] + ckpt:
+            # one step (the loss is taken before the update): the same forward, only the sums in another order,
+            # a few float32 ulps (2^-23 ~ 1.2e-7 relative) of a loss of ~5.7
             assert r["losses"] == pytest.approx(plain[0]["losses"], rel=1e-5), f"ZeRO-{r['zero']} losses differ"
         for a, b in zip(plain, ckpt):
             assert b["activation_bytes"] < a["activation_bytes"], f"ZeRO-{a['zero']}: checkpointing saved no memory"

@@ -15,12 +15,11 @@ import pytest
 import torch
 
 from tests.support.launching import launch_once
-from tests.support.memory import fsdp_worker, reference_named_run
+from tests.support.memory import TOL, fsdp_worker, reference_named_run
 
 pytestmark = pytest.mark.a5_5_3
 
 STEPS = 3
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)

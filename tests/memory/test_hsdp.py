@@ -20,8 +20,9 @@ import functools
 import pytest
 import torch
 
+from tests.support.memory import TOL  # derived there
+
 STEPS, REPLICAS, WORLD = 3, 2, 4
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,6 +50,7 @@ def test_hsdp_equals_fsdp2_on_a_2d_mesh_and_data_parallel_adam():
                 f"ranks keeps 1/{shard} of it")
         for step, (grads, params) in enumerate(reference):
             rec = out["steps"][step]
+            # a mean of ~40 float32 cross-entropies in another order: <= log2(40) x 2^-24 ~ 3.2e-7 relative
             assert rec["loss"] == pytest.approx(rec["fsdp2_loss"], rel=1e-6), f"rank {rank} step {step}: loss"
             for name in grads:
                 for what, mine, theirs in (("gradient", rec["grads"][name], rec["fsdp2_grads"][name]),

@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from tests.support.launching import launch_once
-from tests.support.memory import make_model, reference_run, zero_worker
+from tests.support.memory import TOL, make_model, reference_run, zero_worker
 
 STEPS = 3
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)

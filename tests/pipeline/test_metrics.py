@@ -1,18 +1,20 @@
 """Ungraded: bubble fraction, in-flight counts and timelines of the pipeline schedules.
 
 The idealised timelines (:func:`pipeline.metrics.simulate`) of GPipe and 1F1B have exactly
-the bubble (p - 1) / (m + p - 1); a real 3-process 1F1B run with stages of equal cost
-(each forward and backward sleeps 50 ms, so the cost does not depend on how many cores the
-machine has) measures it within ``TOLERANCE`` — what is left is the send/recv latency between
-processes, which the formula leaves out.
+the bubble (p - 1) / (m + p - 1). A real 3-process 1F1B run with stages of equal cost (each
+forward and backward sleeps 50 ms) is checked on what it recorded, never on how long it took:
+every rank ran the 1F1B action list in order, no action started before the action on another
+rank it needs had ended, the in-flight peaks are 1F1B's, and the replay of its recorded actions
+(:func:`pipeline.metrics.replay`) has the formula's bubble — exactly with the stages' nominal
+costs, and with the measured per-action durations inside bounds derived from their spread. Its
+wall-clock bubble (which also holds the send/recv latency and, on a loaded machine, the time a
+woken rank waits for a core) is reported as a test property, not asserted.
 """
 import pytest
 
 from pipeline.metrics import (bubble_fraction, handover_latencies, measured_bubble_fraction, peak_in_flight, replay,
                               simulate)
 from pipeline.schedules import SCHEDULES, all_actions
-
-TOLERANCE = 0.05  # absolute, on a fraction in [0, 1]
 
 
 @pytest.mark.needs_solution
@@ -103,17 +105,51 @@ def test_bubble_fraction_rejects_bad_input():
         all_actions("zigzag", 2, 2)
 
 
+def _span(events):
+    return max(e[3] for rank in events for e in rank) - min(e[2] for rank in events for e in rank)
+
+
 @pytest.mark.needs_solution
 @pytest.mark.timeout(200)
-def test_real_1f1b_run_with_equal_stages_has_the_formula_bubble():
+def test_real_1f1b_run_with_equal_stages_has_the_formula_bubble(record_property):
     from pipeline.bubble_experiment import measure_bubble
 
-    p, ms = 3, [1, 6]
-    report = measure_bubble(p, ms, "1f1b", t_forward=0.05, t_backward=0.05, repeats=2)
+    p, ms, t = 3, [1, 6], 0.05
+    report = measure_bubble(p, ms, "1f1b", t_forward=t, t_backward=t, repeats=1)
     for m in ms:
-        measured, formula = report["bubble"][m], bubble_fraction(p, m)
-        assert abs(measured - formula) <= TOLERANCE, f"m={m}: measured {measured:.3f}, formula {formula:.3f}"
+        events, actions = report["events"][m], all_actions("1f1b", p, m)
+        # the ranks ran 1F1B: each its own action list, in order
+        assert [[(e[0], e[1]) for e in rank] for rank in events] == actions, f"m={m}: recorded {events}"
         assert report["peak_in_flight"][m] == [min(p - r, m) for r in range(p)]
+        # ... and waited for their inputs: F(i) on rank r starts after F(i) ended on r - 1, B(i) after B(i) on r + 1.
+        # The runner's spans hold the computation only (the receive comes before the span opens), and all ranks
+        # read the same clock (one machine), so this is an order of recorded events, true at any load.
+        end = {(r, e[0], e[1]): e[3] for r, rank in enumerate(events) for e in rank}
+        for r, rank in enumerate(events):
+            for kind, i, start, _ in rank:
+                dep = (r - 1, "F", i) if kind == "F" else (r + 1, "B", i)
+                if dep in end:
+                    assert start >= end[dep], f"m={m}: {kind}{i} on rank {r} started before {dep} ended"
+        # The replay of the recorded actions with the stages' nominal costs has the formula's bubble; the 1e-12 is
+        # float64 rounding of sums of 2(m + p - 1) <= 16 terms of 0.05 (16 x 2^-53 x 0.8 s ~ 1.4e-15, with room).
+        nominal = replay(actions, [[t] * len(rank) for rank in actions])
+        assert measured_bubble_fraction(nominal) == pytest.approx(bubble_fraction(p, m), abs=1e-12)
+        # With the measured durations d (each the 50 ms sleep plus what the machine added), the replay's span T is
+        # monotone in every duration (a max-plus recursion), so 2(m + p - 1) d_min <= T <= 2(m + p - 1) d_max, and
+        # its bubble 1 - sum(d) / (p T) lies between the two values below; both equal the formula when all the
+        # durations are equal (the formula lies between them: 2pm d_min <= sum(d) <= 2pm d_max). Bounds derived from
+        # this run's spread, not tuned to a machine, so the check holds at any load; the 1e-12 is float64 rounding.
+        durations = [[e[3] - e[2] for e in rank] for rank in events]
+        flat = [d for rank in durations for d in rank]
+        replayed = measured_bubble_fraction(replay(actions, durations))
+        low = 1 - sum(flat) / (p * 2 * (m + p - 1) * min(flat))
+        high = 1 - sum(flat) / (p * 2 * (m + p - 1) * max(flat))
+        assert low - 1e-12 <= replayed <= high + 1e-12, f"m={m}: replayed bubble {replayed:.3f}, not in [{low:.3f}, {high:.3f}]"
+        # reported, not asserted: the wall clock adds the hand-over latency and the machine's load
+        record_property(f"bubble_m{m}", dict(formula=bubble_fraction(p, m), replayed=replayed,
+                                             wall_clock=report["bubble"][m], span_s=_span(events)))
+        print(f"m={m}: formula {bubble_fraction(p, m):.3f}, replay of measured durations {replayed:.3f}, "
+              f"wall clock {report['bubble'][m]:.3f}")
 
 
 def test_costs_by_kind_are_the_mean_per_kind_over_ranks_or_per_rank():

@@ -12,6 +12,17 @@ from torch import nn
 VOCAB, DIM, SEQ, PER_RANK, N_BLOCK = 37, 12, 6, 2, 2
 LR = 0.05
 ADAM = dict(lr=LR, betas=(0.8, 0.9), weight_decay=0.1)  # L2 weight decay: gradient scale matters
+# The tolerance of the memory tests' gradients and parameters (torch.allclose: |got - want| <= atol + rtol |want|).
+# Gradients: float32 sums of at most a few hundred terms in another order differ by a few 2^-24 ~ 6e-8 relative to
+# the terms (a 2^-24 x log2(n) bound for a tree, x n for a chain: below 1e-5 relative for the gradients' sizes here).
+# Parameters after 3 Adam steps: Adam divides each update by the root of the squared-gradient average, so a gradient
+# rounding difference dg moves the update by about lr x dg / sqrt(v) — amplified where a gradient is near zero. This
+# model's trajectory is far from that: its smallest |gradient + weight decay x w| over the steps is ~5e-6, against
+# rounding differences ~1e-12 in such small coordinates. Rather than trust a bound, the trajectory is measured against
+# exact arithmetic on every machine: the float32 reference's distance from the float64 one, in units of this
+# tolerance, is at most 0.2 at every step for dp 2 and 4 (tests/memory/test_tolerance.py keeps it below 0.5), and
+# any correct float32 implementation's rounding (other sums, other SIMD kernels) is of that same size.
+TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 class Block(nn.Module):
@@ -69,10 +80,11 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def reference_run(world_size: int, steps: int):
+def reference_run(world_size: int, steps: int, dtype: torch.dtype = torch.float32):
     """Plain data parallelism in one process: per step, the flat mean gradient (before the step)
-    and the flat parameters after ``torch.optim.Adam``'s step (unique parameters, in order)."""
-    model = make_model()
+    and the flat parameters after ``torch.optim.Adam``'s step (unique parameters, in order); in
+    ``dtype`` (float64: the trajectory of exact arithmetic, to within 2^-53)."""
+    model = make_model().to(dtype)
     opt = torch.optim.Adam(model.parameters(), **ADAM)
     grads, params = [], []
     for step in range(steps):

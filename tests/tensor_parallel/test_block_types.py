@@ -74,6 +74,7 @@ def test_one_parallel_block_equals_spd_and_sequence_parallel_versions_agree():
     for rank in range(WORLD):
         for a, b in (("parallel_first", "spd_first"), ("spd_sp", "spd"), ("parallel_sp", "parallel")):
             diff = float((gpt2_case(WORLD, a, rank)["logits"] - gpt2_case(WORLD, b, rank)["logits"]).abs().max())
+            # the same block computed with its sums split or ordered otherwise: see tests/tensor_parallel/test_gpt2.py
             assert diff <= 1e-5, f"rank {rank}: {a} vs {b} logits differ by {diff:.2e}"
             ga, gb = gpt2_case(WORLD, a, rank)["replicated_grads"], gpt2_case(WORLD, b, rank)["replicated_grads"]
             assert torch.allclose(ga, gb, atol=1e-5), f"rank {rank}: {a} vs {b} replicated gradients differ"
@@ -83,6 +84,8 @@ def test_one_parallel_block_equals_spd_and_sequence_parallel_versions_agree():
 @pytest.mark.parametrize("name", ["tp", "sp", "spd", "parallel", "mixed", "spd_sp", "parallel_sp"])
 def test_replicated_gradients_agree_across_ranks(name):
     grads = [gpt2_case(WORLD, name, rank)["replicated_grads"] for rank in range(WORLD)]
+    # every rank computes the replicated gradients from the same all-reduced values: equal but for the order
+    # of a two-rank sum (exact), so 1e-6 is a margin, not an allowance for rounding
     assert torch.allclose(grads[0], grads[1], atol=1e-6), f"{name}: replicated parameters' gradients differ by rank"
 
 
