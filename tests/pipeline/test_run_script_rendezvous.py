@@ -57,3 +57,16 @@ def test_schedules_at_three_and_four_stages_rendezvous(monkeypatch, world_size, 
     for i, (schedule, chunks) in enumerate(cases):
         support.check_equal_to_single_process({r: res[i] for r, res in out.items()}, world_size,
                                               f"{schedule} p={world_size} v={chunks}")
+
+
+@pytest.mark.timeout(support.SCRIPT_TIMEOUT + 60)
+def test_a_run_script_is_held_to_the_rules_rendezvous(tmp_path, monkeypatch, capsys):
+    """The mode reaches a run script's ranks: with no time allowed for a wait, the rules' first wait — for the
+    other ranks to make a group, or for a peer's message — ends the run with their error (plain gloo runs on)."""
+    from course.nccl_rules import TIMEOUT_ENV
+    from project.run_pipeline import main
+
+    support.under_rules(monkeypatch)
+    monkeypatch.setenv(TIMEOUT_ENV, "0")
+    assert main(support.tiny_run(tmp_path, "--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2")) == 1
+    assert "NcclRuleError" in capsys.readouterr().err
