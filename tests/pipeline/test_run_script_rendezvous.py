@@ -6,7 +6,7 @@ one-chunk schedules and p = 2 for the interleaved one (issue 38, item 9).
   and interleaved 1F1B at pp = 3 with 2 chunks per rank (the 6-block preset ``small``: 6 virtual stages). The
   tiny-preset runs train the same model on the same batches, so their losses agree up to float rounding (the
   micro-batch losses are summed in another order: 1e-4 as in tests/pipeline/test_run_script.py).
-* the schedules' worker (tests/support/pipeline.py, a tiny GPT-2 of 6 blocks) at p = 3 (GPipe, 1F1B, ZB-H1 and
+* the schedules' worker (tests/support/pipeline.py, its tiny GPT-2 with 8 blocks) at p = 3 (GPipe, 1F1B, ZB-H1 and
   interleaved with v = 2) and interleaved at p = 4: they finish and equal one process.
 """
 from __future__ import annotations
