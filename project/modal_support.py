@@ -286,8 +286,8 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
     """The body of the remote function: run ``request`` and collect its results from the volume.
 
     Results go to ``<volume_root>/runs/<name>/``; Multi30k to ``<volume_root>/data/multi30k``
-    (downloaded from its raw URLs once, unless a local copy exists). ``after_run()`` (e.g.
-    ``volume.commit``) is called once the files are written.
+    (downloaded from its raw URLs once, unless a local copy exists), for the run scripts and the GPU tier.
+    ``after_run()`` (e.g. ``volume.commit``) is called once the files are written.
 
     Returns:
         dict with ``command``, ``returncode``, ``seconds``, ``workdir``, ``log_tail`` and
@@ -298,7 +298,8 @@ def remote_run(request: dict, name: str, *, volume_root, repo_root: Path = REPO_
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_MININTERVAL=os.environ.get("TQDM_MININTERVAL", "30"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
-    if req.options.get("dataset", "multi30k") == "multi30k" and req.mode in SCRIPTS and not req.gpu_tests:
+    # the GPU tier's run-script tests read Multi30k too (tests/gpu/support.py, multi30k_dir): staged the same way
+    if req.gpu_tests or (req.options.get("dataset", "multi30k") == "multi30k" and req.mode in SCRIPTS):
         env["LLMSYS_DATA_DIR"] = str(ensure_multi30k(Path(volume_root) / "data" / "multi30k"))
     command = build_command(req, str(workdir), python=python, repo_root=repo_root, timeout=timeout)
     print(f"$ {shlex.join(command)}", flush=True)

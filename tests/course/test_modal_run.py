@@ -538,13 +538,16 @@ def test_gpu_tier_summary_from_its_junit_report(tmp_path):
         "  skipped test_y::test_c: needs 8 CUDA GPUs"]
 
 
-def test_remote_gpu_tier_runs_pytest_and_returns_its_report(tmp_path):
+def test_remote_gpu_tier_runs_pytest_and_returns_its_report(tmp_path, monkeypatch):
+    staged = []
+    monkeypatch.setattr(ms, "ensure_multi30k", lambda target: staged.append(target) or target)
     request = ms.make_request(gpu_tests=True, extra="-k stopwatch")
     result = ms.remote_run(asdict(request), "t", volume_root=tmp_path / "vol")
+    # the tier's run-script tests read Multi30k: it is staged on the volume as for the scripts' runs
+    assert staged == [tmp_path / "vol" / "data" / "multi30k"]
     assert result["command"][1:5] == ["-m", "pytest", "-m", "gpu"]
     assert ms.GPU_TIER_XML in result["files"], "\n".join(result["log_tail"])
     assert ms.summarize_gpu_tier(result["files"][ms.GPU_TIER_XML]).startswith("GPU tier (pytest -m gpu): ")
-    assert not (tmp_path / "vol" / "data").exists()  # the tier needs no Multi30k download
 
 
 class FakeTierRemote(FakeRemote):

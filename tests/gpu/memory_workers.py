@@ -7,15 +7,19 @@ import torch
 from tests.gpu.workers import _device, _quiet, batch, gpt2, grads, tokens
 
 
-def zero_worker(rank: int, world_size: int, zero: int, precision: str = "fp32", checkpointing: bool = False) -> dict:
-    """Three steps of ``ShardedStep`` (ZeRO ``zero``); the losses and every full parameter afterwards."""
+def zero_worker(rank: int, world_size: int, zero: int, precision: str = "fp32", checkpointing: bool = False,
+                dropout: float | None = None) -> dict:
+    """Three steps of ``ShardedStep`` (ZeRO ``zero``); the losses and every full parameter afterwards.
+    ``dropout``: default 0.1 with ``checkpointing`` (the recomputation replays the masks), else 0."""
     from course.mesh import Mesh
     from memory.training import ShardedStep
 
     _quiet()
     device = _device()
     group = Mesh.build(dp=world_size).dp_group
-    model = gpt2(dropout=0.1 if checkpointing else 0.0).to(device)
+    if dropout is None:
+        dropout = 0.1 if checkpointing else 0.0
+    model = gpt2(dropout=dropout).to(device)
     step = ShardedStep(model, zero, group, torch.optim.AdamW, activation_checkpointing=checkpointing,
                        precision=precision, lr=1e-3)
     losses = []

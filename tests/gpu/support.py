@@ -11,6 +11,9 @@ import pytest
 import torch
 
 TIMEOUT = 600  # seconds one launch may take (a GPU run builds CUDA contexts and NCCL communicators)
+# pytest's limit of a GPU test (tests/gpu/conftest.py sets it on each test that names none): its launches, each
+# bounded by TIMEOUT — on_nccl_and_gloo makes two — and a minute to build and compare.
+TEST_TIMEOUT = 2 * TIMEOUT + 60
 
 
 def visible_gpus() -> int:
@@ -64,3 +67,16 @@ def assert_same(gpu, cpu, what: str, rtol: float = 1e-4, atol: float = 1e-5) -> 
         assert gpu == pytest.approx(cpu, rel=rtol, abs=atol), f"{what}: {gpu} (NCCL) != {cpu} (gloo)"
     else:
         assert gpu == cpu, f"{what}: {gpu!r} (NCCL) != {cpu!r} (gloo)"
+
+
+def multi30k_dir() -> str:
+    """The Multi30k folder a GPU test's run script reads, found by the course's resolution order
+    (:func:`course.data.resolve_data_dir`: ``$LLMSYS_DATA_DIR`` — where Modal's ``--gpu-tests`` stages it on its
+    volume —, ``data/multi30k``, ``../shared/data/multi30k``, else a download into ``data/multi30k``).
+
+    Raises:
+        course.data.DataNotFoundError: none holds the files and the download failed; it says where to put them.
+    """
+    from course.data import resolve_data_dir
+
+    return str(resolve_data_dir())

@@ -67,11 +67,14 @@ def test_an_nccl_timeout_ends_the_run_naming_the_rank():
 
 
 def test_data_parallel_script_trains_on_the_gpus(tmp_path):
+    from tests.gpu.support import multi30k_dir
+
     need_gpus(2)
     result = subprocess.run([sys.executable, "project/run_data_parallel.py", "--world_size", "2", "--device", "cuda",
                              "--preset", "tiny", "--max_batches", "3", "--n_bleu", "4", "--max_val_batches", "1",
-                             "--workdir", str(tmp_path), "--quiet"], cwd=REPO, capture_output=True, text=True,
-                            timeout=900)
+                             "--max_train_examples", "2000", "--vocab_size", "1000", "--data_dir", multi30k_dir(),
+                             "--workdir", str(tmp_path), "--quiet", "--timeout", "800"], cwd=REPO, capture_output=True,
+                            text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}_results_epoch0.json").read_text())

@@ -1,5 +1,6 @@
 """GPU tier: the 3D step (1F1B x TP x DP, tied sum, global-norm clip) on 8 (and 4) GPUs with NCCL equals
-the same step on 8 (4) gloo ranks: loss, gradient norm, every rank's gradients."""
+the same step on 8 (4) gloo ranks: loss, gradient norm, every rank's gradients — also with 4 pipeline stages
+(dp 1 x pp 4 x tp 1: the middle stages are in no embedding group)."""
 import pytest
 
 from tests.gpu.support import assert_same, on_nccl_and_gloo
@@ -8,7 +9,7 @@ from tests.gpu.workers import three_d_worker
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("dp, pp, tp", [(2, 2, 2), (1, 2, 2)], ids=["2x2x2", "1x2x2"])
+@pytest.mark.parametrize("dp, pp, tp", [(2, 2, 2), (1, 2, 2), (1, 4, 1)], ids=["2x2x2", "1x2x2", "1x4x1"])
 def test_three_d_step_on_nccl_equals_gloo(dp, pp, tp):
     world_size = dp * pp * tp
     nccl, gloo = on_nccl_and_gloo(three_d_worker, world_size, dp, pp, tp)

@@ -147,3 +147,70 @@ def meshes_and_checkpoint_group_worker(rank: int, world_size: int, shapes: list,
     finally:
         course.mesh.Mesh._embedding_groups, course.checkpoint.checkpoint_group = saved
     return held
+
+
+# ---- the run scripts and the shapes beyond the graded tests, under NCCL's rules (issue 38, item 9) ------------
+
+SCRIPT_TIMEOUT = 240  # seconds: the launcher's wall-clock limit of one script run (--timeout); pytest's is above it
+RULES_TIMEOUT = "60"  # seconds an emulated wait may last before it is called a deadlock (LLMSYS_NCCL_RULES_TIMEOUT)
+
+
+def under_rules(monkeypatch) -> None:
+    """The ranks of every launch from here on (pooled or fresh: they inherit the caller's environment) run with
+    gloo held to NCCL's rules (:mod:`course.nccl_rules`, installed by :mod:`course.launch` in each rank)."""
+    from course.nccl_rules import ENV, TIMEOUT_ENV
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(TIMEOUT_ENV, RULES_TIMEOUT)
+
+
+def tiny_run(workdir, *argv) -> list[str]:
+    """A run script's command line for a short run: 2 optimizer steps of 8 sequences on the first 2000 training
+    pairs (a tokenizer of 1000 tokens trained on them, cached in ``workdir``), one validation batch, 2 BLEU
+    sentences, dropout 0 (runs of one preset then train the same model on the same batches). ``argv`` comes last
+    and overrides any of these."""
+    return ["--batch_size", "8", "--max_batches", "2", "--max_val_batches", "1", "--n_bleu", "2", "--dropout", "0",
+            "--vocab_size", "1000", "--max_train_examples", "2000", "--workdir", str(workdir), "--quiet", "--overwrite",
+            "--timeout", str(SCRIPT_TIMEOUT), *argv]
+
+
+def run_script(main, workdir, prefix: str, world: int, *argv) -> list[dict]:
+    """``main(tiny_run(workdir, *argv))`` of a ``project/run_*.py``; every rank's results of epoch 0, each checked:
+    2 steps with finite losses, a finite validation loss.
+
+    Raises:
+        AssertionError: the run failed (with the tail of what it printed: the rank's error, e.g. a deadlock
+            under NCCL's rules), or its results are missing or not finite.
+    """
+    import contextlib
+    import io
+    import json
+    import math
+    from pathlib import Path
+
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        code = main(tiny_run(workdir, *argv))
+    assert code == 0, f"{' '.join(argv)} failed under NCCL's rules:\n{printed.getvalue()[-8000:]}"
+    results = [json.loads((Path(workdir) / f"{prefix}rank{r}_results_epoch0.json").read_text()) for r in range(world)]
+    for rank, r in enumerate(results):
+        assert r["steps"] == 2 and len(r["train_losses"]) == 2, f"{' '.join(argv)}: rank {rank} ran {r['steps']} steps"
+        assert all(math.isfinite(x) for x in [*r["train_losses"], r["validation_loss"]]), \
+            f"{' '.join(argv)}: rank {rank}: losses {r['train_losses']}, validation {r['validation_loss']}"
+    return results
+
+
+def schedule_cases_worker(rank: int, world_size: int, cases: list, n_layer: int) -> list:
+    """:func:`tests.support.pipeline.gpt2_schedule_worker` for each ``(schedule, chunks per rank)`` of ``cases``,
+    on its tiny GPT-2 with ``n_layer`` blocks (interleaved at p = 3 with 2 chunks needs 6 virtual stages)."""
+    from course.task import worker_env_quiet
+    from tests.support import pipeline
+
+    worker_env_quiet()
+    torch.set_num_threads(1)
+    saved = pipeline.N_LAYER
+    pipeline.N_LAYER = n_layer  # a pooled rank runs other tests afterwards: put it back in any case
+    try:
+        return [pipeline.gpt2_schedule_worker(rank, world_size, schedule, chunks) for schedule, chunks in cases]
+    finally:
+        pipeline.N_LAYER = saved
