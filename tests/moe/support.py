@@ -56,7 +56,7 @@ def upstream(rank: int, count: int, dtype=torch.float32) -> torch.Tensor:
 
 def layer_loss(layer, x, rank):
     """``sum(layer(x) * G) + router loss``: every part of the layer gets a gradient."""
-    out = layer(x)
+    out = layer(x).output
     return out, (out * upstream(rank, x.shape[0], x.dtype)).sum() + layer.router_loss()
 
 
@@ -241,7 +241,7 @@ class ToyMoENet(torch.nn.Module):
             self.moe.router.weight.copy_(full.router.weight)
 
     def forward(self, x):
-        return self.head(self.moe(torch.tanh(self.inp(x))))
+        return self.head(self.moe(torch.tanh(self.inp(x))).output)
 
     def expert_parameters(self):
         return list(self.moe.experts.parameters())
@@ -337,6 +337,8 @@ def training_worker(rank: int, world_size: int, args) -> dict:
     import copy
     import json
 
+    import torch.distributed as dist
+
     from course.epoch_runner import run_epochs
     from course.mesh import Mesh
     from course.task import prepare_data, worker_env_quiet
@@ -353,7 +355,8 @@ def training_worker(rank: int, world_size: int, args) -> dict:
             "state": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": mode.optimizer.grads}
     if rank != 0:
         return mine
-    one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=None)
+    alone = dist.new_group([rank], use_local_synchronization=True)  # group=None would be the world
+    one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=alone)
     optimizer = RecordingSGD(one.named_parameters(), SGD_LR)
     loaders = [shard_batches(data.train, args.batch_size, r, args.dp, data.collate, args.seed, args.max_batches)[0]
                for r in range(args.dp)]
