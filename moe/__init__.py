@@ -22,7 +22,7 @@ through :mod:`course.collectives`, so it is counted. Importing this package does
 from moe.config import MoEConfig
 from moe.gpt2 import DenseGPT2, MoEGPT2, moe_block_indices, parameter_counts
 from moe.gradients import sync_moe_gradients
-from moe.layer import MoELayer
+from moe.layer import MoELayer, MoEOutput
 
-__all__ = ["MoEConfig", "MoELayer", "MoEGPT2", "DenseGPT2", "moe_block_indices", "parameter_counts",
+__all__ = ["MoEConfig", "MoELayer", "MoEOutput", "MoEGPT2", "DenseGPT2", "moe_block_indices", "parameter_counts",
            "sync_moe_gradients"]

@@ -123,6 +123,7 @@ class MoEGPT2(nn.Module):
         memo.update({id(t): None for layer in self.moe_layers for t in (layer.aux_loss, layer.z_loss)})
         full = copy.deepcopy(self, memo=memo)
         full.group, full.ep = None, 1
+        # ep = 1: every expert is here and the layers never communicate, so their group is never read
         for layer, mine in zip(full.moe_layers, self.moe_layers):
             layer.experts, layer.group, layer.ep = mine.experts.gather(self.group), None, 1
         return full
