@@ -120,22 +120,32 @@ class BlockwiseAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                        block_size: int = 64, scale: float | None = None, stats: dict | None = None) -> torch.Tensor:
+DEFAULT_BLOCK_SIZE = 64  # rows and columns of a tile of scores: the one default of blockwise and ring attention
+
+
+def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                        scale: float | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                        stats: dict | None = None) -> torch.Tensor:
     """Softmax attention computed tile by tile with an online softmax (Dao et al. 2022, Alg. 1).
 
     Equals ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``
-    (causal: query t sees keys 0..t) in value and gradient, for any ``block_size`` (also one that
-    does not divide the sequence lengths).
+    in value and gradient, for any ``block_size`` (also one that does not divide the sequence
+    lengths). The arguments after ``q, k, v`` are keywords, in the order every attention function
+    of this package takes them (docs/architecture.md, "The parallel functions' API"); this one runs
+    on one rank, so it has no ``group`` and no ``layout``.
 
     Args:
-        q: (batch, heads, q_len, head_dim); k, v: (batch, heads, k_len, head_dim).
-        block_size: rows and columns of one tile of scores.
+        q: (batch, heads, q_len, head_dim); k: (batch, heads, k_len, head_dim);
+            v: (batch, heads, k_len, v_dim) (``v_dim`` may differ from ``head_dim``, as in SDPA).
+        causal: required keyword (no default, so no call changes meaning silently; SDPA's
+            ``is_causal`` defaults to False). Query i sees keys 0..i: with ``q_len != k_len`` the
+            mask is aligned to the top left, as SDPA's ``is_causal`` is (query i sees key j iff j <= i).
         scale: factor of the scores (default ``head_dim ** -0.5``).
+        block_size: rows and columns of one tile of scores.
         stats: optional dict that receives ``forward_tiles`` and ``backward_tiles`` (tiles computed).
 
     Returns:
-        (batch, heads, q_len, head_dim), dtype of ``q`` (statistics are kept in float32 or wider).
+        (batch, heads, q_len, v_dim), dtype of ``q`` (statistics are kept in float32 or wider).
 
     Raises:
         ValueError: shapes that are not (batch, heads, seq, head_dim) or do not fit; ``block_size`` < 1.

@@ -98,7 +98,7 @@ def attention_memory(seq_lens: list[int], batch: int = 1, heads: int = 4, head_d
     with the size of one (batch, heads, seq, seq) float32 score matrix beside them."""
     rows = []
     methods = {"eager": eager_attention,
-               "blockwise": lambda q, k, v: blockwise_attention(q, k, v, True, block_size),
+               "blockwise": lambda q, k, v: blockwise_attention(q, k, v, causal=True, block_size=block_size),
                "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     for seq in seq_lens:
         g = torch.Generator().manual_seed(seq)
@@ -122,7 +122,7 @@ def blockwise_check(seq: int = 100, block_size: int = 32, batch: int = 2, heads:
     q, k, v, grad = (torch.randn(batch, heads, seq, head_dim, generator=g, device="cpu") for _ in range(4))
     results = {}
     for name, fn in (("sdpa", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)),
-                     ("blockwise", lambda a, b, c: blockwise_attention(a, b, c, True, block_size, stats=stats))):
+                     ("blockwise", lambda a, b, c: blockwise_attention(a, b, c, causal=True, block_size=block_size, stats=stats))):
         stats: dict = {}
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
@@ -201,9 +201,9 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
         lay = SequenceLayout(layout, cp, seq)
         leaves = [lay.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
         if method == "ring":
-            o = ring_attention(*leaves, lay, group, True, block_size, stats=stats)
+            o = ring_attention(*leaves, group=group, layout=lay, causal=True, block_size=block_size, stats=stats)
         else:
-            o = ulysses_attention(*leaves, group, True, layout=lay)
+            o = ulysses_attention(*leaves, group=group, layout=lay, causal=True)
         o.backward(lay.shard(grad, 2, r))
         return float((o.detach() - lay.shard(ref, 2, r)).abs().max())
 
@@ -240,8 +240,8 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
                 r = dist.get_rank(group)
                 lay = SequenceLayout(layout, p, seq)
                 leaves = [lay.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
-                o = ring_attention(*leaves, lay, group, True, block_size) if method == "ring" else \
-                    ulysses_attention(*leaves, group, True, layout=lay)
+                attend = ring_attention if method == "ring" else ulysses_attention
+                o = attend(*leaves, group=group, layout=lay, causal=True, block_size=block_size)
                 forward = _sent(counter)
                 counter.reset()
                 o.backward(lay.shard(grad, 2, r))
@@ -287,7 +287,7 @@ def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     shards = [layout.shard(t, 2, rank).contiguous() for t in (q, k, v)]
     theirs, *_ = _templated_ring_attention(mesh.get_group(), 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
                                            *shards, is_causal=True)
-    ours = ring_attention(*shards, layout, mesh.get_group(), True, block_size)
+    ours = ring_attention(*shards, group=mesh.get_group(), layout=layout, causal=True, block_size=block_size)
     return {"public": public, "max |ours - torch's ring kernel|": float((ours - theirs).abs().max())}
 
 

@@ -66,8 +66,9 @@ class ContextParallelAttention:
         if self.method == "ring":
             stats: dict = {}
             self.stats.append(stats)
-            return ring_attention(q, k, v, self.layout, self.group, True, self.block_size, scale, stats)
-        return ulysses_attention(q, k, v, self.group, True, scale, self.layout)
+            return ring_attention(q, k, v, group=self.group, layout=self.layout, causal=True, scale=scale,
+                                  block_size=self.block_size, stats=stats)
+        return ulysses_attention(q, k, v, group=self.group, layout=self.layout, causal=True, scale=scale)
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, context_parallel=None, **kwargs):

@@ -116,6 +116,20 @@ class SequenceLayout:
         return torch.cat([pieces[i] for i in range(self.n_chunks)], dim=dim)
 
 
+def check_layout(layout: SequenceLayout, cp: int, q: torch.Tensor, k: torch.Tensor) -> None:
+    """Raise ``ValueError`` (naming what to change) unless ``layout`` is a :class:`SequenceLayout` for a cp
+    group of ``cp`` ranks whose shards are as long as this rank's queries ``q`` and keys ``k``
+    (batch, heads, local_len, head_dim)."""
+    if not isinstance(layout, SequenceLayout):
+        raise ValueError(f"layout must be a SequenceLayout (or None: contiguous), not {type(layout).__name__}")
+    if layout.cp != cp:
+        raise ValueError(f"the layout is for cp = {layout.cp} ranks, the group has {cp}; build it as "
+                         f"SequenceLayout({layout.kind!r}, {cp}, seq_len)")
+    if q.size(-2) != layout.local_len or k.size(-2) != layout.local_len:
+        raise ValueError(f"each rank holds {layout.local_len} of the {layout.seq_len} positions, but q has "
+                         f"{q.size(-2)} and k {k.size(-2)}")
+
+
 def causal_pairs(layout: SequenceLayout, cp_rank: int) -> int:
     """(query, key) pairs rank ``cp_rank`` computes in causal ring attention: for each of its
     queries, the keys at or before it, wherever they are held. The work of the rank in units of

@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from context_parallel.blockwise_attention import _check, attend_blocks, attend_blocks_backward
-from context_parallel.layouts import SequenceLayout
+from context_parallel.blockwise_attention import DEFAULT_BLOCK_SIZE, _check, attend_blocks, attend_blocks_backward
+from context_parallel.layouts import SequenceLayout, check_layout
 from context_parallel.online_softmax import SoftmaxState, finish
 from course.collectives import P2P, global_rank, group_rank, group_size, start_exchange
 
@@ -161,20 +161,26 @@ class RingAttention(torch.autograd.Function):
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None)
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SequenceLayout, group=None,
-                   causal: bool = True, block_size: int = 128, scale: float | None = None,
-                   stats: dict | None = None) -> torch.Tensor:
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                   layout: SequenceLayout | None = None, causal: bool, scale: float | None = None,
+                   block_size: int = DEFAULT_BLOCK_SIZE, stats: dict | None = None) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence's keys, the keys travelling the ring
     (Liu et al. 2023, Ring Attention, Alg. 1).
 
+    The arguments after ``q, k, v`` are keywords, in the order and with the defaults every attention
+    function of this package has (docs/architecture.md, "The parallel functions' API").
+
     Args:
         q, k, v: (batch, heads, local_len, head_dim): this rank's shard of the queries, keys and
-            values, holding the positions ``layout.positions(rank in group)``.
-        layout: the :class:`context_parallel.layouts.SequenceLayout` of the shards (cp = size of ``group``).
-        group: the context-parallel group (the ``cp`` group of the run's mesh; None: the world).
-        causal: query t sees keys 0..t (by global position).
-        block_size: rows and columns of a tile of scores inside a step.
+            values, holding the positions ``layout.positions(rank in group)``. The values are as wide
+            as the queries (one message carries keys and values together).
+        group: the context-parallel group (the ``cp`` group of the run's mesh); None: the world.
+        layout: the :class:`context_parallel.layouts.SequenceLayout` of the shards; None: the
+            contiguous layout (rank r holds positions ``[r * local_len, (r+1) * local_len)``).
+        causal: required keyword (SDPA's ``is_causal`` defaults to False; no default here, so no
+            call changes meaning silently): query t sees keys 0..t (by global position).
         scale: factor of the scores (default ``head_dim ** -0.5``).
+        block_size: rows and columns of a tile of scores inside a step.
         stats: optional dict that receives, per pass (``forward``, ``backward``), the list of steps
             (block's home rank ``src``, ``tiles`` computed, ``compute`` and ``wait`` spans in
             seconds of ``time.time()``, ``cpu_seconds`` of the computation) and their totals
@@ -186,15 +192,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Se
         by ``layout``. Gradients flow to this rank's ``q``, ``k``, ``v``.
 
     Raises:
-        ValueError: shapes that do not fit, or a layout for another cp size or sequence length.
+        ValueError: shapes that do not fit, values of another width than the queries', or a layout
+            for another cp size or shard length.
     """
     _check(q, k, v, block_size)
+    if v.size(-1) != q.size(-1):
+        raise ValueError(f"ring attention sends keys and values as one message, so v must be as wide as q and k "
+                         f"(head_dim {q.size(-1)}), not {v.size(-1)}; use ulysses_attention or blockwise_attention "
+                         f"for a different value width")
     p = group_size(group)
-    if layout.cp != p:
-        raise ValueError(f"the layout is for cp = {layout.cp} ranks, the group has {p}")
-    if q.size(-2) != layout.local_len or k.size(-2) != layout.local_len:
-        raise ValueError(f"each rank holds {layout.local_len} of the {layout.seq_len} positions, but q has "
-                         f"{q.size(-2)} and k {k.size(-2)}")
+    layout = SequenceLayout("contiguous", p, q.size(-2) * p) if layout is None else layout
+    check_layout(layout, p, q, k)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     return RingAttention.apply(q, k, v, layout, group, causal, block_size, scale, stats)
 

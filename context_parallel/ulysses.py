@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from context_parallel.layouts import SequenceLayout
+from context_parallel.blockwise_attention import DEFAULT_BLOCK_SIZE
+from context_parallel.layouts import SequenceLayout, check_layout
 from context_parallel.rules import check_heads
 from course.collectives import all_to_all_single, group_size
 
@@ -89,28 +90,44 @@ class HeadsToSequence(torch.autograd.Function):
         # END ASSIGN5_7_3
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None, causal: bool = True,
-                      scale: float | None = None, layout: SequenceLayout | None = None) -> torch.Tensor:
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
+                      layout: SequenceLayout | None = None, causal: bool, scale: float | None = None,
+                      block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """DeepSpeed-Ulysses attention (Jacobs et al. 2023, Sec. 3.1) over the ranks of ``group``.
 
+    The arguments after ``q, k, v`` are keywords, in the order and with the defaults every attention
+    function of this package has (docs/architecture.md, "The parallel functions' API").
+
     Args:
-        q, k, v: (batch, heads, seq/p, head_dim): this rank's shard of the sequence, every head.
-        group: the context-parallel group (the ``cp`` group of the run's mesh; None: the world).
-        causal: query t sees keys 0..t (by global position).
+        q, k, v: (batch, heads, seq/p, head_dim): this rank's shard of the sequence, every head
+            (``v``'s last dimension may differ from ``head_dim``, as in SDPA).
+        group: the context-parallel group (the ``cp`` group of the run's mesh); None: the world.
+        layout: the shards' :class:`context_parallel.layouts.SequenceLayout`; None: the contiguous
+            layout. A causal mask is built from it: zig-zag shards need ``layout=`` (the shards'
+            values cannot tell which positions they hold).
+        causal: required keyword (SDPA's ``is_causal`` defaults to False; no default here, so no
+            call changes meaning silently): query t sees keys 0..t (by global position).
         scale: factor of the scores (default ``head_dim ** -0.5``).
-        layout: the shards' :class:`context_parallel.layouts.SequenceLayout` (None: contiguous).
+        block_size: accepted for the common signature and unused: the local attention is PyTorch's
+            ``scaled_dot_product_attention``, which picks its own tiles.
 
     Returns:
-        (batch, heads, seq/p, head_dim): this rank's rows of the attention output.
+        (batch, heads, seq/p, v_dim): this rank's rows of the attention output.
 
     Raises:
-        ValueError: ``heads`` not divisible by the group size (:func:`check_heads`).
+        ValueError: ``heads`` not divisible by the group size (:func:`check_heads`); a layout for
+            another cp size or shard length.
     """
     p = group_size(group)
     check_heads(q.size(HEAD_DIM), p)
+    if isinstance(layout, SequenceLayout):
+        check_layout(layout, p, q, k)
     mask = None
     if causal and layout is not None and layout.kind != "contiguous":
         positions = torch.cat([layout.positions(j) for j in range(p)])  # the gathered order
+        if positions.numel() != p * q.size(SEQ_DIM):
+            raise ValueError(f"the layout gives {positions.numel()} positions to the {p} ranks, but each rank holds "
+                             f"{q.size(SEQ_DIM)}; build the layout for cp = {p} and this sequence length")
         mask = (positions[None, :] <= positions[:, None]).to(q.device)
     is_causal = causal and mask is None
     # BEGIN ASSIGN5_7_3

@@ -25,7 +25,7 @@ from moe.config import MoEConfig
 if torch_installed():  # without torch (modal run on a laptop) only the configuration above loads
     from moe.gpt2 import DenseGPT2, MoEGPT2, moe_block_indices, parameter_counts
     from moe.gradients import sync_moe_gradients
-    from moe.layer import MoELayer
+    from moe.layer import MoELayer, MoEOutput
 
-__all__ = ["MoEConfig", "MoELayer", "MoEGPT2", "DenseGPT2", "moe_block_indices", "parameter_counts",
+__all__ = ["MoEConfig", "MoELayer", "MoEOutput", "MoEGPT2", "DenseGPT2", "moe_block_indices", "parameter_counts",
            "sync_moe_gradients"]

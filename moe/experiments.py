@@ -80,7 +80,7 @@ def routing_by_hand(num_tokens: int = 6, num_experts: int = 4, top_k: int = 2, c
         routing = layer.router(x)
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor)
         kept = capacity_mask(routing.experts, num_experts, capacity)
-        out = layer(x)
+        out = layer(x).output
         by_hand = torch.zeros_like(x)
         for t in range(num_tokens):
             for c in range(top_k):
@@ -125,7 +125,7 @@ def all_to_all_worker(rank: int, world_size: int, num_experts: int = 8, top_k: i
     # the router's own top-k choices, read before (and apart from) the layer's dispatch code
     hook = layer.router.register_forward_hook(lambda m, a, out: chosen.append(out.experts.detach().cpu()))
     with CommCounter() as counter:
-        out = layer(x)
+        out = layer(x).output
         records += [(r.kind, "forward", r.bytes, r.traffic_bytes, r.shape) for r in counter.records]
         counter.reset()
         out.square().mean().backward()

@@ -46,7 +46,7 @@ class MoEMLP(nn.Module):
         self.token_mask: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.moe(hidden_states, self.token_mask))
+        return self.dropout(self.moe(hidden_states, self.token_mask).output)
 
 
 class MoEGPT2(nn.Module):
@@ -55,7 +55,8 @@ class MoEGPT2(nn.Module):
     Args:
         hf_model: a ``GPT2LMHeadModel`` (:func:`course.model.build_gpt2`); modified in place.
         config: the MoE layers' :class:`moe.config.MoEConfig`.
-        group: the expert-parallel group (None: every expert on this rank).
+        group: the expert-parallel group (the run's ``mesh.ep_group``); None: the world (one process:
+            every expert on this rank).
         seed: the experts and routers are drawn from generators seeded with ``seed`` and the block
             index: the same on every rank and for every ep.
         every: one MoE block in ``every`` blocks.
@@ -75,7 +76,7 @@ class MoEGPT2(nn.Module):
         if not self.blocks:
             raise ValueError(f"a GPT-2 of {c.n_layer} blocks with one MoE block in every {every} has no MoE block; "
                              f"use a preset with at least {every} blocks")
-        ep = group_size(group) if group is not None else 1
+        ep = group_size(group)
         config.check(ep)
         self.model, self.config, self.group, self.ep = hf_model, config, group, ep
         rank = group_rank(group) if ep > 1 else 0
@@ -122,6 +123,7 @@ class MoEGPT2(nn.Module):
         memo.update({id(t): None for layer in self.moe_layers for t in (layer.aux_loss, layer.z_loss)})
         full = copy.deepcopy(self, memo=memo)
         full.group, full.ep = None, 1
+        # ep = 1: every expert is here and the layers never communicate, so their group is never read
         for layer, mine in zip(full.moe_layers, self.moe_layers):
             layer.experts, layer.group, layer.ep = mine.experts.gather(self.group), None, 1
         return full

@@ -1,6 +1,7 @@
 """A mixture-of-experts layer: router, capacity, permutation, experts, gate-weighted combine.
 
-``MoELayer(hidden_size, config, experts, group=None)`` maps tokens (..., h) to (..., h):
+``MoELayer(hidden_size, config, experts, group=None)`` maps tokens (..., h) to (..., h) and returns
+them with the routing's losses and statistics (:class:`MoEOutput`):
 
 1. the router scores the E experts and picks k per token (:mod:`moe.router`);
 2. the capacity drops the choices that do not fit (:mod:`moe.capacity`);
@@ -9,16 +10,20 @@
    them (:mod:`moe.expert_parallel`);
 5. each token's output is the gate-weighted sum of its experts' outputs.
 
-It also records the two router losses of the last forward pass (:mod:`moe.losses`;
-:meth:`MoELayer.router_loss` weights them), and what the router did (``stats``: tokens per
-expert before dropping, choices dropped), for the training mode and the notebook. With Mixtral's
-settings (``top_k=2``, normalised gates, dropless) and :class:`moe.experts.GatedExperts` it is
-``transformers``' ``MixtralSparseMoeBlock`` (tests/moe).
+``forward`` returns a :class:`MoEOutput`: the output with the two router losses of this call
+(:mod:`moe.losses`; ``router_loss`` weights them) and what the router did (``stats``: tokens per
+expert before dropping, choices dropped), as ``transformers``' MoE blocks return their router
+logits with their output. The layer also keeps the last call's ``aux_loss``, ``z_loss`` and
+``stats`` as attributes (:meth:`MoELayer.router_loss`), which a model of several layers sums
+(:class:`moe.gpt2.MoEGPT2`). With Mixtral's settings (``top_k=2``, normalised gates, dropless) and
+:class:`moe.experts.GatedExperts` its output is ``transformers``' ``MixtralSparseMoeBlock``'s (tests/moe).
 
 Sources: Shazeer et al. 2017 (Sec. 2); Lepikhin et al. 2020 (GShard); Fedus et al. 2021
 (Switch Transformer); Jiang et al. 2024 (Mixtral, Sec. 2.1).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -33,6 +38,25 @@ from moe.permutation import permute, unpermute
 from moe.router import TopKRouter
 
 
+class MoEOutput(NamedTuple):
+    """What :meth:`MoELayer.forward` returns.
+
+    Attributes:
+        output: (..., h), the tokens' outputs (zero where ``token_mask`` is False).
+        aux_loss: () the load-balancing loss of this call (:func:`moe.losses.load_balancing_loss`).
+        z_loss: () the router z-loss of this call (:func:`moe.losses.router_z_loss`).
+        router_loss: () ``aux_loss_coef * aux_loss + z_loss_coef * z_loss``: add it to the training loss.
+        stats: ``tokens`` routed (int), choices ``dropped`` (() int64), ``per_expert`` (E,) int64 choices
+            per expert before dropping.
+    """
+
+    output: torch.Tensor
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    router_loss: torch.Tensor
+    stats: dict
+
+
 class MoELayer(nn.Module):
     """A mixture-of-experts layer (see the module docstring).
 
@@ -41,12 +65,15 @@ class MoELayer(nn.Module):
         config: :class:`moe.config.MoEConfig`.
         experts: this rank's experts: all E of them, or with an ep group of ep ranks the
             ``E / ep`` of its ep rank (:meth:`moe.experts.GroupedExperts.shard`).
-        group: the expert-parallel group (None or a group of one rank: every expert is here).
+        group: the expert-parallel group (the run's ``mesh.ep_group``); None: the world, as everywhere in
+            the course (docs/architecture.md, "The parallel functions' API"). Without expert
+            parallelism in a run of several ranks, pass a group of one rank (``mesh.ep_group`` when
+            ep = 1); in one process None is that group.
         generator: draws the router's initial weight (None: the global generator).
 
-    Shapes: ``forward(x, token_mask=None)``: x (..., h) -> (..., h); ``token_mask`` (...) bool
-    marks the tokens to route (padding left out: it gets a zero output, takes no room in the
-    experts' buffers and does not count in the losses).
+    Shapes: ``forward(x, token_mask=None)``: x (..., h) -> :class:`MoEOutput` whose ``output`` is
+    (..., h); ``token_mask`` (...) bool marks the tokens to route (padding left out: it gets a zero
+    output, takes no room in the experts' buffers and does not count in the losses).
 
     Raises:
         ValueError: ``config.num_experts`` not divisible by the ep group's size, or ``experts``
@@ -56,24 +83,30 @@ class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, config: MoEConfig, experts: GroupedExperts, group=None,
                  generator: torch.Generator | None = None):
         super().__init__()
-        ep = group_size(group) if group is not None else 1
+        ep = group_size(group)
         config.check(ep)
         if experts.num_experts * ep != config.num_experts:
+            which = "the world (group=None)" if group is None else "the ep group"
             raise ValueError(f"this rank holds {experts.num_experts} experts, but {config.num_experts} experts over "
-                             f"{ep} ranks means {config.num_experts // ep} each")
+                             f"the {ep} ranks of {which} means {config.num_experts // ep} each; pass the experts "
+                             f"of this ep rank (experts.shard(ep_rank, ep)) and the ep group they are shared in "
+                             f"(a group of this rank alone, e.g. mesh.ep_group with ep = 1, for no expert "
+                             f"parallelism)")
         self.config, self.group, self.ep = config, group, ep
         self.router = TopKRouter(hidden_size, config.num_experts, config.top_k, config.normalize_gates, generator)
         self.experts = experts
         self.aux_loss = self.z_loss = None
         self.stats: dict = {}
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> MoEOutput:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if token_mask is None:
-            return self._moe(x).view(shape)
-        index = token_mask.reshape(-1).nonzero().squeeze(1)
-        return x.new_zeros(x.shape).index_copy(0, index, self._moe(x[index])).view(shape)
+            out = self._moe(x).view(shape)
+        else:
+            index = token_mask.reshape(-1).nonzero().squeeze(1)
+            out = x.new_zeros(x.shape).index_copy(0, index, self._moe(x[index])).view(shape)
+        return MoEOutput(out, self.aux_loss, self.z_loss, self.router_loss(), self.stats)
 
     def _moe(self, x: torch.Tensor) -> torch.Tensor:
         """The layer on (T, h) tokens that are all routed."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course.renames import renamed_keywords
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
@@ -56,9 +57,10 @@ def gpt2_stage(model, stage: int, n_stages: int,
 
 
 
-def gpt2_chunks(model, stage: int, n_stages: int, n_chunks: int,
+@renamed_keywords(n_chunks="virtual_stages")
+def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
                 balance: list[int] | None = None) -> tuple[list[nn.Sequential], nn.Parameter | None]:
-    """The ``n_chunks`` model chunks of rank ``stage`` for interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2).
+    """The ``virtual_stages`` model chunks of rank ``stage`` for interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2).
 
     The chain :func:`pipeline.gpt2.gpt2_layers` is cut into ``v * p`` contiguous virtual
     stages (``balance``: layers per virtual stage, default :func:`pipeline.gpt2.gpt2_balance`);
@@ -72,13 +74,13 @@ def gpt2_chunks(model, stage: int, n_stages: int, n_chunks: int,
         tied weight (vocab, n_embd) or None.
 
     Raises:
-        ValueError: ``n_chunks`` < 1; more virtual stages than transformer blocks; a
+        ValueError: ``virtual_stages`` < 1; more virtual stages than transformer blocks; a
             ``balance`` that does not have ``v * p`` positive entries summing to the layers.
     """
-    if n_chunks < 1:
-        raise ValueError(f"need at least one chunk per rank, got {n_chunks}")
+    if virtual_stages < 1:
+        raise ValueError(f"need at least one chunk per rank, got {virtual_stages}")
     layers = list(gpt2_layers(model))
-    n_virtual = n_chunks * n_stages
+    n_virtual = virtual_stages * n_stages
     if balance is None:
         balance = gpt2_balance(model.config.n_layer, n_virtual)
     if len(balance) != n_virtual or sum(balance) != len(layers) or min(balance) < 1:
@@ -86,7 +88,7 @@ def gpt2_chunks(model, stage: int, n_stages: int, n_chunks: int,
                          f"{len(layers)} layers in all")
     starts = [sum(balance[:k]) for k in range(n_virtual)]
     chunks = [nn.Sequential(*layers[starts[v]:starts[v] + balance[v]])
-              for v in (c * n_stages + stage for c in range(n_chunks))]
+              for v in (c * n_stages + stage for c in range(virtual_stages))]
     tied = None
     head = layers[-1]
     if n_stages > 1 and isinstance(head, GPT2Head) and head.weight is None:

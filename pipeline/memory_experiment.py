@@ -6,14 +6,17 @@ bytes of the tensors autograd saves for the backward pass while micro-batches ar
 """
 from __future__ import annotations
 
+from course.renames import renamed_keywords
+
 
 SCHEDULE_NAMES = ("gpipe", "1f1b")
 
 
-def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int, preset: str, n_micro: int) -> dict:
+def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int, preset: str,
+                       micro_batches: int) -> dict:
     """A worker for :func:`course.launch.launch`: ``{schedule: {peak_activation_bytes, peak_in_flight, events}}``.
 
-    ``batch`` holds ``input_ids`` and ``labels`` (batch, seq); it is cut into ``n_micro``
+    ``batch`` holds ``input_ids`` and ``labels`` (batch, seq); it is cut into ``micro_batches``
     micro-batches. Dropout is 0.
     """
     from pipeline.gpt2_stages import gpt2_stage
@@ -32,7 +35,7 @@ def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int,
     n_target = max(1, count_target_tokens(batch["labels"]))
     runner = StageRunner(stage, device, group=mesh.pp_group,
                          loss_fn=lambda logits, labels: lm_loss(logits, labels, reduction="sum") / n_target)
-    size = -(-batch["input_ids"].shape[0] // n_micro)
+    size = -(-batch["input_ids"].shape[0] // micro_batches)
     inputs = list(batch["input_ids"].split(size)) if mesh.is_first_stage else None
     targets = [t.to(device) for t in batch["labels"].split(size)] if mesh.is_last_stage else None
     out = {}
@@ -45,13 +48,14 @@ def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int,
     return out
 
 
-def measure_gpt2_memory(batch: dict, vocab_size: int, n_stages: int = 2, n_micro: int = 8, preset: str = "tiny",
+@renamed_keywords(n_micro="micro_batches")
+def measure_gpt2_memory(batch: dict, vocab_size: int, n_stages: int = 2, micro_batches: int = 8, preset: str = "tiny",
                         timeout: float = 300.0) -> list[dict]:
     """Launch ``n_stages`` processes; rows ``{schedule, stage, peak_activation_bytes, peak_in_flight}``."""
     from course.launch import launch
 
     batch = {k: batch[k] for k in ("input_ids", "labels")}
-    per_rank = launch(gpt2_memory_worker, n_stages, batch, vocab_size, preset, n_micro, device="cpu",
+    per_rank = launch(gpt2_memory_worker, n_stages, batch, vocab_size, preset, micro_batches, device="cpu",
                       timeout=timeout)
     return [{"schedule": s, "stage": r, "peak_activation_bytes": per_rank[r][s]["peak_activation_bytes"],
              "peak_in_flight": per_rank[r][s]["peak_in_flight"]}

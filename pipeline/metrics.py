@@ -17,16 +17,19 @@ unit time slots for the idealised ones of :func:`simulate`).
 """
 from __future__ import annotations
 
+from course.renames import renamed_keywords
 
-def bubble_fraction(n_stages: int, n_micro: int) -> float:
+
+@renamed_keywords(n_micro="micro_batches")
+def bubble_fraction(n_stages: int, micro_batches: int) -> float:
     """Ideal bubble fraction of GPipe and 1F1B: ``(p - 1) / (m + p - 1)`` (equal stage costs).
 
     Raises:
-        ValueError: ``n_stages`` or ``n_micro`` < 1.
+        ValueError: ``n_stages`` or ``micro_batches`` < 1.
     """
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"need p >= 1 and m >= 1, got p={n_stages}, m={n_micro}")
-    return (n_stages - 1) / (n_micro + n_stages - 1)
+    if n_stages < 1 or micro_batches < 1:
+        raise ValueError(f"need p >= 1 and m >= 1, got p={n_stages}, m={micro_batches}")
+    return (n_stages - 1) / (micro_batches + n_stages - 1)
 
 
 def peak_in_flight(actions: list[tuple[str, int]]) -> int:

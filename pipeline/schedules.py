@@ -31,29 +31,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from course.renames import renamed_keywords
+
 Action = tuple  # (kind, micro-batch) or (kind, micro-batch, chunk); kind "F", "B" or "W"
 
 
-def _check(rank: int, n_stages: int, n_micro: int) -> None:
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(f"need at least one stage and one micro-batch, got p={n_stages}, m={n_micro}")
+def _check(rank: int, n_stages: int, micro_batches: int) -> None:
+    if n_stages < 1 or micro_batches < 1:
+        raise ValueError(f"need at least one stage and one micro-batch, got p={n_stages}, m={micro_batches}")
     if not 0 <= rank < n_stages:
         raise ValueError(f"rank {rank} is not a stage of a {n_stages}-stage pipeline")
 
 
-def gpipe_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
+@renamed_keywords(n_micro="micro_batches")
+def gpipe_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """GPipe's actions on ``rank``: ``F0 .. F{m-1}`` then ``B0 .. B{m-1}``.
 
     Raises:
-        ValueError: ``n_stages`` or ``n_micro`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
+        ValueError: ``n_stages`` or ``micro_batches`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
     """
-    _check(rank, n_stages, n_micro)
+    _check(rank, n_stages, micro_batches)
     # BEGIN ASSIGN5_2_4
-    return [("F", i) for i in range(n_micro)] + [("B", i) for i in range(n_micro)]
+    return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
     # END ASSIGN5_2_4
 
 
-def one_f_one_b_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
+@renamed_keywords(n_micro="micro_batches")
+def one_f_one_b_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """1F1B's actions on ``rank``: warm-up forwards, steady one-forward-one-backward, cool-down backwards.
 
     Warm-up: ``min(p - rank - 1, m)`` forwards. Steady state: ``F(k), B(j)`` pairs until
@@ -61,22 +65,23 @@ def one_f_one_b_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
     rank 1: ``F0 F1 | F2 B0 F3 B1 F4 B2 F5 B3 | B4 B5``.
 
     Raises:
-        ValueError: ``n_stages`` or ``n_micro`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
+        ValueError: ``n_stages`` or ``micro_batches`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
     """
-    _check(rank, n_stages, n_micro)
+    _check(rank, n_stages, micro_batches)
     # BEGIN ASSIGN5_2_4
-    warmup = min(n_stages - rank - 1, n_micro)
+    warmup = min(n_stages - rank - 1, micro_batches)
     actions = [("F", i) for i in range(warmup)]
     next_backward = 0
-    for i in range(warmup, n_micro):
+    for i in range(warmup, micro_batches):
         actions += [("F", i), ("B", next_backward)]
         next_backward += 1
-    actions += [("B", i) for i in range(next_backward, n_micro)]
+    actions += [("B", i) for i in range(next_backward, micro_batches)]
     return actions
     # END ASSIGN5_2_4
 
 
-def micro_batches_per_round(n_stages: int, n_micro: int) -> int:
+@renamed_keywords(n_micro="micro_batches")
+def micro_batches_per_round(n_stages: int, micro_batches: int) -> int:
     """Micro-batches per round of the interleaved schedule: ``p`` if ``m >= p``, else ``m``.
 
     Megatron-LM needs ``m`` divisible by ``p``; like torch's ``ScheduleInterleaved1F1B``
@@ -86,22 +91,24 @@ def micro_batches_per_round(n_stages: int, n_micro: int) -> int:
     Raises:
         ValueError: ``m`` not a multiple of ``max(1, m // p)`` (e.g. p = 4, m = 9): use a multiple of p.
     """
-    rounds = max(1, n_micro // n_stages)
-    if n_micro % rounds:
-        raise ValueError(f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of the "
-                         f"number of rounds max(1, m // p) = {rounds}; use a --micro_batches that is a multiple of "
+    rounds = max(1, micro_batches // n_stages)
+    if micro_batches % rounds:
+        raise ValueError(f"interleaved 1F1B needs the number of micro-batches ({micro_batches}) to be a multiple of "
+                         f"the number of rounds max(1, m // p) = {rounds}; use a --micro_batches that is a multiple of "
                          f"the number of stages ({n_stages}) or smaller than it")
-    return n_micro // rounds
+    return micro_batches // rounds
 
 
-def interleaved_warmup(rank: int, n_stages: int, n_micro: int, n_chunks: int) -> int:
+@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
+def interleaved_warmup(rank: int, n_stages: int, micro_batches: int, virtual_stages: int) -> int:
     """Warm-up forwards of interleaved 1F1B on ``rank``: ``(v - 1) * q + 2 * (p - rank - 1)``, at most ``v * m``,
     with ``q`` = :func:`micro_batches_per_round` (``q = p`` when ``p`` divides ``m``)."""
-    q = micro_batches_per_round(n_stages, n_micro)
-    return min((n_chunks - 1) * q + 2 * (n_stages - rank - 1), n_chunks * n_micro)
+    q = micro_batches_per_round(n_stages, micro_batches)
+    return min((virtual_stages - 1) * q + 2 * (n_stages - rank - 1), virtual_stages * micro_batches)
 
 
-def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: int) -> list[Action]:
+@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
+def interleaved_1f1b_actions(rank: int, n_stages: int, micro_batches: int, virtual_stages: int) -> list[Action]:
     """Interleaved 1F1B's actions on ``rank``: ``(kind, micro-batch, chunk)`` with kind ``"F"`` or ``"B"``.
 
     Megatron-LM's order (Narayanan et al. 2021, Sec. 2.2.2; torch's ``ScheduleInterleaved1F1B``):
@@ -116,24 +123,24 @@ def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: i
     E.g. p = 2, m = 2, v = 2, rank 0: F(0,c0) F(1,c0) F(0,c1) F(1,c1) | B(0,c1) B(1,c1) B(0,c0) B(1,c0).
 
     Args:
-        n_chunks: ``v``, the model chunks per rank (virtual stages per rank), >= 1.
+        virtual_stages: ``v``, the model chunks per rank (virtual stages per rank), >= 1.
 
     Raises:
-        ValueError: ``n_chunks`` < 1 (and see :func:`micro_batches_per_round`, :func:`gpipe_actions`).
+        ValueError: ``virtual_stages`` < 1 (and see :func:`micro_batches_per_round`, :func:`gpipe_actions`).
     """
-    _check(rank, n_stages, n_micro)
-    if n_chunks < 1:
-        raise ValueError(f"need at least one chunk per rank, got v={n_chunks}")
+    _check(rank, n_stages, micro_batches)
+    if virtual_stages < 1:
+        raise ValueError(f"need at least one chunk per rank, got v={virtual_stages}")
     # BEGIN ASSIGN5_2_5
-    q = micro_batches_per_round(n_stages, n_micro)
-    total = n_chunks * n_micro
-    warmup = interleaved_warmup(rank, n_stages, n_micro, n_chunks)
-    next_mb = {"F": [0] * n_chunks, "B": [0] * n_chunks}
+    q = micro_batches_per_round(n_stages, micro_batches)
+    total = virtual_stages * micro_batches
+    warmup = interleaved_warmup(rank, n_stages, micro_batches, virtual_stages)
+    next_mb = {"F": [0] * virtual_stages, "B": [0] * virtual_stages}
 
     def action(kind: str, k: int) -> Action:
-        chunk = (k // q) % n_chunks
+        chunk = (k // q) % virtual_stages
         if kind == "B":
-            chunk = n_chunks - 1 - chunk
+            chunk = virtual_stages - 1 - chunk
         i = next_mb[kind][chunk]
         next_mb[kind][chunk] += 1
         return (kind, i, chunk)
@@ -146,7 +153,8 @@ def interleaved_1f1b_actions(rank: int, n_stages: int, n_micro: int, n_chunks: i
     # END ASSIGN5_2_5
 
 
-def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
+@renamed_keywords(n_micro="micro_batches")
+def zb_h1_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """ZB-H1's actions on ``rank`` (Qi et al. 2024, Sec. 2.1, Fig. 3; torch's ``ScheduleInterleavedZeroBubble``, v = 1).
 
     ``("F", i)`` forward, ``("B", i)`` gradient with respect to the stage's input only,
@@ -158,11 +166,11 @@ def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
     rank 1 ``F0 B0 F1 B1 W0 F2 B2 W1 W2``.
 
     Raises:
-        ValueError: ``n_stages`` or ``n_micro`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
+        ValueError: ``n_stages`` or ``micro_batches`` < 1, or ``rank`` outside ``0 .. n_stages - 1``.
     """
-    _check(rank, n_stages, n_micro)
+    _check(rank, n_stages, micro_batches)
     # BEGIN ASSIGN5_2_6
-    warmup = min(n_stages - rank - 1, n_micro)
+    warmup = min(n_stages - rank - 1, micro_batches)
     actions = [("F", i) for i in range(warmup)]
     next_w = 0
 
@@ -174,11 +182,11 @@ def zb_h1_actions(rank: int, n_stages: int, n_micro: int) -> list[Action]:
             next_w += 1
         return out
 
-    for k in range(n_micro - warmup):
+    for k in range(micro_batches - warmup):
         actions += [("F", warmup + k)] + backward(k)
-    for k in range(n_micro - warmup, n_micro):
+    for k in range(micro_batches - warmup, micro_batches):
         actions += backward(k)
-    actions += [("W", i) for i in range(next_w, n_micro)]
+    actions += [("W", i) for i in range(next_w, micro_batches)]
     return actions
     # END ASSIGN5_2_6
 
@@ -208,12 +216,13 @@ class Schedule:
     chunks: bool
     source: str
 
-    def bubble(self, n_stages: int, n_micro: int, n_chunks: int = 1) -> float:
+    @renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
+    def bubble(self, n_stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
         """The theoretical bubble fraction ``(p - 1) / (w m + p - 1)``, ``w`` = :attr:`work_per_micro`,
         with every stage and every action equally long (:func:`pipeline.metrics.bubble_fraction`)."""
         from pipeline.metrics import bubble_fraction
 
-        return bubble_fraction(n_stages, self.work_per_micro(n_chunks) * n_micro)
+        return bubble_fraction(n_stages, self.work_per_micro(virtual_stages) * micro_batches)
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
@@ -239,23 +248,26 @@ def get_schedule(name: str) -> Schedule:
     return SCHEDULES[name]
 
 
-def schedule_actions(schedule: str, rank: int, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[Action]:
+@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
+def schedule_actions(schedule: str, rank: int, n_stages: int, micro_batches: int,
+                     virtual_stages: int = 1) -> list[Action]:
     """The action list of ``schedule`` (a name in :data:`SCHEDULES`) on ``rank``.
 
     Args:
-        n_chunks: ``v``, model chunks per rank; only a schedule with ``chunks`` takes ``v > 1``.
+        virtual_stages: ``v``, model chunks per rank; only a schedule with ``chunks`` takes ``v > 1``.
 
     Raises:
-        ValueError: unknown schedule name; ``n_chunks != 1`` for a schedule with one chunk per rank
+        ValueError: unknown schedule name; ``virtual_stages != 1`` for a schedule with one chunk per rank
             (and see :func:`gpipe_actions`, :func:`interleaved_1f1b_actions`).
     """
     entry = get_schedule(schedule)
-    if n_chunks != 1 and not entry.chunks:
-        raise ValueError(f"the {schedule} schedule runs one chunk per rank, got n_chunks={n_chunks}; "
+    if virtual_stages != 1 and not entry.chunks:
+        raise ValueError(f"the {schedule} schedule runs one chunk per rank, got virtual_stages={virtual_stages}; "
                          "use the interleaved schedule for several chunks")
-    return entry.actions(rank, n_stages, n_micro, n_chunks)
+    return entry.actions(rank, n_stages, micro_batches, virtual_stages)
 
 
-def all_actions(schedule: str, n_stages: int, n_micro: int, n_chunks: int = 1) -> list[list[Action]]:
+@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
+def all_actions(schedule: str, n_stages: int, micro_batches: int, virtual_stages: int = 1) -> list[list[Action]]:
     """The action lists of every rank ``0 .. n_stages - 1``."""
-    return [schedule_actions(schedule, r, n_stages, n_micro, n_chunks) for r in range(n_stages)]
+    return [schedule_actions(schedule, r, n_stages, micro_batches, virtual_stages) for r in range(n_stages)]

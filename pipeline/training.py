@@ -213,22 +213,24 @@ class StageTraining(PipelineMode):
 
         args, runner = self.args, self.runner
         inputs = list(batch["input_ids"].split(micro_batch_size(args)))
-        m = len(inputs)
+        micro_batches = len(inputs)
         labels = list(batch["labels"].split(micro_batch_size(args)))
-        if SCHEDULES[self.mode].chunks and m != valid_interleaved_micro(runner.n_stages, m):
+        if SCHEDULES[self.mode].chunks and micro_batches != valid_interleaved_micro(runner.n_stages, micro_batches):
             # a short last batch: fewer, unequal micro-batches that the interleaved schedule accepts
-            m = valid_interleaved_micro(runner.n_stages, m)
-            inputs, labels = list(batch["input_ids"].tensor_split(m)), list(batch["labels"].tensor_split(m))
+            micro_batches = valid_interleaved_micro(runner.n_stages, micro_batches)
+            inputs = list(batch["input_ids"].tensor_split(micro_batches))
+            labels = list(batch["labels"].tensor_split(micro_batches))
         n_target = max(1, count_target_tokens(batch["labels"]))
         targets = [(t.to(self.device), n_target) for t in labels] if runner.is_last else None
         self.optimizer.zero_grad(set_to_none=True)
-        result = runner.run(schedule_actions(self.mode, runner.stage_index, runner.n_stages, m, runner.n_chunks),
+        actions = schedule_actions(self.mode, runner.stage_index, runner.n_stages, micro_batches, runner.n_chunks)
+        result = runner.run(actions,
                             inputs if runner.is_first else None, targets)
         self.sync_tied(self.tied)
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
-        if m == args.micro_batches or not self.timeline:
+        if micro_batches == args.micro_batches or not self.timeline:
             self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b, chunk=c)
                              for (k, i, a, b), c in zip(result.events, result.event_chunks)]
         loss = sum(result.losses.values()) if runner.is_last else None
@@ -321,16 +323,17 @@ def stage_training(args, data, device, mesh) -> StageTraining:
     return training
 
 
-def valid_interleaved_micro(n_stages: int, m: int) -> int:
-    """The largest number of micro-batches ``<= m`` that interleaved 1F1B accepts (``m`` itself if valid)."""
+def valid_interleaved_micro(n_stages: int, micro_batches: int) -> int:
+    """The largest number of micro-batches ``<= micro_batches`` that interleaved 1F1B accepts
+    (``micro_batches`` itself if valid)."""
     from pipeline.schedules import micro_batches_per_round
 
-    while m > 1:
+    while micro_batches > 1:
         try:
-            micro_batches_per_round(n_stages, m)
-            return m
+            micro_batches_per_round(n_stages, micro_batches)
+            return micro_batches
         except ValueError:
-            m -= 1
+            micro_batches -= 1
     return 1
 
 

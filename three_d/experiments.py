@@ -6,7 +6,7 @@ import torch
 VOCAB, N_EMBD, N_HEAD, N_LAYER, SEQ = 64, 64, 4, 4, 32
 
 
-def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chunk: int, micro_batch: int = 2,
+def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, micro_batches: int, micro_batch: int = 2,
                     steps: int = 2) -> dict:
     """Run ``steps`` 3D steps of a tiny GPT-2 (the first is warm-up) and report the last one.
 
@@ -37,11 +37,11 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, n_chu
     ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), hf, device)
     mesh, stage, runner = ranked.mesh, ranked.stage, ranked.runner
     g = torch.Generator().manual_seed(1 + mesh.dp_rank)
-    ids = torch.randint(0, VOCAB, (micro_batch * n_chunk, SEQ), generator=g, device="cpu").to(device)
+    ids = torch.randint(0, VOCAB, (micro_batch * micro_batches, SEQ), generator=g, device="cpu").to(device)
     for _ in range(steps):  # course.trace: the step's spans on course.measure's clock
         with CommCounter() as counter, trace.recording(trace.Recorder(device)) as recorder:
             with recorder.span("3D step", "step"):
-                out = three_d_step(stage, runner, mesh, ids, ids.clone(), n_chunk, "1f1b", 1.0)
+                out = three_d_step(stage, runner, mesh, ids, ids.clone(), micro_batches, "1f1b", 1.0)
     whole, = recorder.select("step")
     start, step_s = whole.start, whole.end - whole.start
     events = out["result"].events

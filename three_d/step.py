@@ -34,6 +34,7 @@ import torch
 
 import pipeline
 from course.collectives import all_reduce, group_size
+from course.renames import renamed_keywords
 from three_d import SCHEDULES  # the schedules a 3D step runs
 
 
@@ -96,7 +97,8 @@ def clip_gradients(stage, norm: float, max_norm: float) -> None:
             p.grad.mul_(coef)
 
 
-def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Tensor, n_chunk: int,
+@renamed_keywords(n_chunk="micro_batches")
+def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int,
                  schedule: str = "1f1b", max_norm: float | None = 1.0) -> dict:
     """One 3D step's forward, backward and gradient processing (no optimizer step).
 
@@ -108,7 +110,7 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
         input_ids, labels: this dp rank's share of the global batch, (batch / dp, seq) each;
             labels -100 where not counted. The same on the tp ranks and the stages of a
             pipeline (only the first stage uses input_ids, only the last labels).
-        n_chunk: micro-batches per step (divides batch / dp).
+        micro_batches: micro-batches per step (divides batch / dp).
         schedule: a name in :data:`SCHEDULES` (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``).
         max_norm: clip the global gradient norm to this; None: no clipping (the norm is still measured).
 
@@ -117,12 +119,13 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
         "grad_norm": the global gradient norm before clipping, "result": the runner's StepResult}``.
 
     Raises:
-        ValueError: an unknown schedule; ``n_chunk`` not dividing the local batch.
+        ValueError: an unknown schedule; ``micro_batches`` not dividing the local batch.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"--schedule {schedule!r} is unknown; choose one of {sorted(SCHEDULES)}")
-    if input_ids.size(0) % n_chunk:
-        raise ValueError(f"--n_chunk {n_chunk} does not divide the per-dp-rank batch of {input_ids.size(0)} rows")
+    if input_ids.size(0) % micro_batches:
+        raise ValueError(f"--micro_batches {micro_batches} does not divide the per-dp-rank batch of "
+                         f"{input_ids.size(0)} rows")
     for p in stage.parameters():
         p.grad = None
     dp = group_size(mesh.dp_group)
@@ -130,10 +133,10 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64, device="cpu"),
                                 mesh.dp_group))
     denominator = max(n_target, 1.0) / dp
-    micro = input_ids.size(0) // n_chunk
+    micro = input_ids.size(0) // micro_batches
     inputs = list(input_ids.split(micro))
     targets = [(lab, denominator) for lab in labels.split(micro)]
-    actions = pipeline.schedule_actions(schedule, mesh.stage, mesh.dims.pp, n_chunk)
+    actions = pipeline.schedule_actions(schedule, mesh.stage, mesh.dims.pp, micro_batches)
     result = runner.run(actions, inputs if stage.is_first else None, targets if stage.is_last else None)
     sum_tied_gradients(stage, mesh.embedding_group)
     average_over_dp(stage, mesh.dp_group)

@@ -53,7 +53,8 @@ def _compare(q, k, v, grad, causal, block_size):
 
     ref, ref_grads = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal),
                                        q, k, v, grad)
-    out, grads = _forward_backward(lambda a, b, c: blockwise_attention(a, b, c, causal, block_size), q, k, v, grad)
+    out, grads = _forward_backward(lambda a, b, c: blockwise_attention(a, b, c, causal=causal, block_size=block_size),
+                                   q, k, v, grad)
     torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"output (causal={causal}, block {block_size}): {m}")
     for name, got, want in zip("qkv", grads, ref_grads):
         torch.testing.assert_close(got, want, **TOL,
@@ -79,7 +80,8 @@ def test_large_scores_stay_finite_and_exact():
     assert scores.abs().max() > 150, "the test needs scores large enough to overflow exp in float32"
     from context_parallel.blockwise_attention import blockwise_attention
 
-    out, grads = _forward_backward(lambda a, b, c: blockwise_attention(a, b, c, True, 5), q, k, v, grad)
+    out, grads = _forward_backward(lambda a, b, c: blockwise_attention(a, b, c, causal=True, block_size=5),
+                                   q, k, v, grad)
     assert torch.isfinite(out).all(), "blockwise attention overflowed: subtract the running maximum before exp"
     # Reference in float64; the gradients are ~60x larger than the others here, so is their float32 rounding.
     ref, ref_grads = _forward_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
@@ -95,7 +97,7 @@ def test_output_keeps_the_input_dtype():
     from context_parallel.blockwise_attention import blockwise_attention
 
     q, k, v, _ = _inputs((1, 2, 10, 8), seed=6)
-    out = blockwise_attention(q.double(), k.double(), v.double(), True, 4)
+    out = blockwise_attention(q.double(), k.double(), v.double(), causal=True, block_size=4)
     assert out.dtype == torch.float64
     ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
@@ -179,7 +181,7 @@ def test_causal_tiles_are_skipped(seq, block_size):
     expected = sum(1 for q0, q1 in tiles for k0, k1 in tiles if k0 <= q1 - 1)
     stats = {}
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    blockwise_attention(*leaves, True, block_size, stats=stats).backward(grad)
+    blockwise_attention(*leaves, causal=True, block_size=block_size, stats=stats).backward(grad)
     assert stats["forward_tiles"] == expected, f"forward computed {stats['forward_tiles']} tiles, expected {expected}"
     assert stats["backward_tiles"] == expected, f"backward computed {stats['backward_tiles']} tiles, expected {expected}"
 
@@ -199,7 +201,7 @@ def test_forward_keeps_order_seq_memory_for_the_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = blockwise_attention(*leaves, True, 32)
+        out = blockwise_attention(*leaves, causal=True, block_size=32)
     saved = sum(storages.values())
     assert saved <= 4 * b * h * s * d * 4 + 2 * b * h * s * 8, f"{saved} bytes saved for the backward"
     assert saved < b * h * s * s * 4 / 4, "the forward keeps O(seq^2) memory for the backward"

@@ -9,9 +9,9 @@ def test_blockwise_attention_refuses_bad_shapes_and_block_size():
 
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match="block_size"):
-        blockwise_attention(q, q, q, True, 0)
+        blockwise_attention(q, q, q, causal=True, block_size=0)
     with pytest.raises(ValueError, match="batch, heads, seq, head_dim"):
-        blockwise_attention(q[0], q[0], q[0])
+        blockwise_attention(q[0], q[0], q[0], causal=False)
 
 
 def test_layout_refuses_lengths_it_cannot_cut():
@@ -28,7 +28,48 @@ def test_ring_attention_refuses_a_layout_for_another_group():
 
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match="cp = 2 ranks, the group has 1"):
-        ring_attention(q, q, q, SequenceLayout("zigzag", 2, 16))
+        ring_attention(q, q, q, layout=SequenceLayout("zigzag", 2, 16), causal=True)
+
+
+def test_ring_attention_refuses_values_of_another_width():
+    from context_parallel import ring_attention
+
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="v must be as wide as q and k"):
+        ring_attention(q, q, torch.randn(1, 2, 8, 6), causal=True)
+
+
+def test_ulysses_attention_refuses_a_layout_for_another_group():
+    from context_parallel import SequenceLayout, ulysses_attention
+
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="cp = 2 ranks, the group has 1"):
+        ulysses_attention(q, q, q, layout=SequenceLayout("contiguous", 2, 16), causal=True)
+    with pytest.raises(ValueError, match="each rank holds 4 of the 4 positions, but q has 8"):
+        ulysses_attention(q, q, q, layout=SequenceLayout("contiguous", 1, 4), causal=True)
+
+
+def test_attention_functions_share_one_signature():
+    """docs/architecture.md, "The parallel functions' API": q, k, v, then keywords in one order with one
+    set of defaults; ``causal`` has no default (so no call changes meaning silently), and a positional
+    argument after v is refused."""
+    import inspect
+
+    from context_parallel import blockwise_attention, ring_attention, ulysses_attention
+
+    order = ["q", "k", "v", "group", "layout", "causal", "scale", "block_size"]
+    params = {}
+    for fn in (blockwise_attention, ring_attention, ulysses_attention):
+        sig = inspect.signature(fn).parameters
+        assert [n for n in sig if n in order] == [n for n in order if n in sig], fn.__name__
+        assert all(sig[n].kind is inspect.Parameter.KEYWORD_ONLY for n in sig if n not in ("q", "k", "v"))
+        assert sig["causal"].default is inspect.Parameter.empty, fn.__name__
+        for name, p in sig.items():
+            params.setdefault(name, set()).add(p.default)
+    assert all(len(defaults) == 1 for defaults in params.values()), params
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(TypeError):
+        blockwise_attention(q, q, q, True)
 
 
 def test_check_heads_names_the_choices():

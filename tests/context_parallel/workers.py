@@ -58,7 +58,7 @@ def _ring_case(group, layout_kind: str, causal: bool) -> dict:
     stats: dict = {}
     recorder = trace.Recorder()
     with trace.recording(recorder):
-        out = ring_attention(*leaves, layout, group, causal, BLOCK, stats=stats)
+        out = ring_attention(*leaves, group=group, layout=layout, causal=causal, block_size=BLOCK, stats=stats)
         forward = _records(recorder)
         recorder.clear()
         out.backward(layout.shard(grad, 2, r))
@@ -87,7 +87,7 @@ def _torch_ring_case(group) -> dict:
     assert _cp_options.enable_load_balance, "torch's ring kernel balances causal work with head-tail chunks"
     theirs, _lse, *_ = _templated_ring_attention(group, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
                                                  *shards, is_causal=True)
-    ours = ring_attention(*shards, layout, group, True, BLOCK)
+    ours = ring_attention(*shards, group=group, layout=layout, causal=True, block_size=BLOCK)
     return {"ours": ours, "theirs": theirs}
 
 
@@ -169,8 +169,8 @@ def _ulysses_case(group, layout_kind: str, causal: bool, scale: float | None = N
     leaves = [layout.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
     recorder = trace.Recorder()
     with trace.recording(recorder):
-        out = ulysses_attention(*leaves, group, causal, scale=scale,
-                                layout=None if layout_kind == "contiguous" else layout)
+        out = ulysses_attention(*leaves, group=group, layout=None if layout_kind == "contiguous" else layout,
+                                causal=causal, scale=scale)
         forward = _records(recorder)
         recorder.clear()
         out.backward(layout.shard(grad, 2, r))

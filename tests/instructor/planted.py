@@ -31,8 +31,9 @@ class Planted:
 # ---- a5_7_3: Ulysses -------------------------------------------------------------------------------------------
 
 def _ulysses_without_scale(original):
-    def ulysses_attention(q, k, v, group=None, causal=True, scale=None, layout=None):
-        return original(q, k, v, group, causal, None, layout)  # scale never reaches the local attention
+    def ulysses_attention(q, k, v, *, group=None, layout=None, causal, scale=None, block_size=64):
+        return original(q, k, v, group=group, layout=layout, causal=causal, scale=None,  # scale never reaches
+                        block_size=block_size)  # the local attention
     return ulysses_attention
 
 

@@ -15,6 +15,17 @@ from course.mesh import ParallelDims
 HIDDEN, INNER = 8, 12
 
 
+def this_rank_alone():
+    """The expert-parallel group of a layer that holds every expert: ``MoELayer``'s ``group=None`` is the
+    world, so a rank of a multi-rank worker that builds a one-process reference passes a group of itself
+    alone (None in one process, where the world is that group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    return dist.new_group([dist.get_rank()], use_local_synchronization=True)
+
+
 def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random"):
     """A single-process :class:`moe.layer.MoELayer` (GPT-2 style experts) with seeded weights.
 
@@ -32,7 +43,7 @@ def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random
         experts.c_proj_bias.copy_(torch.randn(experts.c_proj_bias.shape, generator=gen) * 0.5)
         experts.c_fc_weight.mul_(20.0)
         experts.c_proj_weight.mul_(20.0)
-    layer = MoELayer(HIDDEN, config, experts).to(dtype)
+    layer = MoELayer(HIDDEN, config, experts, this_rank_alone()).to(dtype)
     with torch.no_grad():
         w = torch.randn(config.num_experts, HIDDEN, generator=gen) * 0.5
         if router == "unused":
@@ -56,7 +67,7 @@ def upstream(rank: int, count: int, dtype=torch.float32) -> torch.Tensor:
 
 def layer_loss(layer, x, rank):
     """``sum(layer(x) * G) + router loss``: every part of the layer gets a gradient."""
-    out = layer(x)
+    out = layer(x).output
     return out, (out * upstream(rank, x.shape[0], x.dtype)).sum() + layer.router_loss()
 
 
@@ -241,7 +252,7 @@ class ToyMoENet(torch.nn.Module):
             self.moe.router.weight.copy_(full.router.weight)
 
     def forward(self, x):
-        return self.head(self.moe(torch.tanh(self.inp(x))))
+        return self.head(self.moe(torch.tanh(self.inp(x))).output)
 
     def expert_parameters(self):
         return list(self.moe.experts.parameters())
@@ -353,7 +364,7 @@ def training_worker(rank: int, world_size: int, args) -> dict:
             "state": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": mode.optimizer.grads}
     if rank != 0:
         return mine
-    one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=None)
+    one = build_moe_model(copy.copy(args), data.tokenizer.vocab_size, group=this_rank_alone())
     optimizer = RecordingSGD(one.named_parameters(), SGD_LR)
     loaders = [shard_batches(data.train, args.batch_size, r, args.dp, data.collate, args.seed, args.max_batches)[0]
                for r in range(args.dp)]

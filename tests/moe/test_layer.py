@@ -64,7 +64,7 @@ def test_layer_with_mixtral_routing_equals_the_mixtral_block(mixtral, experts, k
     x_mine = x.clone().requires_grad_(True)
     logits = []
     layer.router.register_forward_hook(lambda module, args, out: logits.append(out.logits))
-    out = layer(x_mine)
+    out = layer(x_mine).output
     (out * grad_out).sum().add(0.1 * layer.aux_loss).backward()
 
     assert out.shape == x.shape
@@ -114,7 +114,7 @@ def test_layer_keeps_only_the_choices_that_fit_and_weights_them_by_their_gates(k
     x = tokens(0, 23) - 0.6
     with torch.no_grad():
         ref, kept = naive_moe(layer, x)
-        out = layer(x)
+        out = layer(x).output
     if factor is not None and factor < 1:
         assert not kept.all(), "the case must drop choices"
     torch.testing.assert_close(out, ref, **TOL, msg="sum over kept choices of gate x expert output")
@@ -127,7 +127,7 @@ def test_router_learns_through_a_top_1_gate():
     from moe.config import MoEConfig
 
     layer = make_layer(MoEConfig(4, 1, None, normalize_gates=False, aux_loss_coef=0.0, z_loss_coef=0.0))
-    layer(tokens(0, 9)).sum().backward()
+    layer(tokens(0, 9)).output.sum().backward()
     assert layer.router.weight.grad.abs().max() > 1e-4, "the gate (a softmax probability) carries the router's gradient"
 
 
@@ -139,10 +139,23 @@ def test_padding_is_not_routed():
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[0, 6:] = False
     mask[1, 4:] = False
-    out = layer(x, mask)
+    out = layer(x, mask).output
     aux, z = layer.aux_loss.item(), layer.z_loss.item()
-    alone = layer(x[mask])
+    alone = layer(x[mask]).output
     assert torch.all(out[~mask] == 0), "padding gets a zero output"
     torch.testing.assert_close(out[mask], alone, **TOL, msg="real tokens: as if the padding were not there")
     assert aux == pytest.approx(layer.aux_loss.item(), abs=1e-6) and z == pytest.approx(layer.z_loss.item(), abs=1e-6), \
         "the losses count real tokens only"
+
+
+def test_forward_returns_the_output_with_its_losses_and_stats():
+    """``MoELayer.forward`` returns a ``MoEOutput``: the output and this call's router losses and stats,
+    as ``transformers``' MoE blocks return their router logits (the attributes keep the last call's)."""
+    from moe.config import MoEConfig
+    from moe.layer import MoEOutput
+
+    layer = make_layer(MoEConfig(4, 2, 1.0))
+    result = layer(tokens(0, 9))
+    assert isinstance(result, MoEOutput) and result.output.shape == (9, HIDDEN)
+    assert result.aux_loss is layer.aux_loss and result.z_loss is layer.z_loss and result.stats is layer.stats
+    torch.testing.assert_close(result.router_loss, layer.router_loss(), rtol=0, atol=0)  # the same two ops

@@ -59,3 +59,19 @@ def test_one_command_trains_to_a_loss_and_a_bleu(tmp_path):
         assert r["config"]["ep"] == 2 and r["config"]["capacity_factor"] == 1.25
         assert r["comm_per_step"]["ep"]["all_to_all"]["count"] > 0
     assert (tmp_path / "moe_translations_epoch0.json").is_file()
+
+
+def test_group_none_is_the_world_and_sharded_experts_name_the_group():
+    """``group=None`` means the world in every part (docs/architecture.md, "The parallel functions' API"):
+    in one process that is a group of one rank, so every expert must be here, and half of them is refused
+    with a message naming the group and what to pass."""
+    import torch
+
+    from moe.config import MoEConfig
+    from moe.experts import MLPExperts
+    from moe.layer import MoELayer
+
+    experts = MLPExperts(4, 8, 16, generator=torch.Generator().manual_seed(0))
+    assert MoELayer(8, MoEConfig(4, 2), experts).ep == 1
+    with pytest.raises(ValueError, match=r"over the 1 ranks of the world \(group=None\) means 4 each; pass the"):
+        MoELayer(8, MoEConfig(4, 2), experts.shard(0, 2))
