@@ -150,7 +150,7 @@ class DeepSeekRouter(nn.Module):
 
     Holds the selection bias as a buffer ``e_score_correction_bias`` (E,) float32 (the name
     ``transformers`` and DeepSeek's checkpoints use), and ``load`` (E,) float64, the tokens each
-    expert received in training mode since the last :meth:`update_bias` (None: none yet).
+    expert received in training mode (with a bias update speed) since the last :meth:`update_bias` (None: none yet).
 
     Shapes: ``forward(x)``: x (T, h) -> :class:`moe.router.Routing` of (T, E) and (T, k) tensors.
     """
@@ -167,7 +167,7 @@ class DeepSeekRouter(nn.Module):
         c = self.config
         routing = deepseek_route(nn.functional.linear(x, self.weight), self.e_score_correction_bias, c.top_k,
                                  c.n_group, c.topk_group, c.routed_scaling_factor, c.normalize_gates)
-        if self.training:
+        if self.training and c.router_bias_update > 0:
             counts = torch.bincount(routing.experts.reshape(-1), minlength=c.num_experts).to(torch.float64)
             self.load = counts if self.load is None else self.load + counts
         return routing
