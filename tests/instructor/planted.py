@@ -236,8 +236,8 @@ PLANTED: dict[str, Planted] = {
         "a5_8_3", "EP x DP gradients divided by dist.get_world_size() instead of the dp x cp group's size",
         ("moe.gradients:sync_moe_gradients",), _gradients_over_world_size),
     "deepseek softmax scores": Planted(
-        "a5_8_4", "a softmax over the experts instead of each expert's sigmoid", ("moe.deepseek_router:deepseek_route",),
-        _deepseek_route(softmax=True)),
+        "a5_8_4", "a softmax over the experts instead of each expert's sigmoid",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(softmax=True)),
     "deepseek bias in the gates": Planted(
         "a5_8_4", "the selection bias added to the gates too", ("moe.deepseek_router:deepseek_route",),
         _deepseek_route(bias_in_gates=True)),

@@ -61,7 +61,8 @@ def deepseek_failures(modeling) -> dict[str, str]:
              for c in graded.ROUTER_CASES}
     calls.update({f"block {a}": (lambda a=a: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, *a))
                   for a in [(1, 1, 1), (2, 4, 2)]})
-    for name in ("test_the_bias_chooses_and_the_gates_ignore_it", "test_group_limited_routing_stays_in_the_chosen_groups",
+    for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
+                 "test_group_limited_routing_stays_in_the_chosen_groups",
                  "test_bias_update_on_a_hand_worked_case", "test_shared_experts_output_is_added"):
         calls[name] = getattr(graded, name)
     failures = {}
