@@ -74,6 +74,8 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_8_2", "expert parallelism: count exchange, all-to-all dispatch and combine", MOE, 10, ("a5_8_1",)),
     Key("a5_8_3", "EP x DP on the mesh: dense and expert gradient groups; MoE GPT-2 training", MOE, 10,
         ("a5_8_1", "a5_8_2")),
+    Key("a5_8_4", "DeepSeek-style MoE: sigmoid gating, selection bias and its update, group-limited routing, "
+        "shared experts", MOE, 10, ("a5_8_1", "a5_8_2")),
 ]}
 
 MARKERS = {k.marker: k for k in KEYS.values()}

@@ -1,8 +1,11 @@
 """Assignment 5.8: mixture of experts and expert parallelism (Shazeer et al. 2017; Lepikhin et al. 2020,
-GShard; Fedus et al. 2021, Switch Transformer; Zoph et al. 2022, ST-MoE; Jiang et al. 2024, Mixtral).
+GShard; Fedus et al. 2021, Switch Transformer; Zoph et al. 2022, ST-MoE; Jiang et al. 2024, Mixtral;
+DeepSeek-AI 2024, DeepSeek-V3).
 
 * :mod:`moe.config` — :class:`MoEConfig`: experts, top-k, capacity factor, loss weights, checked early.
 * :mod:`moe.router` — top-k softmax gating (a5_8_1).
+* :mod:`moe.deepseek_router` — DeepSeek-V3's sigmoid gating, selection bias and its update, group-limited
+  routing, shared experts, sequence-wise balance loss (a5_8_4).
 * :mod:`moe.capacity` — expert capacity and token dropping (a5_8_1).
 * :mod:`moe.losses` — the load-balancing loss and the router z-loss (a5_8_1).
 * :mod:`moe.permutation` — tokens grouped by expert, and the gate-weighted combine (a5_8_1).

@@ -28,10 +28,23 @@ class MoEConfig:
             None (default): normalise when k > 1.
         aux_loss_coef: weight of the load-balancing loss (Switch Transformer, eq. 4; alpha = 0.01 there).
         z_loss_coef: weight of the router z-loss (Zoph et al. 2022, ST-MoE, eq. 5; 0.001 there).
+            The DeepSeek router has no z-loss (its scores are sigmoids, not a softmax).
+        router: ``"softmax"`` (:mod:`moe.router`) or ``"deepseek"`` (:mod:`moe.deepseek_router`:
+            sigmoid scores, a selection-only bias, group-limited routing; DeepSeek-V3, Sec. 2.1.2).
+            With ``"deepseek"``, ``aux_loss_coef`` weights the sequence-wise balance loss (eq. 17-20).
+        shared_experts: experts every token passes through, besides its k routed ones (DeepSeekMoE;
+            0: none).
+        router_bias_update: gamma, the bias update speed of auxiliary-loss-free balancing (0: the
+            bias stays zero). DeepSeek router only.
+        n_group, topk_group: the experts form ``n_group`` equal groups (nodes) and each token picks
+            its experts from its ``topk_group`` best groups (node-limited routing; 1, 1: no limit).
+        routed_scaling_factor: the routed experts' gates are multiplied by it (DeepSeek-V3: 2.5).
 
     Raises:
         ValueError: at construction, naming the option: ``num_experts`` < 1, ``top_k`` not in
-            ``1 .. num_experts``, ``capacity_factor`` <= 0, a negative loss coefficient.
+            ``1 .. num_experts``, ``capacity_factor`` <= 0, a negative loss coefficient, an unknown
+            ``router``, DeepSeek options with the softmax router, groups that do not divide the
+            experts or hold fewer than ``top_k`` of them.
     """
 
     num_experts: int = 4
@@ -40,6 +53,12 @@ class MoEConfig:
     normalize_gates: bool | None = None
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.001
+    router: str = "softmax"
+    shared_experts: int = 0
+    router_bias_update: float = 0.0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self):
         if not isinstance(self.num_experts, int) or self.num_experts < 1:
@@ -55,6 +74,30 @@ class MoEConfig:
         for name in ("aux_loss_coef", "z_loss_coef"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name} must be >= 0, not {getattr(self, name)!r}")
+        self._check_deepseek()
+
+    def _check_deepseek(self) -> None:
+        if self.router not in ("softmax", "deepseek"):
+            raise ValueError(f"--router must be softmax or deepseek, not {self.router!r}")
+        if not isinstance(self.shared_experts, int) or self.shared_experts < 0:
+            raise ValueError(f"--shared_experts must be a whole number >= 0, not {self.shared_experts!r}")
+        if not self.router_bias_update >= 0:
+            raise ValueError(f"--router_bias_update must be >= 0, not {self.router_bias_update!r}")
+        if not self.routed_scaling_factor > 0:
+            raise ValueError(f"--routed_scaling_factor must be > 0, not {self.routed_scaling_factor!r}")
+        if self.router == "softmax":
+            wanted = dict(router_bias_update=0.0, n_group=1, topk_group=1, routed_scaling_factor=1.0)
+            for name, value in wanted.items():
+                if getattr(self, name) != value:
+                    raise ValueError(f"--{name} belongs to the DeepSeek router: add --router deepseek")
+            return
+        if not isinstance(self.n_group, int) or self.n_group < 1 or self.num_experts % self.n_group:
+            raise ValueError(f"--n_group must divide --num_experts {self.num_experts}, not {self.n_group!r}")
+        if not isinstance(self.topk_group, int) or not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"--topk_group must be between 1 and --n_group {self.n_group}, not {self.topk_group!r}")
+        if self.topk_group * (self.num_experts // self.n_group) < self.top_k:
+            raise ValueError(f"--topk_group {self.topk_group} groups of {self.num_experts // self.n_group} experts "
+                             f"hold fewer than --top_k {self.top_k} experts; raise --topk_group")
 
     def check(self, ep: int) -> "MoEConfig":
         """Check that the experts can be shared out over ``ep`` expert-parallel ranks.

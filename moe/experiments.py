@@ -8,6 +8,11 @@
   (:func:`moe.training.train_moe`) in one launch: with and without the load-balancing loss, and
   the dense GPT-2 with the same active parameters per token; the trained routers' choices on
   validation batches; and a step-time benchmark of the MoE and the dense model (warm-up, repeats).
+* :func:`balancing_runs`, :func:`balance_over_training` — DeepSeek-router runs with the sequence-wise
+  balance loss, with auxiliary-loss-free bias balancing, with neither (run by :func:`training_worker`),
+  and each step's load imbalance (MaxVio) and loss from their results files.
+* :func:`node_limited_traffic_worker` — the all-to-all bytes of a DeepSeek layer with node-limited
+  routing against without, and the rows a dispatch that sends a token once per node would send.
 * :func:`dropped_fraction` — the fraction of choices a capacity factor drops, from recorded choices.
 * :func:`all_to_all_bytes_formula` — the bytes the all-to-alls of a training step should move.
 
@@ -217,6 +222,93 @@ def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None =
     if rank != 0:
         return {}
     return {"choices": choices, "step_seconds": timings, "threads": torch.get_num_threads()}
+
+
+def balancing_runs(parse_args, workdir, gamma: float = 0.01, aux_loss_coef: float = 0.01, **common) -> dict:
+    """The three runs of the balancing comparison, all with ``--router deepseek``: ``"aux loss"`` (the
+    sequence-wise balance loss, weight ``aux_loss_coef``, no bias update), ``"bias"`` (auxiliary-loss-free:
+    the bias moves by ``gamma`` after each step, no loss) and ``"neither"``; ``common`` are further options of
+    ``project/run_moe.py`` (sizes, steps, seed), the same for the three. Each run gets its own work directory
+    under ``workdir``. Returns ``{label: args}`` for :func:`training_worker`.
+
+    DeepSeek-V3 (Sec. 2.1.2 and 4.5.2) uses gamma = 0.001 over many thousand steps; a short run needs a
+    larger one to move the bias by as much as the sigmoid scores differ.
+    """
+    settings = {"aux loss": dict(aux_loss_coef=aux_loss_coef, router_bias_update=0.0),
+                "bias": dict(aux_loss_coef=0.0, router_bias_update=gamma),
+                "neither": dict(aux_loss_coef=0.0, router_bias_update=0.0)}
+    return {label: run_args(parse_args, Path(workdir) / label.replace(" ", "_"), router="deepseek", z_loss_coef=0.0,
+                            **common, **extra)
+            for label, extra in settings.items()}
+
+
+def balance_over_training(runs: dict, epoch: int = 0) -> dict:
+    """Each run's per-step next-token loss and load imbalance, from rank 0's results file of ``epoch``.
+
+    The imbalance of a step is MaxVio (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy
+    for Mixture-of-Experts", eq. 5): ``max_i load_i / mean_i load_i - 1`` over the tokens every rank
+    routed in that step, the worst of the model's MoE layers (0: perfectly balanced; E/k - 1: every
+    token to the same k experts).
+
+    Returns:
+        ``{label: {"loss": [per step], "max_violation": [per step], "final_load": [[tokens per expert]
+        per MoE layer, last step]}}``.
+    """
+    import json
+
+    out = {}
+    for label, args in runs.items():
+        result = json.loads((Path(args.workdir) / f"moe_rank0_results_epoch{epoch}.json").read_text())
+        load = torch.tensor(result["routing"]["tokens_per_expert"], dtype=torch.float64)  # (steps, layers, E)
+        violation = (load.amax(dim=-1) / load.mean(dim=-1) - 1).amax(dim=-1)
+        out[label] = {"loss": list(result["train_losses"]), "max_violation": violation.tolist(),
+                      "final_load": load[-1].tolist()}
+    return out
+
+
+def node_limited_traffic_worker(rank: int, world_size: int, num_experts: int = 16, top_k: int = 4, hidden: int = 64,
+                                tokens_per_rank: int = 128, topk_group: int = 1) -> dict:
+    """A DeepSeek layer with its experts over ``world_size`` ranks (one group of experts per rank, as one
+    node), without and with node-limited routing (each token to at most ``topk_group`` ranks).
+
+    The dispatch of assignment 5.8.2 sends one row per choice: a token whose k experts sit on one rank
+    still travels k times, so node-limited routing moves as many bytes as unlimited routing. A dispatch
+    that sends a token once per destination rank and copies it there to its experts (DeepSeek-V3,
+    Sec. 3.2.2; DeepEP) sends one row per distinct (token, rank) pair; those rows are counted as well.
+
+    Returns:
+        ``{"unlimited": {...}, "limited": {...}}`` with ``all_to_all_bytes`` (this rank's forward and
+        backward all-to-all bytes, from the communication counter), ``rows_per_choice`` (rows the layer
+        sent) and ``rows_per_rank`` (distinct (token, destination rank) pairs), and ``bytes_per_row``.
+    """
+    from course.collectives import CommCounter
+    from course.launch import context
+    from course.mesh import Mesh
+    from moe.config import MoEConfig
+    from moe.experts import MLPExperts
+    from moe.layer import MoELayer
+
+    device = context().device
+    mesh = Mesh.build(dp=world_size, ep=world_size)
+    out = {}
+    for label, groups in (("unlimited", world_size), ("limited", topk_group)):
+        gen = torch.Generator().manual_seed(0)
+        full = MLPExperts(num_experts, hidden, 2 * hidden, generator=gen)
+        config = MoEConfig(num_experts, top_k, router="deepseek", n_group=world_size, topk_group=groups)
+        layer = MoELayer(hidden, config, full.shard(mesh.ep_rank, world_size), mesh.ep_group, gen).to(device)
+        x = torch.randn(tokens_per_rank, hidden, generator=torch.Generator().manual_seed(100 + rank)).to(device)
+        x.requires_grad_(True)
+        chosen = []
+        hook = layer.router.register_forward_hook(lambda m, a, r: chosen.append(r.experts.detach().cpu()))
+        with CommCounter() as counter:
+            layer(x).output.square().mean().backward()
+        hook.remove()
+        destination = chosen[0] // (num_experts // world_size)                          # (T, k) ranks
+        distinct = sum(len(set(row)) for row in destination.tolist())
+        out[label] = {"all_to_all_bytes": sum(r.bytes for r in counter.records if r.kind == "all_to_all"),
+                      "rows_per_choice": int(layer.stats["per_expert"].sum()), "rows_per_rank": distinct}
+    out["bytes_per_row"] = hidden * x.element_size()
+    return out
 
 
 def dropped_fraction(choices: list[torch.Tensor], num_experts: int, capacity_factor: float) -> float:

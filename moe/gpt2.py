@@ -84,7 +84,11 @@ class MoEGPT2(nn.Module):
         for i in self.blocks:
             generator = torch.Generator().manual_seed(seed * 1000 + i)
             experts = MLPExperts(config.num_experts, c.n_embd, inner, c.n_layer, generator=generator)
-            layer = MoELayer(c.n_embd, config, experts.shard(rank, ep) if ep > 1 else experts, group, generator)
+            shared = None
+            if config.shared_experts:  # dense: the same on every rank, averaged over dp x cp with the rest
+                shared = MLPExperts(1, c.n_embd, inner * config.shared_experts, c.n_layer, generator=generator)
+            layer = MoELayer(c.n_embd, config, experts.shard(rank, ep) if ep > 1 else experts, group, generator,
+                             shared)
             hf_model.transformer.h[i].mlp = MoEMLP(layer, c.resid_pdrop)
 
     @property

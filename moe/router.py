@@ -25,7 +25,8 @@ class Routing(NamedTuple):
 
     Attributes:
         logits: (T, E) router scores, in the input's dtype (for the z-loss).
-        probs: (T, E) float32 softmax over all E experts (for the load-balancing loss).
+        probs: (T, E) float32 softmax over all E experts (for the load-balancing loss); from the
+            DeepSeek router (:mod:`moe.deepseek_router`), each expert's sigmoid score instead.
         gates: (T, k) float32 weights of the chosen experts, largest first.
         experts: (T, k) int64 chosen experts, in the order of ``gates``.
     """

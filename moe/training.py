@@ -38,7 +38,8 @@ def moe_config(args) -> MoEConfig:
     """The :class:`moe.config.MoEConfig` of the run's options (raises its ValueErrors)."""
     return MoEConfig(num_experts=args.num_experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
                      normalize_gates=False if args.no_normalize_gates else None, aux_loss_coef=args.aux_loss_coef,
-                     z_loss_coef=args.z_loss_coef)
+                     z_loss_coef=args.z_loss_coef, router=args.router, shared_experts=args.shared_experts,
+                     router_bias_update=args.router_bias_update, n_group=args.n_group, topk_group=args.topk_group)
 
 
 def build_moe_model(args, vocab_size: int, group=None):
@@ -98,6 +99,15 @@ def accumulated_step(model, optimizer, shards: list[dict], device) -> list[float
     return losses
 
 
+def update_router_biases(model, group) -> None:
+    """After an optimizer step: auxiliary-loss-free balancing of every DeepSeek router with a bias update
+    speed (``--router_bias_update`` > 0; DeepSeek-V3, Sec. 2.1.2), from the loads of the step's tokens
+    summed over ``group`` (dp x cp: every rank routed a share of them). Nothing otherwise."""
+    for layer in getattr(model, "moe_layers", []):
+        if layer.config.router == "deepseek" and layer.config.router_bias_update > 0:
+            layer.router.update_bias(group)
+
+
 def routing_stats(model) -> torch.Tensor:
     """(layers, E + 2) float64 of the last forward pass: tokens per expert before dropping, choices
     dropped, tokens routed, per MoE layer (zero rows for a dense model)."""
@@ -141,6 +151,7 @@ class MoETraining(TrainingMode):
         loss.backward()
         sync_moe_gradients(self.model, self.mesh.dp_cp_group, self.mesh.edp_group)
         self.optimizer.step()
+        update_router_biases(self.model, self.mesh.dp_cp_group)
         self.routing.append(routing_stats(self.model))
         return StepOutcome(lm.item(), int(batch["attention_mask"].sum()))
 

@@ -3,6 +3,7 @@
     python project/run_moe.py                                        # dp 2, ep 2, 4 experts, top-2, dropless
     python project/run_moe.py --dp 4 --ep 2 --num_experts 8 --top_k 1 --capacity_factor 1.25
     python project/run_moe.py --dp 2 --dense --top_k 2               # the dense GPT-2 of the same active parameters
+    python project/run_moe.py --router deepseek --shared_experts 1 --router_bias_update 0.001   # DeepSeek-V3 routing
     torchrun --standalone --nproc_per_node=4 project/run_moe.py --dp 4 --ep 4
 
 Starts ``--dp`` processes (gloo on the CPU, NCCL with one GPU each) or joins the group torchrun

@@ -69,3 +69,25 @@ def plot_dropped_fraction(table, title: str = "Choices dropped at each capacity 
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def plot_balance_over_training(balance: dict, title: str = "Load balance and loss: aux loss, bias, neither"):
+    """Two panels over the steps, one line per run: the load imbalance MaxVio (``max load / mean load - 1``,
+    the worst MoE layer; 0 is perfectly balanced) and the next-token training loss.
+
+    ``balance`` maps a label to ``{"max_violation": [per step], "loss": [per step]}``
+    (:func:`moe.experiments.balance_over_training`).
+    """
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for label, run in balance.items():
+        steps = range(1, len(run["loss"]) + 1)
+        left.plot(steps, run["max_violation"], label=label)
+        right.plot(steps, run["loss"], label=label)
+    left.axhline(0.0, color="grey", ls="--", lw=0.8)
+    left.set(xlabel="step", ylabel="MaxVio (max/mean load - 1)", title="load imbalance")
+    right.set(xlabel="step", ylabel="loss (nats/token)", title="training loss (rank 0's shard)")
+    left.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -32,6 +32,17 @@ class MoERunConfig(RunConfig):
                                              "Transformer)", group=MOE)
     aux_loss_coef: float = option(0.01, "load-balancing loss weight (Switch: 0.01)", group=MOE)
     z_loss_coef: float = option(0.001, "router z-loss weight (ST-MoE: 0.001)", group=MOE)
+    router: str = option("softmax", "softmax: top-k softmax gating; deepseek: DeepSeek-V3's sigmoid gating with a "
+                                    "selection bias, group-limited routing and the sequence-wise balance loss "
+                                    "(weighted by --aux_loss_coef)", group=MOE, choices=("softmax", "deepseek"))
+    shared_experts: int = option(0, "shared experts every token passes through besides its routed ones (DeepSeekMoE)",
+                                 group=MOE)
+    router_bias_update: float = option(0.0, "--router deepseek: auxiliary-loss-free balancing, the selection bias "
+                                            "moves by this gamma after each step (DeepSeek-V3: 0.001; 0: off)",
+                                       group=MOE)
+    n_group: int = option(1, "--router deepseek: the experts form this many groups (nodes)", group=MOE)
+    topk_group: int = option(1, "--router deepseek: groups each token may route to (node-limited routing)",
+                             group=MOE)
     moe_every: int = option(2, "one MoE block in this many (blocks 1, 3, ... for 2)", group=MOE)
     dense: bool = option(False, "train the dense GPT-2 of the same active parameters per token instead (same batches)",
                          group=MOE)
@@ -59,8 +70,9 @@ class MoERunConfig(RunConfig):
 
         super().check()
         try:
-            MoEConfig(self.num_experts, self.top_k, self.capacity_factor, None, self.aux_loss_coef,
-                      self.z_loss_coef).check(self.ep)
+            MoEConfig(self.num_experts, self.top_k, self.capacity_factor, None, self.aux_loss_coef, self.z_loss_coef,
+                      self.router, self.shared_experts, self.router_bias_update, self.n_group,
+                      self.topk_group).check(self.ep)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.moe_every < 1:

@@ -119,6 +119,51 @@ def _gradients_over_world_size(original):
     return sync_moe_gradients
 
 
+# ---- a5_8_4: the DeepSeek-style layer -------------------------------------------------------------------------
+
+def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, group_max=False, scale=True):
+    """The reference routing with one thing changed."""
+    def make(original):
+        from moe.router import Routing
+
+        def deepseek_route(logits, bias, top_k, n_group=1, topk_group=1, routed_scaling_factor=1.0, normalize=True):
+            scores = torch.softmax(logits.float(), -1) if softmax else torch.sigmoid(logits.float())
+            choice = scores.detach() + bias.float()
+            if n_group > 1:
+                t, e = choice.shape
+                grouped = choice.view(t, n_group, e // n_group)
+                if group_max:
+                    group_scores = grouped.amax(dim=-1)
+                else:
+                    group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+                allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(
+                    1, group_scores.topk(topk_group, dim=-1).indices, True)
+                choice = choice.masked_fill(~allowed.repeat_interleave(e // n_group, dim=1), float("-inf"))
+            experts = choice.topk(top_k, dim=-1).indices
+            gated = scores + bias.float() if bias_in_gates else scores
+            gates = gated.gather(1, experts)
+            if normalize:
+                gates = gates / (gated.sum(dim=-1, keepdim=True) if normalise_all else gates.sum(dim=-1, keepdim=True))
+            if scale:
+                gates = gates * routed_scaling_factor
+            return Routing(logits, scores, gates, experts)
+        return deepseek_route
+    return make
+
+
+def _bias_update_sign_flipped(original):
+    def updated_bias(bias, load, gamma):
+        load = load.to(torch.float32)
+        return bias.float() + gamma * torch.sign(load - load.mean())  # overloaded experts made more attractive
+    return updated_bias
+
+
+def _shared_experts_omitted(original):
+    def add_shared_experts(routed, x, shared):
+        return routed
+    return add_shared_experts
+
+
 # ---- a5_5_1: ZeRO-1 --------------------------------------------------------------------------------------------
 
 def _zero1_slice_only(original):
@@ -191,6 +236,27 @@ PLANTED: dict[str, Planted] = {
     "gradients over the world size": Planted(
         "a5_8_3", "EP x DP gradients divided by dist.get_world_size() instead of the dp x cp group's size",
         ("moe.gradients:sync_moe_gradients",), _gradients_over_world_size),
+    "deepseek softmax scores": Planted(
+        "a5_8_4", "a softmax over the experts instead of each expert's sigmoid",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(softmax=True)),
+    "deepseek bias in the gates": Planted(
+        "a5_8_4", "the selection bias added to the gates too", ("moe.deepseek_router:deepseek_route",),
+        _deepseek_route(bias_in_gates=True)),
+    "deepseek gates normalised over all experts": Planted(
+        "a5_8_4", "the chosen scores divided by the sum over all experts, not over the chosen k",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(normalise_all=True)),
+    "deepseek group score from the max": Planted(
+        "a5_8_4", "each group scored by its best expert instead of the sum of its best two",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(group_max=True)),
+    "deepseek routed scaling factor omitted": Planted(
+        "a5_8_4", "the gates not multiplied by the routed scaling factor", ("moe.deepseek_router:deepseek_route",),
+        _deepseek_route(scale=False)),
+    "deepseek bias update sign flipped": Planted(
+        "a5_8_4", "the bias of overloaded experts raised, of underloaded ones lowered",
+        ("moe.deepseek_router:updated_bias",), _bias_update_sign_flipped),
+    "deepseek shared experts omitted": Planted(
+        "a5_8_4", "the shared experts' output not added", ("moe.deepseek_router:add_shared_experts",
+                                                           "moe.layer:add_shared_experts"), _shared_experts_omitted),
     "zero1 averages the slice only": Planted(
         "a5_5_1", "ZeRO-1 gives the optimizer's slice the mean gradient and leaves every param.grad the rank's own",
         ("memory.zero:ZeroOptimizer._reduce_stage1",), _zero1_slice_only),

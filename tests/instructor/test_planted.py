@@ -53,6 +53,47 @@ def test_wrong_split_sizes_fail_on_the_counts_before_the_collective(name):
         launch(expert_parallel_worker, 4, torch.float32, name, timeout=120, collective_timeout=60)
 
 
+def deepseek_failures(modeling) -> dict[str, str]:
+    """Run the DeepSeek layer's single-process graded checks in this process: {test: first line of its failure}."""
+    from tests.moe import test_deepseek_moe as graded
+
+    calls = {f"router {c}": (lambda c=c: graded.test_routing_equals_the_deepseek_v3_router(modeling, c))
+             for c in graded.ROUTER_CASES}
+    calls.update({f"block {a}": (lambda a=a: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, *a))
+                  for a in [(1, 1, 1), (2, 4, 2)]})
+    for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
+                 "test_group_limited_routing_stays_in_the_chosen_groups",
+                 "test_bias_update_on_a_hand_worked_case", "test_shared_experts_output_is_added"):
+        calls[name] = getattr(graded, name)
+    failures = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except AssertionError as exc:
+            failures[name] = str(exc).splitlines()[0]
+    return failures
+
+
+@pytest.mark.parametrize("name, caught_by", [
+    ("deepseek softmax scores", "router"),
+    ("deepseek bias in the gates", "test_the_bias_chooses_and_the_gates_ignore_it"),
+    ("deepseek gates normalised over all experts", "router"),
+    ("deepseek group score from the max", "test_group_limited_routing_stays_in_the_chosen_groups"),
+    ("deepseek routed scaling factor omitted", "block"),
+    ("deepseek bias update sign flipped", "test_bias_update_on_a_hand_worked_case"),
+    ("deepseek shared experts omitted", "test_shared_experts_output_is_added"),
+])
+def test_wrong_deepseek_layers_are_rejected(name, caught_by):
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3
+
+    assert PLANTED[name].key == "a5_8_4"
+    assert not deepseek_failures((DeepseekV3Config, modeling_deepseek_v3)), "the reference must pass"
+    with plant(name):
+        failures = deepseek_failures((DeepseekV3Config, modeling_deepseek_v3))
+    assert any(test.startswith(caught_by) for test in failures), f"{name} passed {caught_by}: failures {failures}"
+
+
 @pytest.mark.timeout(300)
 def test_gradients_over_the_world_size_fail_on_the_wider_meshes():
     from tests.moe.support import SYNC_EP_SIZES, WIDER_MESHES, gradient_sync_worker

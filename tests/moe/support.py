@@ -43,7 +43,15 @@ def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random
         experts.c_proj_bias.copy_(torch.randn(experts.c_proj_bias.shape, generator=gen) * 0.5)
         experts.c_fc_weight.mul_(20.0)
         experts.c_proj_weight.mul_(20.0)
-    layer = MoELayer(HIDDEN, config, experts, this_rank_alone()).to(dtype)
+    shared = None
+    if config.shared_experts:  # from a generator of their own: the other weights do not depend on them
+        shared_gen = torch.Generator().manual_seed(seed + 1)
+        shared = MLPExperts(1, HIDDEN, INNER * config.shared_experts, generator=shared_gen)
+        with torch.no_grad():
+            shared.c_fc_weight.mul_(20.0)
+            shared.c_proj_weight.mul_(20.0)
+            shared.c_proj_bias.copy_(torch.randn(shared.c_proj_bias.shape, generator=shared_gen) * 0.5)
+    layer = MoELayer(HIDDEN, config, experts, this_rank_alone(), shared=shared).to(dtype)
     with torch.no_grad():
         w = torch.randn(config.num_experts, HIDDEN, generator=gen) * 0.5
         if router == "unused":
@@ -51,6 +59,8 @@ def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random
         elif router == "one":
             w[-1] = 3.0
         layer.router.weight.copy_(w)
+        if config.router == "deepseek":  # a bias of the size of the sigmoid scores' spread: it changes choices
+            layer.router.e_score_correction_bias.copy_(torch.randn(config.num_experts, generator=gen) * 0.1)
     return layer
 
 
@@ -226,6 +236,38 @@ def _expert_parallel_cases(rank: int, world_size: int, dtype) -> dict:
                                "experts": grads_of(layer.experts), "ep_rank": mesh.ep_rank, "forward": forward,
                                "backward": backward, "aux": layer.aux_loss.item()}
     return out
+
+
+# ---- the DeepSeek-style layer under expert parallelism (a5_8_4) -------------------------------------
+
+DEEPSEEK_EP = dict(num_experts=8, top_k=2, router="deepseek", shared_experts=1, n_group=4, topk_group=2,
+                   routed_scaling_factor=2.5)
+DEEPSEEK_TOKENS = [13, 9]
+
+
+def deepseek_parallel_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """The DeepSeek-style layer (:data:`DEEPSEEK_EP`) with its experts over an ep group of all the ranks:
+    this rank's output and gradients, and the communication by group; all-to-all split sizes checked."""
+    from course.collectives import CommCounter
+    from course.mesh import Mesh
+    from moe.config import MoEConfig
+    from moe.layer import MoELayer
+    from tests.support.planting import planting
+
+    with planting(planted), split_sizes_checked():
+        mesh = Mesh.build(dp=world_size, ep=world_size)
+        config = MoEConfig(**DEEPSEEK_EP)
+        full = make_layer(config)
+        layer = MoELayer(HIDDEN, config, full.experts.shard(mesh.ep_rank, world_size), group=mesh.ep_group,
+                         shared=full.shared)
+        layer.router.load_state_dict(full.router.state_dict())
+        x = tokens(rank, DEEPSEEK_TOKENS[rank]).requires_grad_(True)
+        with CommCounter() as counter:
+            y, loss = layer_loss(layer, x, rank)
+            loss.backward()
+            comm = counter.by_group()
+        return {"out": y.detach(), "x_grad": x.grad, "router": layer.router.weight.grad,
+                "shared": grads_of(layer.shared), "experts": grads_of(layer.experts), "comm": comm}
 
 
 # ---- EP x DP gradients (a5_8_3) ------------------------------------------------------------------

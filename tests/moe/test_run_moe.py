@@ -19,6 +19,11 @@ import pytest
     (["--dp", "2", "--batch_size", "7"], "--batch_size 7 is not divisible by --dp 2"),
     (["--aux_loss_coef", "-0.1"], "--aux_loss_coef must be >= 0"),
     (["--moe_every", "5"], "none would be an MoE block"),
+    (["--router_bias_update", "0.001"], "--router_bias_update belongs to the DeepSeek router: add --router deepseek"),
+    (["--router", "deepseek", "--n_group", "3"], "--n_group must divide --num_experts 4"),
+    (["--router", "deepseek", "--n_group", "2", "--topk_group", "3"], "--topk_group must be between 1 and --n_group 2"),
+    (["--router", "deepseek", "--num_experts", "8", "--top_k", "4", "--n_group", "4"], "hold fewer than --top_k 4"),
+    (["--shared_experts", "-1"], "--shared_experts must be a whole number >= 0"),
 ])
 def test_bad_options_stop_before_any_process_starts(tmp_path, capsys, monkeypatch, argv, message):
     import project.run_moe as run_moe
