@@ -37,6 +37,8 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.config import ConfigError, RunConfig, option  # noqa: E402
+from project.options.run_data_parallel import ZEROPP, node_group_size  # noqa: E402
+from project.options.run_data_parallel import zeropp_parts as _zeropp_parts  # noqa: E402
 
 PLAN = "plan"
 GROUPS = ("tp", "cp", "pp", "embedding", "dp", "dp_shard", "ep", "edp")
@@ -132,8 +134,6 @@ class PlanConfig(RunConfig):
             raise ConfigError(f"--top_k must be in 1..--num_experts {self.num_experts}, not {self.top_k}")
         if not 0 < self.flops_efficiency <= 1:
             raise ConfigError(f"--flops_efficiency is a fraction of the peak in (0, 1], not {self.flops_efficiency}")
-        from project.options.run_data_parallel import ZEROPP
-
         parts = tuple(n.strip().lower() for n in (self.zeropp or "").split(",") if n.strip())
         if [n for n in parts if n not in ZEROPP] or (parts and self.zero != 3):
             raise ConfigError(f"--zeropp {self.zeropp}: a comma list of {', '.join(ZEROPP)}, with --zero 3")
@@ -241,20 +241,13 @@ def stage_memory(config, stage: int) -> dict:
 
 def zeropp_parts(config) -> tuple[str, ...]:
     """``--zeropp`` as names (``()`` without it, or without ``--zero 3``)."""
-    if getattr(config, "zero", 0) != 3:
-        return ()
-    return tuple(n.strip().lower() for n in (getattr(config, "zeropp", "") or "").split(",") if n.strip())
+    return _zeropp_parts(config.zero, config.zeropp)
 
 
 def hpz_group_size(config) -> int:
     """dp ranks per hpZ group: ``--zeropp_group``, else the dp ranks on one node (at most dp)."""
-    if getattr(config, "zeropp_group", 0):
-        return config.zeropp_group
-    per_node = max(1, (getattr(config, "devices_per_node", None) or 8) // (config.cp * config.tp))
-    g = min(config.dp, per_node)
-    while config.dp % g:
-        g -= 1
-    return g
+    per_node = (config.devices_per_node or 8) // (config.cp * config.tp)
+    return node_group_size(config.dp, config.zeropp_group, per_node)
 
 
 def group_shape(config, name: str) -> tuple[int, int]:

@@ -195,14 +195,12 @@ def run_worker(rank: int, world_size: int, plan: dict) -> dict:
         from course.mesh import Mesh
         from memory.experiments import measure_stage
 
-        from types import SimpleNamespace
-
-        from project.plan import hpz_group_size, zeropp_parts
+        from project.options.run_data_parallel import node_group_size, zeropp_parts
 
         mesh = Mesh(dims)
-        options = SimpleNamespace(**plan)
-        parts = zeropp_parts(options)  # ZeRO++: hpZ's node-sized group as the planner lays it out
-        hpz = mesh.hybrid_shard_groups(dims.dp // hpz_group_size(options))[0] if "hpz" in parts else None
+        parts = zeropp_parts(plan["zero"], plan["zeropp"])  # ZeRO++: hpZ's node-sized group as the planner lays it out
+        node = node_group_size(dims.dp, plan["zeropp_group"], (plan["devices_per_node"] or 8) // dims.tp)
+        hpz = mesh.hybrid_shard_groups(dims.dp // node)[0] if "hpz" in parts else None
         found = measure_stage(model.to(device), plan["zero"], mesh.dp_group, steps=plan["steps"], zeropp=parts,
                               hpz_group=hpz, batch_size=plan["batch_size"] // dims.dp, seq_len=s, vocab_size=vocab,
                               checkpointing=plan["activation_checkpointing"], precision=plan["precision"],

@@ -7,6 +7,24 @@ from dataclasses import dataclass
 from course.config import ConfigError, RunConfig, option
 
 ZEROPP = ("qwz", "hpz", "qgz")  # memory.zeropp.OPTIONS (named again here: this module is torch-free)
+
+
+def zeropp_parts(zero: int, text: str | None) -> tuple[str, ...]:
+    """``--zeropp`` as a tuple of names (``()`` without it or without ``--zero 3``)."""
+    return tuple(n.strip().lower() for n in (text or "").split(",") if n.strip()) if zero == 3 else ()
+
+
+def node_group_size(dp: int, requested: int, ranks_per_node: int) -> int:
+    """dp ranks per hpZ group: ``requested`` (``--zeropp_group``) if given, else the most dp ranks on one node of
+    ``ranks_per_node`` that divide dp."""
+    if requested:
+        return requested
+    g = max(1, min(dp, ranks_per_node))
+    while dp % g:
+        g -= 1
+    return g
+
+
 COMM, MEMORY = "gradient communication (notebooks/04_communication.ipynb)", "memory (notebooks/05_memory.ipynb)"
 
 
@@ -87,17 +105,15 @@ class DataParallelConfig(RunConfig):
 
     def zeropp_options(self) -> tuple[str, ...]:
         """``--zeropp`` as a tuple of names (``()`` without it)."""
-        return tuple(n.strip().lower() for n in (self.zeropp or "").split(",") if n.strip())
+        return zeropp_parts(3, self.zeropp)
 
     def hpz_group_size(self) -> int:
-        """Ranks per hpZ group: ``--zeropp_group``, else torchrun's ``LOCAL_WORLD_SIZE`` when it divides --dp, else
-        --dp."""
-        if self.zeropp_group:
-            return self.zeropp_group
+        """Ranks per hpZ group: ``--zeropp_group``, else the most of torchrun's ``LOCAL_WORLD_SIZE`` (one node's
+        ranks; without it, --dp) that divide --dp."""
         import os
 
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 0)
-        return local if local and self.dp % local == 0 else self.dp
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 0) or self.dp
+        return node_group_size(self.dp, self.zeropp_group, local)
 
     def check_zeropp(self) -> None:
         names = self.zeropp_options()
