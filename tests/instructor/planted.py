@@ -219,7 +219,8 @@ def _quantized_values_summed(original):
         values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
         scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group).view(p, -1)
         # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
-        return zpp.dequantize_blockwise(values.sum(dim=0).clamp(-127, 127).to(torch.int8), scales.mean(dim=0), block) * p
+        summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
+        return zpp.dequantize_blockwise(summed, scales.mean(dim=0), block) * p
     return quantized_reduce_scatter
 
 
@@ -266,7 +267,8 @@ PLANTED: dict[str, Planted] = {
         "a5_5_5", "hpZ's backward all-gather of the fp32 slices over the whole dp group",
         ("memory.zeropp:ZeroPPUnit.gather",), _backward_gather_in_the_dp_group),
     "qgz sums quantized values": Planted(
-        "a5_5_5", "qgZ sums the received int8 levels before dequantizing them", ("memory.zeropp:quantized_reduce_scatter",),
+        "a5_5_5", "qgZ sums the received int8 levels before dequantizing them",
+        ("memory.zeropp:quantized_reduce_scatter",),
         _quantized_values_summed),
     "zero1 averages the slice only": Planted(
         "a5_5_1", "ZeRO-1 gives the optimizer's slice the mean gradient and leaves every param.grad the rank's own",

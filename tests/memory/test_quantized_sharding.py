@@ -165,4 +165,5 @@ def test_int8_on_the_wire_and_the_backward_all_gather_inside_the_node(layout):
             assert rec["secondary_after_forward"] == secondary, (
                 f"rank {rank} step {step}: {rec['secondary_after_forward']} bytes of hpZ secondary slices after the "
                 f"forward pass; expected {secondary} (1/{node} of every block, fp32; none for the root)")
-            assert rec["secondary_after_backward"] == 0, f"rank {rank} step {step}: secondary slices kept after backward"
+            assert rec["secondary_after_backward"] == 0, (
+                f"rank {rank} step {step}: secondary slices kept after backward")
