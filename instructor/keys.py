@@ -61,6 +61,8 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_5_2", "ZeRO-2: gradients reduce-scattered, each rank keeps its slice", MEM, 10, ("a5_5_1",)),
     Key("a5_5_3", "ZeRO-3 / FSDP: parameters sharded, gathered per block in forward and backward", MEM, 10, ("a5_5_1",)),
     Key("a5_5_4", "activation checkpointing: drop a block's activations, recompute in backward", MEM, 10),
+    Key("a5_5_5", "ZeRO++: int8 blockwise weight all-gather (qwZ), node-group secondary slices (hpZ), int8 "
+        "gradient all-to-all (qgZ)", MEM, 10, ("a5_5_1", "a5_5_3")),
     Key("a5_6_1", "3D mesh rank arithmetic: coordinates and dp/pp/tp groups of a rank", THREE_D, 10),
     Key("a5_6_2", "tensor-parallel pipeline stage, activations peer-to-peer or scatter-gather", THREE_D, 10,
         ("a5_2_4", "a5_3_1", "a5_3_2", "a5_3_3", "a5_3_4")),

@@ -64,18 +64,19 @@ def build_tiny_gpt2(preset: str = "tiny", vocab_size: int = 1000, n_positions: i
 
 def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 4, seq_len: int = 64,
                   vocab_size: int = 1000, checkpointing: bool = False, precision: str = "fp32",
-                  lr: float = 1e-3, timed_comm: bool = False) -> dict:
+                  lr: float = 1e-3, timed_comm: bool = False, zeropp=(), hpz_group=None) -> dict:
     """Train ``steps`` steps (+1 warm-up) with ZeRO ``zero`` and measure (see the module docstring). With
     ``timed_comm`` the result's ``comm_seconds`` lists, per timed step, the seconds spent in communication
     calls per group (a :class:`course.trace.Recorder` active during the step;
-    :func:`course.trace.communication_seconds_by_group`)."""
+    :func:`course.trace.communication_seconds_by_group`). ``zeropp``, ``hpz_group``: ZeRO++ with ``zero=3``
+    (:class:`memory.training.ShardedStep`)."""
     from course.collectives import group_rank, group_size
 
     dp, rank = group_size(group), group_rank(group)
     device = next(model.parameters()).device
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     sharded = ShardedStep(model, zero, group, torch.optim.Adam, activation_checkpointing=checkpointing,
-                          precision=precision, lr=lr)
+                          precision=precision, zeropp=zeropp, hpz_group=hpz_group, lr=lr)
     params_ = [p for p in model.parameters()]
     times, held, saved, losses, peak, comm_seconds = [], None, None, [], 0, []
     with CommCounter() as counter:
@@ -103,13 +104,13 @@ def measure_stage(model, zero: int, group, *, steps: int = 3, batch_size: int = 
                 comm_seconds.append(trace.communication_seconds_by_group(recorder.spans))
             losses.append(loss.item())
             saved = s.activation_bytes
-            comm = counter.summary()
+            comm, comm_by_group = counter.summary(), counter.by_group()
     formula = zero_formula_bytes(zero, n_params, dp)
     timed = summarise(times[1:])  # course.benchmarking: the timed steps after the warm-up step
     return {"zero": zero, "dp": dp, "n_params": n_params, "held": held, "formula": formula,
             "bytes_per_param": {k: v / n_params for k, v in held.items()},
             "formula_bytes_per_param": {k: v / n_params for k, v in formula.items()},
-            "activation_bytes": saved, "comm": comm,
+            "activation_bytes": saved, "comm": comm, "comm_by_group": comm_by_group,
             "comm_traffic_bytes": sum(v["traffic_bytes"] for v in comm.values()),
             "step_time_median": timed["median"], "step_time_min": timed["min"], "step_time_max": timed["max"],
             "peak_rss_bytes": peak_rss_bytes(), "peak_memory_bytes": peak, "memory": memory.measure,

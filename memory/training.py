@@ -1,4 +1,4 @@
-"""The memory options of a data-parallel run: ``--zero {0,1,2,3}``, ``--hsdp REPLICAS``,
+"""The memory options of a data-parallel run: ``--zero {0,1,2,3}``, ``--hsdp REPLICAS``, ``--zeropp LIST``,
 ``--activation_checkpointing``, ``--precision {fp32,bf16}``, as one object that does a training step
 (and writes and loads the sharded state of a checkpoint, :mod:`memory.sharded_checkpoint`).
 
@@ -26,6 +26,7 @@ from course.loss import model_loss
 from memory.checkpointing import apply_activation_checkpointing
 from memory.fsdp import FullyShardedModel
 from memory.hsdp import HybridShardedModel
+from memory.zeropp import ZeroPPModel
 from course.saved_tensors import storage_bytes
 from memory.sharded_checkpoint import ZERO_FLAT, ZERO_UNITS, check_names, flat_state, gather_flat
 from memory.zero import ZeroOptimizer, unique_parameters
@@ -67,20 +68,26 @@ class ShardedStep:
         hybrid: ``(shard group, replicate group)`` for hybrid sharding with ``zero=3``
             (:class:`memory.hsdp.HybridShardedModel`; :meth:`course.mesh.Mesh.hybrid_shard_groups`);
             None: ZeRO-3 over the whole ``group``.
+        zeropp: ZeRO++'s options with ``zero=3`` (a subset of ``("qwz", "hpz", "qgz")``,
+            :class:`memory.zeropp.ZeroPPModel`); ``hpz_group``: hpZ's node-sized group.
 
     Raises:
-        ValueError: ``zero`` not in 0..3, an unknown precision, or ``hybrid`` without ``zero=3``.
+        ValueError: ``zero`` not in 0..3, an unknown precision, ``hybrid`` or ``zeropp`` without ``zero=3``,
+            or both.
     """
 
     def __init__(self, model, zero: int, group=None, optimizer_class=torch.optim.AdamW, blocks=None,
-                 activation_checkpointing: bool = False, precision: str = "fp32", hybrid=None, **optimizer_options):
+                 activation_checkpointing: bool = False, precision: str = "fp32", hybrid=None, zeropp=(), hpz_group=None,
+                 **optimizer_options):
         if zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero must be 0, 1, 2 or 3, not {zero}")
         if hybrid is not None and zero != 3:
             raise ValueError(f"hybrid sharding is ZeRO-3 inside a shard group: use zero=3, not {zero}")
+        if zeropp and (zero != 3 or hybrid is not None):
+            raise ValueError(f"ZeRO++ ({', '.join(zeropp)}) is ZeRO-3 over the dp group: use zero=3 without hybrid")
         autocast("cpu", precision)  # checks the name
         self.model, self.zero, self.group, self.precision = model, zero, group, precision
-        self.hybrid = hybrid
+        self.hybrid, self.zeropp = hybrid, tuple(zeropp)
         self.checkpointing = activation_checkpointing
         self.dp = collectives.group_size(group)
         blocks = model_blocks(model) if blocks is None else blocks
@@ -94,6 +101,8 @@ class ShardedStep:
         elif zero in (1, 2):
             self.optimizer = ZeroOptimizer(model.parameters(), optimizer_class, group=group, stage=zero,
                                            **optimizer_options)
+        elif self.zeropp:
+            self.fsdp = ZeroPPModel(model, blocks, group=group, options=self.zeropp, hpz_group=hpz_group)
         elif hybrid is None:
             self.fsdp = FullyShardedModel(model, blocks, group=group)
         else:
@@ -172,6 +181,10 @@ class ShardedStep:
         if self.hybrid is not None:
             found["hsdp"] = {"replicas": collectives.group_size(self.hybrid[1]),
                              "shard": collectives.group_size(self.hybrid[0])}
+        if self.zeropp:
+            found["zeropp"] = list(self.zeropp)
+            if "hpz" in self.zeropp:
+                found["zeropp_group"] = collectives.group_size(self.fsdp.hpz_group)
         return found
 
     # -- what the results files record ----------------------------------------------------------------
@@ -237,8 +250,12 @@ def build_sharding(model, args, group, mesh=None) -> ShardedStep:
     """The ``make_sharding`` of ``project/run_data_parallel.py``: a :class:`ShardedStep` from the
     options ``--zero``, ``--hsdp``, ``--activation_checkpointing``, ``--precision`` with AdamW at
     ``--learning_rate`` (as plain data parallelism). ``--hsdp R`` > 1 takes its shard and replicate groups
-    from ``mesh`` (:meth:`course.mesh.Mesh.hybrid_shard_groups`; collective the first time)."""
+    from ``mesh`` (:meth:`course.mesh.Mesh.hybrid_shard_groups`; collective the first time). ``--zeropp`` with
+    hpz takes its node-sized group, ``--zeropp_group`` ranks, from the same layout (its shard group)."""
     replicas = getattr(args, "hsdp", 1) or 1
     hybrid = mesh.hybrid_shard_groups(replicas) if replicas > 1 else None
+    zeropp = args.zeropp_options() if hasattr(args, "zeropp_options") else ()
+    hpz_group = mesh.hybrid_shard_groups(args.dp // args.hpz_group_size())[0] if "hpz" in zeropp else None
     return ShardedStep(model, args.zero, group, torch.optim.AdamW, activation_checkpointing=args.activation_checkpointing,
-                       precision=args.precision, hybrid=hybrid, lr=args.learning_rate)
+                       precision=args.precision, hybrid=hybrid, zeropp=zeropp, hpz_group=hpz_group,
+                       lr=args.learning_rate)

@@ -37,9 +37,12 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.config import ConfigError, RunConfig, option  # noqa: E402
+from project.options.run_data_parallel import ZEROPP, node_group_size  # noqa: E402
+from project.options.run_data_parallel import zeropp_parts as _zeropp_parts  # noqa: E402
 
 PLAN = "plan"
-GROUPS = ("tp", "cp", "pp", "embedding", "dp", "ep", "edp")
+GROUPS = ("tp", "cp", "pp", "embedding", "dp", "dp_shard", "ep", "edp")
+ZEROPP_BLOCK = 64  # elements per int8 quantization block (memory.zeropp.ZeroPPModel's default)
 
 
 @dataclass
@@ -59,6 +62,10 @@ class PlanConfig(RunConfig):
     devices_per_node: int | None = option(None, "devices per node (default: the hardware's, 8)", group=PLAN)
     intra_link: str = option("nvlink", "the link between the GPUs of a node", group=PLAN, choices=("nvlink", "pcie"))
     zero: int = option(0, "ZeRO stage (0: plain data parallelism)", group=PLAN, choices=(0, 1, 2, 3))
+    zeropp: str = option("", "ZeRO++ with --zero 3: a comma list of qwz, hpz, qgz (memory/zeropp.py)", group=PLAN,
+                         metavar="LIST")
+    zeropp_group: int = option(0, "--zeropp hpz: dp ranks per node-sized group (0: the devices of a node, at most "
+                                  "--dp)", group=PLAN, metavar="RANKS")
     activation_checkpointing: bool = option(False, "recompute every block in the backward pass", group=PLAN)
     sequence_parallel: bool = option(False, "split layer norms and dropout along the sequence over tp", group=PLAN)
     precision: str = option("bf16", "fp32: 4 + 4 + 8 bytes per parameter, fp32 products; bf16: mixed precision, "
@@ -127,6 +134,11 @@ class PlanConfig(RunConfig):
             raise ConfigError(f"--top_k must be in 1..--num_experts {self.num_experts}, not {self.top_k}")
         if not 0 < self.flops_efficiency <= 1:
             raise ConfigError(f"--flops_efficiency is a fraction of the peak in (0, 1], not {self.flops_efficiency}")
+        parts = tuple(n.strip().lower() for n in (self.zeropp or "").split(",") if n.strip())
+        if [n for n in parts if n not in ZEROPP] or (parts and self.zero != 3):
+            raise ConfigError(f"--zeropp {self.zeropp}: a comma list of {', '.join(ZEROPP)}, with --zero 3")
+        if self.zeropp_group < 0 or (self.zeropp_group and self.dp % self.zeropp_group):
+            raise ConfigError(f"--zeropp_group {self.zeropp_group} must divide --dp {self.dp}")
         if self.measure:
             if self.hardware != "cpu":
                 raise ConfigError("--measure runs the configuration on this machine's CPU: add --hardware cpu")
@@ -220,15 +232,32 @@ def stage_memory(config, stage: int) -> dict:
     activations = in_flight(config, stage) * unit + extra
     # one block recomputed at a time in the backward pass: its full activations on top, for a moment
     recompute = layer_activation_bytes(**layer) if config.activation_checkpointing else 0.0
+    # (ZeRO++'s hpZ also holds 1/g of every block from its forward to its gradient reduction, g = hpz_group_size:
+    # transient, like the activations, and left out of the state held)
     return {k: dense[k] + experts[k] for k in dense} | {"activations": activations, "recompute": recompute}
 
 
 # ---- communication and time -------------------------------------------------------------------------
 
+def zeropp_parts(config) -> tuple[str, ...]:
+    """``--zeropp`` as names (``()`` without it, or without ``--zero 3``)."""
+    return _zeropp_parts(config.zero, config.zeropp)
+
+
+def hpz_group_size(config) -> int:
+    """dp ranks per hpZ group: ``--zeropp_group``, else the dp ranks on one node (at most dp)."""
+    per_node = (config.devices_per_node or 8) // (config.cp * config.tp)
+    return node_group_size(config.dp, config.zeropp_group, per_node)
+
+
 def group_shape(config, name: str) -> tuple[int, int]:
     """``(size, span)`` of a group: its ranks and how many consecutive global ranks they spread over (the
-    mesh orders its dimensions pp, dp, cp, tp, tp fastest: docs/architecture.md, "The device mesh")."""
+    mesh orders its dimensions pp, dp, cp, tp, tp fastest: docs/architecture.md, "The device mesh"; ``dp_shard``:
+    hpZ's node-sized group of dp ranks, :func:`hpz_group_size`)."""
     dp, pp, tp, cp, ep = config.dp, config.pp, config.tp, config.cp, config.ep
+    if name == "dp_shard":
+        g = hpz_group_size(config) if "hpz" in zeropp_parts(config) else 1
+        return g, g * cp * tp
     return {"tp": (tp, tp), "cp": (cp, cp * tp), "dp": (dp * cp, dp * cp * tp), "pp": (pp, config.world_size),
             "embedding": (2 if pp > 1 else 1, config.world_size), "ep": (ep, ep * tp),
             "edp": (dp * cp // ep, dp * cp * tp)}[name]
@@ -285,9 +314,30 @@ def stage_communication(config, stage: int) -> list[dict]:
             blocks = lay["blocks"] * block_params if group == "dp" else params
             root = params - blocks
             units = lay["blocks"] + (1 if root else 0)
-            call(group, "reduce_scatter", params * grad_bytes / units, units)
-            call(group, "all_gather", blocks * weight_bytes / lay["blocks"], 2 * lay["blocks"])  # forward, backward
-            call(group, "all_gather", root * weight_bytes, 1)  # kept from the forward pass to the end of backward
+            parts = zeropp_parts(config) if group == "dp" else ()
+            n = group_shape(config, group)[0]
+
+            def int8(numel):  # ZeRO++: (values, scales) bytes of a unit padded to n slices, a scale per block
+                slice_ = -(-numel // n)
+                return slice_ * n, 4 * n * -(-slice_ // ZEROPP_BLOCK)
+
+            block_int8, root_int8 = int8(blocks / lay["blocks"]), int8(root)
+            if "qgz" in parts:  # the gradient as an all-to-all of int8 chunks, then one of their scales
+                for i in (0, 1):
+                    call(group, "all_to_all", block_int8[i], lay["blocks"])
+                    call(group, "all_to_all", root_int8[i], 1 if root else 0)
+            else:
+                call(group, "reduce_scatter", params * grad_bytes / units, units)
+            if "qwz" in parts:  # the forward all-gathers as int8 values, then scales
+                for i in (0, 1):
+                    call(group, "all_gather", block_int8[i], lay["blocks"])
+                    call(group, "all_gather", root_int8[i], 1 if root else 0)
+            else:
+                call(group, "all_gather", blocks * weight_bytes / lay["blocks"], lay["blocks"])  # forward
+                call(group, "all_gather", root * weight_bytes, 1)  # kept from the forward pass to the end of backward
+            # backward: hpZ gathers each block from its secondary slices inside the node-sized group
+            call("dp_shard" if "hpz" in parts else group, "all_gather", blocks * weight_bytes / lay["blocks"],
+                 lay["blocks"])
     return calls
 
 

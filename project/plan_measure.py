@@ -195,16 +195,21 @@ def run_worker(rank: int, world_size: int, plan: dict) -> dict:
         from course.mesh import Mesh
         from memory.experiments import measure_stage
 
+        from project.options.run_data_parallel import node_group_size, zeropp_parts
+
         mesh = Mesh(dims)
-        found = measure_stage(model.to(device), plan["zero"], mesh.dp_group, steps=plan["steps"],
-                              batch_size=plan["batch_size"] // dims.dp, seq_len=s, vocab_size=vocab,
+        parts = zeropp_parts(plan["zero"], plan["zeropp"])  # ZeRO++: hpZ's node-sized group as the planner lays it out
+        node = node_group_size(dims.dp, plan["zeropp_group"], (plan["devices_per_node"] or 8) // dims.tp)
+        hpz = mesh.hybrid_shard_groups(dims.dp // node)[0] if "hpz" in parts else None
+        found = measure_stage(model.to(device), plan["zero"], mesh.dp_group, steps=plan["steps"], zeropp=parts,
+                              hpz_group=hpz, batch_size=plan["batch_size"] // dims.dp, seq_len=s, vocab_size=vocab,
                               checkpointing=plan["activation_checkpointing"], precision=plan["precision"],
                               lr=plan["learning_rate"], timed_comm=True)
-        comm = {"dp": found["comm"]} if dims.dp > 1 else {}
-        waits = [sum(step.values()) for step in found["comm_seconds"]]
+        comm = found["comm_by_group"] if dims.dp > 1 else {}  # "dp"; with ZeRO++'s hpz also "dp_shard"
+        waits = {name: statistics.median(step.get(name, 0.0) for step in found["comm_seconds"]) for name in comm}
         return {"rank": rank, "stage": 0, "held": found["held"], "activations": found["activation_bytes"],
                 "comm": comm, "step_s": found["step_time_median"], "own_step_s": found["step_time_median"],
-                "comm_seconds": {"dp": statistics.median(waits)} if dims.dp > 1 else {}, "timer": found["timer"]}
+                "comm_seconds": waits, "timer": found["timer"]}
     from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 

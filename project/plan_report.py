@@ -19,7 +19,8 @@ def format_prediction(config, prediction: dict) -> str:
     d = config
     lines = [f"plan: {d.preset}, {d.devices} x {prediction['hardware']} (dp {d.dp}, pp {d.pp}, tp {d.tp}, cp {d.cp}, "
              f"ep {d.ep}), batch {d.batch_size} x {d.model_max_length} tokens, {d.micro_batches} micro-batches, "
-             f"{d.schedule}, ZeRO-{d.zero}, {d.precision}, checkpointing {'on' if d.activation_checkpointing else 'off'},"
+             f"{d.schedule}, ZeRO-{d.zero}{f' (ZeRO++ {d.zeropp})' if getattr(d, 'zeropp', '') else ''}, "
+             f"{d.precision}, checkpointing {'on' if d.activation_checkpointing else 'off'},"
              f" sequence parallel {'on' if d.sequence_parallel else 'off'}", ""]
     lines.append(f"{'stage':>5} {'params':>11} {'grads':>11} {'optimizer':>11} {'activations':>12} {'total':>11} "
                  f"{'compute':>11} {'comm':>11}")

@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     print(f"data parallel: dp={args.dp} device={args.device} backend={args.backend} "
           f"preset={args.preset} global batch={args.batch_size} ({args.batch_size // args.dp} per rank), "
           f"gradients: {sync if not args.zero else f'ZeRO-{args.zero}'}"
-          f"{f' (HSDP: {args.hsdp} replicas x {args.dp // args.hsdp})' if args.hsdp > 1 else ''}, precision={args.precision}, "
+          f"{f' (HSDP: {args.hsdp} replicas x {args.dp // args.hsdp})' if args.hsdp > 1 else ''}"
+          f"{f' (ZeRO++: {args.zeropp})' if args.zeropp else ''}, precision={args.precision}, "
           f"activation_checkpointing={args.activation_checkpointing}", flush=True)
     try:
         launch(run_dp, args.dp, args, make_sharding, factory, device=args.device, backend=args.backend,

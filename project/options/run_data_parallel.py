@@ -6,6 +6,25 @@ from dataclasses import dataclass
 
 from course.config import ConfigError, RunConfig, option
 
+ZEROPP = ("qwz", "hpz", "qgz")  # memory.zeropp.OPTIONS (named again here: this module is torch-free)
+
+
+def zeropp_parts(zero: int, text: str | None) -> tuple[str, ...]:
+    """``--zeropp`` as a tuple of names (``()`` without it or without ``--zero 3``)."""
+    return tuple(n.strip().lower() for n in (text or "").split(",") if n.strip()) if zero == 3 else ()
+
+
+def node_group_size(dp: int, requested: int, ranks_per_node: int) -> int:
+    """dp ranks per hpZ group: ``requested`` (``--zeropp_group``) if given, else the most dp ranks on one node of
+    ``ranks_per_node`` that divide dp."""
+    if requested:
+        return requested
+    g = max(1, min(dp, ranks_per_node))
+    while dp % g:
+        g -= 1
+    return g
+
+
 COMM, MEMORY = "gradient communication (notebooks/04_communication.ipynb)", "memory (notebooks/05_memory.ipynb)"
 
 
@@ -39,6 +58,11 @@ class DataParallelConfig(RunConfig):
     hsdp: int = option(1, "hybrid sharding with --zero 3: the dp ranks as REPLICAS x (dp / REPLICAS); ZeRO-3 inside "
                           "each group of dp / REPLICAS neighbouring ranks, its gradient slices averaged across the "
                           "REPLICAS groups (1: ZeRO-3 over all ranks)", group=MEMORY, metavar="REPLICAS")
+    zeropp: str = option("", "ZeRO++ with --zero 3, a comma list of qwz (int8 blockwise weight all-gather), hpz "
+                             "(backward all-gather inside groups of --zeropp_group ranks), qgz (int8 gradient "
+                             "all-to-all) (memory/zeropp.py)", group=MEMORY, metavar="LIST")
+    zeropp_group: int = option(0, "--zeropp hpz: ranks per node-sized group, a divisor of --dp (0: the ranks on one "
+                                  "node, torchrun's LOCAL_WORLD_SIZE, else --dp)", group=MEMORY, metavar="RANKS")
     activation_checkpointing: bool = option(False, "recompute each GPT-2 block's activations in the backward pass",
                                             group=MEMORY)
     precision: str = option("fp32", "bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
@@ -60,6 +84,7 @@ class DataParallelConfig(RunConfig):
         if self.hsdp > 1 and self.zero != 3:
             raise ConfigError(f"--hsdp {self.hsdp} shards with ZeRO-3 inside each group of {self.dp // self.hsdp} ranks: "
                               "also give --zero 3")
+        self.check_zeropp()
         if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise ConfigError(f"--bucket_mb must be > 0 (MB per bucket), not {self.bucket_mb}; try --bucket_mb 25")
         if not 0 < self.topk_ratio <= 1:
@@ -78,6 +103,31 @@ class DataParallelConfig(RunConfig):
             raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
                               f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
 
+    def zeropp_options(self) -> tuple[str, ...]:
+        """``--zeropp`` as a tuple of names (``()`` without it)."""
+        return zeropp_parts(3, self.zeropp)
+
+    def hpz_group_size(self) -> int:
+        """Ranks per hpZ group: ``--zeropp_group``, else the most of torchrun's ``LOCAL_WORLD_SIZE`` (one node's
+        ranks; without it, --dp) that divide --dp."""
+        import os
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 0) or self.dp
+        return node_group_size(self.dp, self.zeropp_group, local)
+
+    def check_zeropp(self) -> None:
+        names = self.zeropp_options()
+        unknown = [n for n in names if n not in ZEROPP]
+        if unknown:
+            raise ConfigError(f"--zeropp {self.zeropp}: unknown {', '.join(unknown)}; give a comma list of "
+                              f"{', '.join(ZEROPP)}, e.g. --zeropp qwz,hpz,qgz")
+        if names and self.zero != 3:
+            raise ConfigError(f"--zeropp {self.zeropp} changes ZeRO-3's communication: also give --zero 3")
+        if names and self.hsdp > 1:
+            raise ConfigError(f"--zeropp and --hsdp {self.hsdp} are two layouts of the ranks: drop one of them")
+        if self.zeropp_group < 0 or (self.zeropp_group and self.dp % self.zeropp_group):
+            raise ConfigError(f"--zeropp_group {self.zeropp_group} must divide --dp {self.dp} (ranks per node-sized "
+                              f"group); try --zeropp_group {2 if self.dp % 2 == 0 else 1}")
 
     def check_environment(self) -> None:
         super().check_environment()

@@ -210,6 +210,66 @@ def _checkpoint_function(save_gpu: bool, fork_gpu: bool):
     return make
 
 
+# ---- a5_5_5: ZeRO++ ---------------------------------------------------------------------------------------------
+
+def _quantize(scale_of, round_=torch.round):
+    """A blockwise quantizer with another scale (``scale_of(blocks [nb, block]) -> [nb]``) or rounding."""
+    def make(original):
+        def quantize_blockwise(x, block):
+            n = x.numel()
+            nblocks = -(-n // block)
+            blocks = torch.zeros(nblocks * block)
+            blocks[:n] = x.detach().float()
+            blocks = blocks.view(nblocks, block)
+            scales = scale_of(blocks)
+            divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+            values = round_(blocks / divisor[:, None]).clamp(-127, 127).to(torch.int8)
+            return values.view(-1)[:n], scales
+        return quantize_blockwise
+    return make
+
+
+def _gathered_without_dequantizing(original):
+    def quantized_all_gather(shard, block, group=None):
+        import memory.zeropp as zpp
+
+        values, _ = zpp.quantize_blockwise(shard, block)
+        return zpp.collectives.all_gather(values, 0, group=group).float()  # the int8 levels taken as the weights
+    return quantized_all_gather
+
+
+def _backward_gather_in_the_dp_group(original):
+    @torch.no_grad()
+    def gather(self, backward=False):
+        import memory.zeropp as zpp
+
+        if self.gathered:
+            return
+        self.full.untyped_storage().resize_(self.full_bytes)
+        if self.qwz and not backward and not self.exact:
+            self.full.copy_(zpp.quantized_all_gather(self.shard.detach(), self.block, group=self.group))
+        else:  # backward: ZeRO-3's all-gather over every dp rank, the secondary slices unused
+            self.full.copy_(zpp.collectives.all_gather(self.shard.detach(), 0, group=self.group))
+        self.gathered = True
+    return gather
+
+
+def _quantized_values_summed(original):
+    def quantized_reduce_scatter(x, block, group=None):
+        import memory.zeropp as zpp
+
+        p = zpp.collectives.group_size(group)
+        if p == 1:
+            return x.clone()
+        quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
+        values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
+        scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group).view(p, -1)
+        # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
+        summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
+        return zpp.dequantize_blockwise(summed, scales.mean(dim=0), block) * p
+    return quantized_reduce_scatter
+
+
 PLANTED: dict[str, Planted] = {
     "ulysses without scale": Planted(
         "a5_7_3", "Ulysses attention that never passes scale to the local attention",
@@ -257,6 +317,26 @@ PLANTED: dict[str, Planted] = {
     "deepseek shared experts omitted": Planted(
         "a5_8_4", "the shared experts' output not added", ("moe.deepseek_router:add_shared_experts",
                                                            "moe.layer:add_shared_experts"), _shared_experts_omitted),
+    "quantization scale per tensor": Planted(
+        "a5_5_5", "one scale (the whole tensor's max|x| / 127) for every block",
+        ("memory.zeropp:quantize_blockwise",),
+        _quantize(lambda b: (b.abs().max() / 127).expand(b.shape[0]).clone())),
+    "quantization scale from the mean": Planted(
+        "a5_5_5", "each block's scale from its mean |x| instead of its max",
+        ("memory.zeropp:quantize_blockwise",), _quantize(lambda b: b.abs().mean(dim=1) / 127)),
+    "quantization by truncation": Planted(
+        "a5_5_5", "x / scale truncated toward zero instead of rounded to nearest",
+        ("memory.zeropp:quantize_blockwise",), _quantize(lambda b: b.abs().amax(dim=1) / 127, torch.trunc)),
+    "gathered weights not dequantized": Planted(
+        "a5_5_5", "qwZ's all-gather returns the int8 levels as the weights", ("memory.zeropp:quantized_all_gather",),
+        _gathered_without_dequantizing),
+    "hpz backward all-gather in the dp group": Planted(
+        "a5_5_5", "hpZ's backward all-gather of the fp32 slices over the whole dp group",
+        ("memory.zeropp:ZeroPPUnit.gather",), _backward_gather_in_the_dp_group),
+    "qgz sums quantized values": Planted(
+        "a5_5_5", "qgZ sums the received int8 levels before dequantizing them",
+        ("memory.zeropp:quantized_reduce_scatter",),
+        _quantized_values_summed),
     "zero1 averages the slice only": Planted(
         "a5_5_1", "ZeRO-1 gives the optimizer's slice the mean gradient and leaves every param.grad the rank's own",
         ("memory.zero:ZeroOptimizer._reduce_stage1",), _zero1_slice_only),

@@ -128,6 +128,34 @@ def test_checkpoint_without_the_gpu_generator_is_rejected(name, message, monkeyp
         graded.test_recomputation_on_a_gpu_draws_from_the_gpus_generator(monkeypatch)
 
 
+@pytest.mark.parametrize("name", ["quantization scale per tensor", "quantization scale from the mean",
+                                  "quantization by truncation"])
+def test_wrong_blockwise_quantizers_are_rejected(name):
+    from tests.memory import test_quantized_sharding as graded
+
+    with plant(name), pytest.raises(AssertionError, match="scales differ|exceeds half its block's step"):
+        for n, block in [(640, 64), (1000, 64), (37, 8), (5, 16)]:
+            graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n, block)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, check, message", [
+    ("gathered weights not dequantized", "training", "dequantize the gathered int8 weights"),
+    ("qgz sums quantized values", "training", "dequantize each received chunk"),
+    ("hpz backward all-gather in the dp group", "wire", "the backward's all-gather belongs to the node-sized group"),
+])
+def test_wrong_zeropp_steps_are_rejected(name, check, message, monkeypatch):
+    from tests.memory import test_quantized_sharding as graded
+
+    planted_run = graded.run.__wrapped__
+    for layout, (world_size, node) in graded.LAYOUTS.items():
+        monkeypatch.setattr(graded, "run", lambda w, n, _name=name: planted_run(w, n, _name))
+        test = (graded.test_training_stays_within_the_quantization_tolerance_of_zero3_and_of_no_sharding
+                if check == "training" else graded.test_int8_on_the_wire_and_the_backward_all_gather_inside_the_node)
+        with pytest.raises(AssertionError, match=message):
+            test(layout)
+
+
 def test_every_planted_solution_is_run_here():
     text = open(__file__, encoding="utf-8").read()
     for name, planted in PLANTED.items():

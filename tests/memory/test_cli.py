@@ -22,6 +22,24 @@ def test_sharded_runs_write_checkpoints_and_hsdp_needs_zero3_and_a_divisor_of_dp
         assert message in capsys.readouterr().err
 
 
+def test_zeropp_names_its_parts_needs_zero3_and_a_group_that_divides_dp(tmp_path, capsys):
+    from memory.zeropp import OPTIONS
+    from project.options.run_data_parallel import ZEROPP
+
+    assert ZEROPP == OPTIONS, "the torch-free configuration names ZeRO++'s parts as memory.zeropp does"
+    args = parse_args(["--dp", "4", "--zero", "3", "--zeropp", "qwz,hpz,qgz", "--zeropp_group", "2",
+                       "--workdir", str(tmp_path)])
+    assert (args.zeropp_options(), args.hpz_group_size()) == (("qwz", "hpz", "qgz"), 2)
+    for argv, message in ((["--zero", "2", "--zeropp", "qwz"], "also give --zero 3"),
+                          (["--zero", "3", "--zeropp", "qwz,int4"], "unknown int4"),
+                          (["--dp", "4", "--zero", "3", "--hsdp", "2", "--zeropp", "hpz"], "drop one of them"),
+                          (["--dp", "4", "--zero", "3", "--zeropp", "hpz", "--zeropp_group", "3"],
+                           "--zeropp_group 3 must divide --dp 4")):
+        with pytest.raises(SystemExit):
+            parse_args([*argv, "--workdir", str(tmp_path)])
+        assert message in capsys.readouterr().err
+
+
 def test_precision_choices(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--precision", "fp16", "--workdir", str(tmp_path)])

@@ -14,6 +14,7 @@ CPU = Hardware("cpu", {"fp32": 1e10, "bf16": 1e10}, 1e12, Link("loopback", 1e-5,
 RUNS = {
     "pp 2 x tp 2, 1F1B": dict(pp=2, tp=2, micro_batches=2),
     "dp 2, ZeRO-3, checkpointing": dict(dp=2, zero=3, activation_checkpointing=True),
+    "dp 2, ZeRO++": dict(dp=2, zero=3, zeropp="qwz,hpz,qgz", zeropp_group=2),  # int8 in dp, fp32 in dp_shard
 }
 
 
