@@ -19,7 +19,7 @@ See notebooks/02_pipeline_parallel.ipynb.
 """
 from pipeline.clock_cycles import clock_cycles
 from pipeline.gpt2 import gpt2_balance
-from pipeline.metrics import bubble_fraction
+from pipeline.metrics import bubble_fraction, peak_in_flight
 from pipeline.partition import WithDevice, split_module
 from pipeline.pipe import Pipe
 from pipeline.schedules import (SCHEDULES, Schedule, all_actions, get_schedule, gpipe_actions, interleaved_1f1b_actions,
@@ -28,5 +28,5 @@ from pipeline.stage_runner import StageRunner, StepResult
 
 __all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
            "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
-           "all_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
+           "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "StageRunner",
            "StepResult"]

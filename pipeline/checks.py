@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from course.exercise_checks import report as _report
 
-from pipeline.schedules import get_schedule
+from pipeline.metrics import peak_in_flight
+from pipeline.schedules import get_schedule, schedule_actions
 
 
 def forward_clock_cycles(n_micro: int, n_stages: int) -> int:
@@ -20,12 +21,15 @@ def forward_clock_cycles(n_micro: int, n_stages: int) -> int:
 
 def peak_in_flight_formula(schedule: str, rank: int, n_stages: int, n_micro: int) -> int:
     """Micro-batches ``rank`` holds activations of at once: GPipe ``m``; 1F1B ``min(p - rank, m)``
-    (Narayanan et al. 2021, Sec. 2.2.1)."""
-    if schedule == "gpipe":
-        return n_micro
-    if schedule == "1f1b":
-        return min(n_stages - rank, n_micro)
-    raise ValueError(f"the formula covers 'gpipe' and '1f1b', got {schedule!r}")
+    (Narayanan et al. 2021, Sec. 2.2.1) — counted on the schedule's action list
+    (:func:`pipeline.metrics.peak_in_flight`).
+
+    Raises:
+        ValueError: a schedule other than ``"gpipe"`` or ``"1f1b"``.
+    """
+    if schedule not in ("gpipe", "1f1b"):
+        raise ValueError(f"the formula covers 'gpipe' and '1f1b', got {schedule!r}")
+    return peak_in_flight(schedule_actions(schedule, rank, n_stages, n_micro))
 
 
 def fewest_micro_batches(schedule: str, n_stages: int, max_bubble: float, n_chunks: int = 1) -> int:
