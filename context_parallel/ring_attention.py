@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from context_parallel.blockwise_attention import _check, attend_blocks, attend_blocks_backward
+from context_parallel.blockwise_attention import attend_blocks, attend_blocks_backward, check_qkv
 from context_parallel.layouts import SequenceLayout
 from context_parallel.online_softmax import SoftmaxState, finish
 from course.collectives import P2P, global_rank, group_rank, group_size, start_exchange
@@ -188,7 +188,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Se
     Raises:
         ValueError: shapes that do not fit, or a layout for another cp size or sequence length.
     """
-    _check(q, k, v, block_size)
+    check_qkv(q, k, v, block_size)
     p = group_size(group)
     if layout.cp != p:
         raise ValueError(f"the layout is for cp = {layout.cp} ranks, the group has {p}")
