@@ -1,7 +1,10 @@
 """Assignment blocks: finding them, and replacing their code by the stub (shipped with the release).
 
 A block is the code between a key's BEGIN and END marker lines (``ASSIGN5_x_y``; small, no
-nesting, inside a function). :func:`find_blocks` finds and checks them; :func:`stub_source` and
+nesting, inside a function). The marker lines are read by one scanner, :mod:`course.blocks` (its
+names are this module's too); :func:`scan` lists the reference blocks of a whole tree for the
+grader's leak check, the block policy and the site. :func:`find_blocks` finds and checks them
+against ``instructor/keys.py``; :func:`stub_source` and
 :func:`stub_notebook` replace a block's code by one line, indented like the block,
 
     raise NotImplementedError("Assignment 5.1.2: implement average_gradients (...). See
