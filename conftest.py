@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from course.blocks import marked_spans
 from course.tree import check_tree
 from instructor.keys import KEYS, marker_lines
 
@@ -145,22 +146,13 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)\s*$')
 @lru_cache(maxsize=None)
 def _block_lines(path: str) -> tuple[tuple[int, int], ...]:
     """1-based (first, last) lines between the assignment markers of the file ``path`` (none if not ours)."""
-    from instructor.blocks import BEGIN, END
-
     try:
         if not Path(path).resolve().is_relative_to(ROOT):
             return ()
         lines = Path(path).read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError):
         return ()
-    found, start = [], None
-    for i, line in enumerate(lines, 1):
-        if BEGIN.match(line):
-            start = i + 1
-        elif END.match(line) and start is not None:
-            found.append((start, i - 1))
-            start = None
-    return tuple(found)
+    return tuple((block.begin + 2, block.end) for block in marked_spans(lines))
 
 
 def rank_failure_summary(message: str) -> str:

@@ -30,7 +30,13 @@ def _tiles(n: int, block_size: int):
     return [(start, min(start + block_size, n)) for start in range(0, n, block_size)]
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> None:
+    """Check attention inputs before any work: ``q`` (batch, heads, q_len, head_dim), ``k`` and ``v``
+    (batch, heads, k_len, head_dim), ``block_size`` a whole number >= 1.
+
+    Raises:
+        ValueError: naming the shapes or the block size that do not fit.
+    """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim), got shapes {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -150,6 +156,6 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     Raises:
         ValueError: shapes that are not (batch, heads, seq, head_dim) or do not fit; ``block_size`` < 1.
     """
-    _check(q, k, v, block_size)
+    check_qkv(q, k, v, block_size)
     scale = q.size(-1) ** -0.5 if scale is None else scale
     return BlockwiseAttention.apply(q, k, v, causal, block_size, scale, stats)

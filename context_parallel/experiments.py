@@ -25,9 +25,6 @@ returns plain Python values for the notebook to tabulate; the plots are in
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +33,7 @@ from context_parallel.layouts import SequenceLayout
 from context_parallel.online_softmax import SoftmaxState, finish, online_softmax_update
 from context_parallel.ring_attention import ring_attention, ring_traffic_bytes
 from context_parallel.ulysses import ulysses_attention, ulysses_traffic_bytes
+from course.benchmarking import interleaved, summarise
 
 MB = 1e6
 
@@ -139,21 +137,11 @@ def blockwise_check(seq: int = 100, block_size: int = 32, batch: int = 2, heads:
 
 
 def _timed(fn, group, repeats: int, warmup: int = 1, device: torch.device | str = "cpu") -> dict:
-    """Seconds of ``fn()`` on the slowest rank of ``group``: median and range over ``repeats`` after ``warmup``."""
-    import torch.distributed as dist
-
-    times = []
-    for i in range(warmup + repeats):
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        fn()
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = torch.tensor([time.perf_counter() - start], device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        if i >= warmup:
-            times.append(float(elapsed))
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats,
+    """Seconds of ``fn()`` on the slowest rank of ``group`` (:func:`course.benchmarking.interleaved`): median and
+    range over ``repeats`` after ``warmup``."""
+    times = interleaved({"fn": fn}, repeats, warmup, device, group)["fn"]
+    summary = summarise(times)
+    return {"median_s": summary["median"], "min_s": summary["min"], "max_s": summary["max"], "repeats": repeats,
             "times_s": times}
 
 
@@ -219,7 +207,7 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
         everyone: list = [None] * world_size
         mine = {"rank": rank, "forward": stats["forward"], "backward": stats["backward"],
                 "forward_tiles": stats["forward_tiles"], "backward_tiles": stats["backward_tiles"],
-                "compute_s": statistics.median(computes), "compute_range_s": (min(computes), max(computes))}
+                "compute_s": summarise(computes)["median"], "compute_range_s": (min(computes), max(computes))}
         dist.all_gather_object(everyone, mine, group=dist.group.WORLD)
         origin = {name: min(s["compute"][0] for e in everyone for s in e[name]) for name in ("forward", "backward")}
 
@@ -344,16 +332,22 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     device = context().device
     # the cp group of the mesh dp (world_size / cp) x cp for every cp (every rank builds every mesh, in order)
     groups = {cp: Mesh.build(dp=world_size // cp, cp=cp).cp_group for cp in sorted(set(cps))}
+
+    def setting(method, cp, seq):
+        """Every rank meets here; a rank of the cp group gets ``(group, attention, a fresh model)``, the others None."""
+        dist.barrier(group=dist.group.WORLD)
+        if rank >= cp:
+            return None
+        return groups[cp], _attention(method, cp, seq, groups[cp], block_size), _gpt2(seq, n_layer, vocab).to(device)
+
     memory, equality = [], []
     for method in ("ring", "ulysses"):
         for cp in cps:
             for seq in seq_lens:
-                dist.barrier(group=dist.group.WORLD)
-                if rank >= cp:
+                found = setting(method, cp, seq)
+                if found is None:
                     continue
-                group = groups[cp]
-                attention = _attention(method, cp, seq, group, block_size)
-                model = _gpt2(seq, n_layer, vocab).to(device)
+                group, attention, model = found
                 shard = shard_batch(_batch(seq, vocab, device=device), attention.layout, rank)
 
                 params = list(model.parameters())
@@ -392,12 +386,10 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     loss = loss.detach()
     for method in ("ring", "ulysses"):
         for cp in [c for c in cps if c > 1]:
-            dist.barrier(group=dist.group.WORLD)
-            if rank >= cp:
+            found = setting(method, cp, seq)
+            if found is None:
                 continue
-            group = groups[cp]
-            attention = _attention(method, cp, seq, group, block_size)
-            model = _gpt2(seq, n_layer, vocab).to(device)
+            group, attention, model = found
             mine, _ = shard_loss_sum(model, shard_batch(batch, attention.layout, rank), attention)
             (mine / count).backward()
             total = mine.detach().clone()

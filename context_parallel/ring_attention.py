@@ -33,35 +33,29 @@ import time
 
 import torch
 
-from context_parallel.blockwise_attention import DEFAULT_BLOCK_SIZE, _check, attend_blocks, attend_blocks_backward
+from context_parallel.blockwise_attention import DEFAULT_BLOCK_SIZE, attend_blocks, attend_blocks_backward, check_qkv
 from context_parallel.layouts import SequenceLayout, check_layout
 from context_parallel.online_softmax import SoftmaxState, finish
 from course.collectives import P2P, global_rank, group_rank, group_size, start_exchange
-
-
-def _now(device: torch.device) -> float:
-    """``time.time()`` (seconds; the clock of :class:`course.collectives.CommRecord`), after the device's
-    queued work (timers synchronise the device)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.time()
+from course.measure import now
 
 
 class _Recorder:
     """Per-step record of one pass: which block (its home rank), tiles computed, compute and wait spans
-    (wall clock), and the CPU seconds of the computation (``time.thread_time``: on a CPU shared by more
-    ranks than cores it is the work done, where the wall clock also counts the waits for a core)."""
+    (:func:`course.measure.now`: the wall clock after the device's queued work), and the CPU seconds of the
+    computation (``time.thread_time``: on a CPU shared by more ranks than cores it is the work done, where
+    the wall clock also counts the waits for a core)."""
 
     def __init__(self, stats: dict | None, name: str, device: torch.device):
         self.stats, self.name, self.device = stats, name, device
         self.steps: list[dict] = []
-        self.mark = _now(device) if stats is not None else 0.0
+        self.mark = now(device) if stats is not None else 0.0
         self.cpu_mark = time.thread_time()
 
     def computed(self, step: int, src: int, tiles: int) -> None:
         if self.stats is None:
             return
-        end, cpu = _now(self.device), time.thread_time()
+        end, cpu = now(self.device), time.thread_time()
         self.steps.append({"step": step, "src": src, "tiles": tiles, "compute": (self.mark, end), "wait": (end, end),
                            "cpu_seconds": cpu - self.cpu_mark})
         self.mark = end
@@ -69,7 +63,7 @@ class _Recorder:
     def waited(self) -> None:
         if self.stats is None or not self.steps:
             return
-        end = _now(self.device)
+        end = now(self.device)
         self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], end)
         self.mark, self.cpu_mark = end, time.thread_time()
 
@@ -195,7 +189,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         ValueError: shapes that do not fit, values of another width than the queries', or a layout
             for another cp size or shard length.
     """
-    _check(q, k, v, block_size)
+    check_qkv(q, k, v, block_size)
     if v.size(-1) != q.size(-1):
         raise ValueError(f"ring attention sends keys and values as one message, so v must be as wide as q and k "
                          f"(head_dim {q.size(-1)}), not {v.size(-1)}; use ulysses_attention or blockwise_attention "

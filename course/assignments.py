@@ -16,9 +16,9 @@ import ast
 import re
 from pathlib import Path
 
+from course.blocks import may_have_blocks, marked_spans
+
 TREE = Path(__file__).resolve().parent.parent
-_BEGIN, _END = "# " + "BEGIN", "# " + "END"  # spelled apart: this file holds no marker of its own
-_BLOCK = re.compile(rf"^[ \t]*{_BEGIN} (ASSIGN\d+_\d+_\d+)[ \t]*\n(.*?)^[ \t]*{_END} \1[ \t]*$", re.M | re.S)
 
 
 class AssignmentNotDone(RuntimeError):
@@ -39,16 +39,17 @@ def stubs(tree: Path = TREE) -> dict[str, tuple[str, str]]:
         if any(part.startswith(".") or part in ("workdir", "__pycache__") for part in path.relative_to(tree).parts):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        if f"{_BEGIN} ASSIGN" not in text:
+        if not may_have_blocks(text):
             continue
-        for match in _BLOCK.finditer(text):
-            body = match.group(2).strip()
+        lines = text.split("\n")
+        for block in marked_spans(lines):
+            body = "\n".join(lines[block.begin + 1:block.end]).strip()
             if body.startswith("raise NotImplementedError(") and "\n" not in body:
                 try:
                     message = ast.literal_eval(body[len("raise NotImplementedError("):-1])
                 except (ValueError, SyntaxError):
                     message = body
-                found.setdefault(match.group(1), (str(path.relative_to(tree)), str(message)))
+                found.setdefault(block.marker, (str(path.relative_to(tree)), str(message)))
     return found
 
 

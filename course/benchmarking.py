@@ -327,12 +327,12 @@ def parser(description: str, *, out: str, device: str = "auto", repeats: int = M
 def old_name(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
     """Keep ``old`` working as ``new`` (same value) with a note naming ``new`` (:class:`course.config.RunConfig`'s
     former names do the same). ``kwargs``: ``type``/``nargs`` of the new option."""
-    from course.config import _OldName
+    from course.config import OldName
 
     dest = new.lstrip("-")
     action = next(a for a in parser._actions if a.dest == dest)
     kwargs = {"type": action.type, "nargs": action.nargs, **kwargs}
-    parser.add_argument(old, dest=dest, action=_OldName, new=new, help=argparse.SUPPRESS,
+    parser.add_argument(old, dest=dest, action=OldName, new=new, help=argparse.SUPPRESS,
                         **{k: v for k, v in kwargs.items() if v is not None})
 
 

@@ -74,6 +74,15 @@ def name_group(group, name: str) -> None:
         _NAMES[id(group)] = name
 
 
+def forget_run() -> None:
+    """Forget what a run left here: the names given to its groups, its active :class:`CommCounter` records and
+    its scope (a pooled rank, :mod:`course.launch_pool`, calls this before each run it takes)."""
+    _NAMES.clear()
+    _ACTIVE.clear()
+    del _SCOPE[1:]
+    _SCOPE[0] = (None, None)
+
+
 def group_name(group) -> str:
     """A short name for ``group``: the name the mesh gave it (``"tp"``, ``"dp"``, ``"pp"``,
     ``"embedding"``), else the description it was created with, else ``"world"`` for the

@@ -59,7 +59,7 @@ def option(default: Any, help: str, *, group: str, choices: tuple | None = None,
                                             "metavar": metavar})
 
 
-class _OldName(argparse.Action):
+class OldName(argparse.Action):
     """An option's former name: sets the field and says once which name replaces it."""
 
     def __init__(self, option_strings, dest, new: str, **kwargs):
@@ -69,6 +69,9 @@ class _OldName(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"note: {option_string} is now {self.new}; the old name will go away", file=sys.stderr)
         setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+_OldName = OldName  # its former name
 
 
 def _kind(f: dataclasses.Field) -> type:

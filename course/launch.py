@@ -41,6 +41,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from course import launch_pool, nccl_rules
 from course.environment import in_torchrun
 from course.rank_watch import (death_report, die_with_parent, enable_stack_dumps, hang_report, name_process,
                                where_ranks_are)
@@ -209,8 +211,15 @@ def resolve_device_backend(device: str | None = "auto", backend: str | None = "a
     return device, backend
 
 
-def _setup_worker(rank: int, world_size: int, local_rank: int, device_type: str, backend: str,
-                  init_method: str | None, collective_timeout: float, store=None) -> DistContext:
+def setup_worker(rank: int, world_size: int, local_rank: int, device_type: str, backend: str,
+                 init_method: str | None, collective_timeout: float, store=None) -> DistContext:
+    """Make this process rank ``rank`` of the run: its device (``cuda:LOCAL_RANK``'s GPU, or its share of
+    the CPU threads) and the process group (``init_method`` or ``store``; ``collective_timeout`` in
+    seconds). Returns the rank's :class:`DistContext` (also :func:`context` from now on).
+
+    Raises:
+        RuntimeError: CUDA was initialised in the fork server before it forked this rank.
+    """
     global _CONTEXT
     group_backend = process_group_backend(device_type, backend)
     device_id = None
@@ -233,18 +242,15 @@ def _setup_worker(rank: int, world_size: int, local_rank: int, device_type: str,
                             rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=collective_timeout),
                             device_id=device_id)
     _CONTEXT = DistContext(rank, world_size, local_rank, backend, device, group_backend)
-    from course import nccl_rules
-
     if nccl_rules.enabled():  # tests named *rendezvous*: gloo held to NCCL's point-to-point rules
         nccl_rules.install()
     return _CONTEXT
 
 
-def _teardown_worker() -> None:
+def teardown_worker() -> None:
+    """Undo :func:`setup_worker`: forget the context and destroy the process group (if any)."""
     global _CONTEXT
     _CONTEXT = None
-    from course import nccl_rules
-
     nccl_rules.uninstall()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -269,11 +275,9 @@ def process_context():
     NCCL as spawned ones do: importing torch does not initialise CUDA, and the server runs with
     ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so that an import asking ``torch.cuda.is_available()`` asks NVML
     instead of initialising the CUDA driver (which would make CUDA unusable in every rank forked after it).
-    A forked rank inherits the server's environment and folder, not the caller's: :func:`_adopt` gives it
+    A forked rank inherits the server's environment and folder, not the caller's: :func:`adopt_caller` gives it
     the caller's.
     """
-    from multiprocessing import forkserver
-
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
     added = "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
@@ -297,8 +301,6 @@ def stop_fork_server() -> None:
     """End the fork server now (its ranks have ended; the test suite calls this as it ends). Left alone it would
     end by itself once it sees its launcher gone — but only after the imports it may still be busy with, and
     until then it holds the launcher's output open (a caller reading that output to its end waits for it)."""
-    from multiprocessing import forkserver
-
     server = forkserver._forkserver  # the module's one server (no public handle on it)
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
@@ -310,7 +312,7 @@ def stop_fork_server() -> None:
     server._stop()  # closes its sockets and reaps it
 
 
-def _adopt(env: dict, cwd: str) -> None:
+def adopt_caller(env: dict, cwd: str) -> None:
     """Take the caller's environment and working folder (a forked rank starts with the fork server's)."""
     os.environ.clear()
     os.environ.update(env)
@@ -324,14 +326,14 @@ def _spawned_entry(rank, world_size, init_method, device_type, backend, collecti
                    worker, args, results, init_group, parent_pid, stack_dir, attempt, env, cwd):
     die_with_parent(parent_pid)
     name_process(f"rank{rank}")
-    _adopt(env, cwd)
+    adopt_caller(env, cwd)
     enable_stack_dumps(Path(stack_dir) / f"rank{rank}.stack")
     os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(world_size), str(rank)
     os.environ["LLMSYS_RESTART_COUNT"] = str(attempt)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
     try:
         if init_group:
-            _setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
+            setup_worker(rank, world_size, rank, device_type, backend, init_method, collective_timeout)
         value = worker(rank, world_size, *args)
         # Plain pickle bytes: tensors must not travel as shared-memory handles, which die with this process.
         results.put((rank, "ok", pickle.dumps(value)))
@@ -339,12 +341,12 @@ def _spawned_entry(rank, world_size, init_method, device_type, backend, collecti
         results.put((rank, "error", traceback.format_exc()))
     finally:
         try:
-            _teardown_worker()
+            teardown_worker()
         except Exception:  # noqa: BLE001
             pass
 
 
-def _stop(procs) -> None:
+def stop_processes(procs) -> None:
     """Terminate, then kill, every process still alive; reap them all."""
     for p in procs:
         if p.is_alive():
@@ -403,15 +405,12 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
     device_type, backend = resolve_device_backend(device, backend, world_size)  # also: a GPU for each rank
     module = getattr(worker, "__module__", None)
     if module == "__main__":
-        import __main__
+        import __main__  # the running script itself: looked at only for a worker defined there
         if not getattr(__main__, "__file__", None):
             raise ValueError(f"{worker.__name__} is defined in a notebook cell or interactive session; "
                              "spawned processes cannot import it. Move it into a module (a .py file).")
-    from course import launch_pool
-
     if launch_pool.active() and init_process_group and not max_restarts and module != "__main__":
-        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout,
-                               sys.modules[__name__])
+        return launch_pool.run(worker, world_size, args, device_type, backend, timeout, collective_timeout, RANKS)
     for attempt in range(max_restarts + 1):
         try:
             return _run_attempt(worker, world_size, args, device_type, backend, timeout, collective_timeout,
@@ -444,7 +443,7 @@ def _run_attempt(worker, world_size, args, device_type, backend, timeout, collec
             p.join(timeout=30)
         return outputs
     finally:
-        _stop(procs)
+        stop_processes(procs)
         results.close()
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
@@ -590,14 +589,14 @@ def _join_torchrun(worker, world_size, args, device, backend, collective_timeout
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     device_type, backend = resolve_device_backend(device, backend, world_size)
     store = _attempt_store(rank, world_size, collective_timeout)
-    _setup_worker(rank, world_size, local_rank, device_type, backend, None, collective_timeout, store=store)
+    setup_worker(rank, world_size, local_rank, device_type, backend, None, collective_timeout, store=store)
     try:
         return {rank: worker(rank, world_size, *args)}
     except BaseException as exc:
         print(_first_lines(rank, exc), file=sys.stderr, flush=True)
         raise
     finally:
-        _teardown_worker()
+        teardown_worker()
 
 
 def _gathered(rank: int, world_size: int, worker, *args):
@@ -626,3 +625,25 @@ def reports_results() -> bool:
 def default_world_size(fallback: int) -> int:
     """``WORLD_SIZE`` from torchrun when set, else ``fallback``."""
     return int(os.environ["WORLD_SIZE"]) if in_torchrun() else fallback
+
+
+@dataclass(frozen=True)
+class RankLife:
+    """The launcher's side of a rank's life, as :mod:`course.launch_pool` uses it: how processes start
+    (:func:`process_context`, :func:`free_port`), how a rank joins and leaves its group
+    (:func:`setup_worker`, :func:`teardown_worker`) and takes the caller's environment
+    (:func:`adopt_caller`), how results come back (:func:`collect_results`) and how processes end
+    (:func:`stop_processes`). Handed to the pool by :func:`launch` (the pool does not import the launcher,
+    which imports it)."""
+
+    process_context: Callable[[], Any]
+    free_port: Callable[[], int]
+    setup_worker: Callable[..., DistContext]
+    teardown_worker: Callable[[], None]
+    adopt_caller: Callable[[dict, str], None]
+    collect_results: Callable[..., dict]
+    stop_processes: Callable[[list], None]
+
+
+RANKS = RankLife(process_context, free_port, setup_worker, teardown_worker, adopt_caller, collect_results,
+                 stop_processes)

@@ -37,6 +37,11 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from course import collectives, nccl_rules
+from course.rank_watch import die_with_parent, enable_stack_dumps, name_process
 
 _ENABLED = False
 _DISABLED_DEPTH = 0
@@ -88,8 +93,9 @@ def run(worker, world_size: int, args: tuple, device_type: str, backend: str, ti
         collective_timeout: float, launcher) -> dict:
     """Run ``worker`` on a pool of ``world_size`` ranks (see the module docstring); ``{rank: value}``.
 
-    ``launcher`` is :mod:`course.launch`, which calls this (its rank set-up, result collection and
-    process stopping are the pool's too; passed in, so that this module does not import it back).
+    ``launcher`` is :data:`course.launch.RANKS` (a :class:`course.launch.RankLife`), given by the launcher,
+    which calls this: its rank set-up, result collection and process stopping are the pool's too (handed
+    in, so that this module does not import the launcher back).
 
     Raises:
         course.launch.RankFailure: as :func:`course.launch.launch` (the pool is then closed).
@@ -121,7 +127,7 @@ class _Pool:
         self.procs = [ctx.Process(target=_pool_entry, daemon=True, name=f"pool-rank{rank}",
                                   args=(rank, world_size, init_method, device_type, backend, collective_timeout,
                                         self.tasks[rank], self.results, os.getpid(), str(self.folder),
-                                        launcher._setup_worker, launcher._teardown_worker, launcher._adopt,
+                                        launcher.setup_worker, launcher.teardown_worker, launcher.adopt_caller,
                                         dict(os.environ), os.getcwd()))
                       for rank in range(world_size)]
         for p in self.procs:
@@ -152,7 +158,7 @@ class _Pool:
         deadline = time.monotonic() + 2
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
-        self.launcher._stop(self.procs)
+        self.launcher.stop_processes(self.procs)
         for q in [*self.tasks, self.results]:
             q.close()
         for f in self.folder.glob("*"):
@@ -163,8 +169,6 @@ class _Pool:
 
 def _pool_entry(rank, world_size, init_method, device_type, backend, collective_timeout, tasks, results, parent_pid,
                 folder, setup_worker, teardown_worker, adopt, env, cwd):
-    from course.rank_watch import die_with_parent, enable_stack_dumps, name_process
-
     die_with_parent(parent_pid)
     name_process(f"pool-rank{rank}")
     adopt(env, cwd)
@@ -213,8 +217,6 @@ class _State:
         return cls(dict(os.environ), os.getcwd(), torch.get_num_threads(), torch.get_default_dtype(), _groups())
 
     def begin(self, env: dict, cwd: str) -> None:
-        from course import collectives, nccl_rules
-
         keep = {k: self.env[k] for k in ("LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LLMSYS_RESTART_COUNT")
                 if k in self.env}
         os.environ.clear()
@@ -222,19 +224,12 @@ class _State:
         os.environ.update(keep)
         with contextlib.suppress(OSError):
             os.chdir(cwd)
-        collectives._NAMES.clear()
-        collectives._ACTIVE.clear()
-        del collectives._SCOPE[1:]
-        collectives._SCOPE[0] = (None, None)
+        collectives.forget_run()
         nccl_rules.uninstall()
         if nccl_rules.enabled():
             nccl_rules.install()
 
     def end(self) -> None:
-        import torch.distributed as dist
-
-        from course import nccl_rules
-
         nccl_rules.uninstall()
         _destroy_groups_made_since(self.groups, dist.destroy_process_group)
         torch.set_num_threads(self.threads)
@@ -249,8 +244,6 @@ class _State:
 def _groups() -> list:
     """The process groups this rank holds besides the world, in the order they were made (torch's ``pg_map`` is
     a dict: it keeps the order of insertion)."""
-    from torch.distributed import distributed_c10d as c10d
-
     return [g for g in c10d._world.pg_map if g is not c10d.GroupMember.WORLD]
 
 

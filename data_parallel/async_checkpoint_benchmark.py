@@ -27,24 +27,25 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
+from course import benchmarking
 from course.launch import default_world_size, launch_all, reports_results
 
 WAYS = ("none", "sync", "async")
 
 
 def checkpoint_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
-    """Per repeat and way, this rank's seconds from the first step to the last checkpoint committed."""
+    """Per repeat and way, the slowest rank's seconds from the first step to the last checkpoint committed
+    (:func:`course.benchmarking.timed`)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from course.checkpoint import checkpoint_group, save_checkpoint, save_checkpoint_async
     from course.launch import context
-    from course.measure import now, timer_name
+    from course.measure import timer_name
     from course.model import build_gpt2
     from data_parallel import average_gradients
 
@@ -58,28 +59,28 @@ def checkpoint_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     for repeat in range(cfg["repeats"] + 1):  # repeat 0: warm-up, not reported
         for way in WAYS:
             root = Path(cfg["root"]) / f"{way}{repeat}"
-            pending = None
-            dist.barrier(group=world)
-            start = now(device)
-            for step in range(1, cfg["steps"] + 1):
-                optimizer.zero_grad()
-                model(input_ids=ids, labels=ids).loss.backward()
-                average_gradients(model, world)
-                optimizer.step()
-                if way != "none" and step % cfg["every"] == 0:
-                    model_state, optim_state = get_state_dict(model, optimizer)
-                    state = {"model": model_state, "optim": optim_state}
-                    if way == "sync":
-                        save_checkpoint(root, step, state, rank=rank, group=world)
-                    else:
-                        if pending is not None:
-                            pending.wait()  # one save in flight, as the epoch runner does
-                        pending = save_checkpoint_async(root, step, state, rank=rank, group=world,
-                                                        save_group=save_group)
-            if pending is not None:
-                pending.wait()
-            seconds = now(device) - start
-            dist.barrier(group=world)
+
+            def run(way=way, root=root):
+                pending = None
+                for step in range(1, cfg["steps"] + 1):
+                    optimizer.zero_grad()
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    average_gradients(model, world)
+                    optimizer.step()
+                    if way != "none" and step % cfg["every"] == 0:
+                        model_state, optim_state = get_state_dict(model, optimizer)
+                        state = {"model": model_state, "optim": optim_state}
+                        if way == "sync":
+                            save_checkpoint(root, step, state, rank=rank, group=world)
+                        else:
+                            if pending is not None:
+                                pending.wait()  # one save in flight, as the epoch runner does
+                            pending = save_checkpoint_async(root, step, state, rank=rank, group=world,
+                                                            save_group=save_group)
+                if pending is not None:
+                    pending.wait()
+
+            seconds = benchmarking.timed(run, device, world)  # the slowest rank's, from a barrier
             if repeat:
                 times.append({"way": way, "repeat": repeat, "seconds": seconds, "timer": timer_name(device)})
     return times
@@ -95,8 +96,8 @@ def summarise(outputs: dict[int, list[dict]]) -> dict[str, dict]:
     table = {}
     for way in WAYS:
         seconds = [s for (w, _), s in sorted(runs.items()) if w == way]
-        table[way] = {"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds),
-                      "seconds": seconds}
+        summary = benchmarking.summarise(seconds)
+        table[way] = {"median": summary["median"], "min": summary["min"], "max": summary["max"], "seconds": seconds}
     for way in WAYS:
         table[way]["ratio_to_none"] = table[way]["median"] / table["none"]["median"]
     return table

@@ -1,7 +1,10 @@
 """Assignment blocks: finding them, and replacing their code by the stub (shipped with the release).
 
 A block is the code between a key's BEGIN and END marker lines (``ASSIGN5_x_y``; small, no
-nesting, inside a function). :func:`find_blocks` finds and checks them; :func:`stub_source` and
+nesting, inside a function). The marker lines are read by one scanner, :mod:`course.blocks` (its
+names are this module's too); :func:`scan` lists the reference blocks of a whole tree for the
+grader's leak check, the block policy and the site. :func:`find_blocks` finds and checks them
+against ``instructor/keys.py``; :func:`stub_source` and
 :func:`stub_notebook` replace a block's code by one line, indented like the block,
 
     raise NotImplementedError("Assignment 5.1.2: implement average_gradients (...). See
@@ -19,65 +22,27 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import course.blocks as course_blocks
+from course.blocks import BEGIN, END, Block, ReleaseError, marked_spans  # noqa: F401 - this module's names too
 from instructor.keys import KEYS, key_of_marker
 
-BEGIN = re.compile(r"^(\s*)# BEGIN (ASSIGN\w+)\s*$")
-END = re.compile(r"^(\s*)# END (ASSIGN\w+)\s*$")
-ANY_MARKER = re.compile(r"#\s*(BEGIN|END)\s+ASSIGN")
 INSTRUCTOR_ONLY = {"instructor/release.py", "instructor/integrity.py", "instructor/gradescope.py"}
 INSTRUCTOR_ONLY_DIRS = ("tests/instructor/", "tests/site/")  # the tests of the instructor tools (the site is
 # built from the instructor's tree: website/ needs instructor/release.py to find the reference blocks)
 SKIP_DIRS = {".git", "workdir", "__pycache__", ".ipynb_checkpoints", "data"}
 
 
-class ReleaseError(ValueError):
-    """A marker problem; the message names the file and line."""
-
-
-@dataclass
-class Block:
-    marker: str
-    begin: int  # 0-based line index of the BEGIN line
-    end: int    # 0-based line index of the END line
-    indent: str
-
-
 def find_blocks(lines: list[str], where: str) -> list[Block]:
-    """The marker blocks of ``lines`` (no trailing newlines), checked for pairing and keys."""
-    blocks, open_block = [], None
-    for i, line in enumerate(lines):
-        b, e = BEGIN.match(line), END.match(line)
-        if b:
-            if open_block:
-                raise ReleaseError(f"{where}:{i + 1}: BEGIN {b.group(2)} inside the block opened at line "
-                                   f"{open_block.begin + 1} (blocks do not nest)")
-            if key_of_marker(b.group(2)) is None:
-                raise ReleaseError(f"{where}:{i + 1}: unknown assignment key {b.group(2)} "
-                                   "(declare it in instructor/keys.py)")
-            open_block = Block(b.group(2), i, -1, b.group(1))
-        elif e:
-            if not open_block:
-                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} without a BEGIN")
-            if e.group(2) != open_block.marker:
-                raise ReleaseError(f"{where}:{i + 1}: END {e.group(2)} closes BEGIN {open_block.marker} "
-                                   f"of line {open_block.begin + 1}")
-            open_block.end = i
-            blocks.append(open_block)
-            open_block = None
-        elif ANY_MARKER.search(line):
-            raise ReleaseError(f"{where}:{i + 1}: malformed marker line {line.strip()!r} "
-                               "(a marker line holds '#', BEGIN or END, and the key such as ASSIGN5_1_2, and nothing else)")
-    if open_block:
-        raise ReleaseError(f"{where}:{open_block.begin + 1}: BEGIN {open_block.marker} has no END")
-    return blocks
+    """The marker blocks of ``lines`` (no trailing newlines), checked for pairing and keys
+    (:func:`course.blocks.find_blocks` with the keys of ``instructor/keys.py``)."""
+    return course_blocks.find_blocks(lines, where, known=lambda marker: key_of_marker(marker) is not None)
 
 
-def _enclosing_functions(source: str) -> list[tuple[int, int, str]]:
+def enclosing_functions(source: str) -> list[tuple[int, int, str]]:
     """(first line, last line, qualified name) of every function, 1-based."""
     found = []
 
@@ -88,7 +53,7 @@ def _enclosing_functions(source: str) -> list[tuple[int, int, str]]:
                 visit(child, prefix + child.name + ".")
             elif isinstance(child, ast.ClassDef):
                 visit(child, prefix + child.name + ".")
-            else:
+            elif isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):  # a def sits in no expression
                 visit(child, prefix)
 
     visit(ast.parse(source), "")
@@ -115,7 +80,7 @@ def stub_source(source: str, where: str, python_file: bool = True,
     blocks = find_blocks(lines, where)
     if not blocks:
         return source, []
-    functions = _enclosing_functions(source) if python_file else []
+    functions = enclosing_functions(source) if python_file else []
     stubbed = []
     for block in reversed(blocks):
         if only is not None and block.marker not in only:
@@ -174,3 +139,75 @@ def course_files(root: Path) -> list[str]:
 def is_instructor_only(name: str) -> bool:
     """Whether the course file ``name`` (relative path) stays out of the student release."""
     return name in INSTRUCTOR_ONLY or name.startswith(INSTRUCTOR_ONLY_DIRS)
+
+
+# ---- the reference blocks of a whole tree (the grader's leak check, the block policy and the site) ----
+
+@dataclass(frozen=True)
+class FoundBlock:
+    marker: str               # e.g. "ASSIGN5_1_2"
+    file: str                 # path relative to the tree, e.g. "data_parallel/gradients.py"
+    cell: int | None          # notebook cell index, None in a Python file
+    function: str | None      # qualified name of the enclosing function (Python files)
+    body: tuple[str, ...]     # the lines strictly between BEGIN and END
+    line: int = 0             # 1-based line of the BEGIN marker (in the file, or in the cell)
+
+
+def _cell_source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _chunks(root: Path, python_only: bool):
+    """(file, cell index or None, text, is code) for every text file of the release's course files."""
+    for name in course_files(root):
+        if is_instructor_only(name) or (python_only and not name.endswith(".py")):
+            continue  # left out of the release, never published
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files hold no block
+        if name.endswith(".ipynb"):
+            for index, cell in enumerate(json.loads(text).get("cells", [])):
+                yield name, index, _cell_source(cell), cell.get("cell_type") == "code"
+        else:
+            yield name, None, text, name.endswith(".py")
+
+
+def scan(root: Path, python_only: bool = False) -> tuple[list[FoundBlock], list[str]]:
+    """Every reference block of the course tree at ``root`` (Python files and notebook code cells, in
+    file order; instructor-only files left out), and every line of its course files outside the
+    blocks (what the student release shows). With ``python_only``, only the ``.py`` files are read.
+
+    Raises:
+        ReleaseError: a marker problem, naming file and line.
+    """
+    blocks, outside = [], []
+    for name, cell, text, code in _chunks(Path(root), python_only):
+        lines = text.split("\n")
+        where = name if cell is None else f"{name} cell {cell}"
+        found = find_blocks(lines, where) if code else []
+        functions = enclosing_functions(text) if found and cell is None else []
+        inside = set()
+        for block in found:
+            body = tuple(lines[block.begin + 1:block.end])
+            inside.update(range(block.begin, block.end + 1))
+            around = [f for f in functions if f[0] < block.begin + 1 <= f[1]]
+            function = max(around, key=lambda f: f[0])[2] if around else None
+            blocks.append(FoundBlock(block.marker, name, cell, function, body, block.begin + 1))
+        outside += [line for i, line in enumerate(lines) if i not in inside] if inside else lines
+    return blocks, outside
+
+
+def reference_blocks(root: Path) -> list[FoundBlock]:
+    """Every reference block of the course tree at ``root``, in file order (see :func:`scan`).
+
+    Raises:
+        ReleaseError: a marker problem, naming file and line.
+    """
+    return scan(root)[0]
+
+
+def release_lines(root: Path) -> list[str]:
+    """Every line of the tree's course files outside the reference blocks (what the release shows)."""
+    return scan(root)[1]

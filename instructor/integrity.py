@@ -47,7 +47,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
 
 from course.data import resolve_data_dir  # noqa: E402
 from course.tree import tree_packages  # noqa: E402
-from instructor.blocks import BEGIN, course_files  # noqa: E402
+from instructor.blocks import course_files, marked_spans  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
 from instructor.release import make_release  # noqa: E402
 
@@ -114,7 +114,7 @@ def reaching_tests(root: Path, tests: list[str]) -> list[str]:
     """The test files that can run a block's code: by import, or by starting processes (scripts)."""
     packages = set(tree_packages(root)) | {"tests"}
     with_blocks = {root / name for name in course_files(root) if name.endswith(".py")
-                   and any(BEGIN.match(line) for line in (root / name).read_text().split("\n"))}
+                   and marked_spans((root / name).read_text().split("\n"))}
     found = []
     for test in tests:
         text = (root / test).read_text()

@@ -32,6 +32,8 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
+from instructor.blocks import scan
+
 MIN_LENGTH = 12
 _B64 = re.compile(r"[A-Za-z0-9+/_=-]{16,}")
 _B32 = re.compile(r"[A-Z2-7=]{16,}")
@@ -123,33 +125,12 @@ class ReferenceLines:
 
     @classmethod
     def of_tree(cls, root: Path, own_code: str = "") -> "ReferenceLines":
-        """Every line of every block in the tree ``root``, less the lines the student release shows
-        anyway (outside the blocks, stub messages included) and the lines of ``own_code`` (the
-        student's own blocks)."""
-        from instructor.blocks import BEGIN, END, course_files, is_instructor_only
-
-        secret, public = set(), set()
-        for name in course_files(root):
-            if is_instructor_only(name) or not name.endswith((".py", ".ipynb", ".md", ".txt", ".toml", ".cfg")):
-                continue
-            try:
-                text = (root / name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if name.endswith(".ipynb"):
-                try:
-                    cells = json.loads(text).get("cells", [])
-                except json.JSONDecodeError:
-                    cells = []
-                text = "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-                                 for c in cells)
-            inside = False
-            for line in text.split("\n"):
-                if END.match(line):
-                    inside = False
-                    continue
-                (secret if inside else public).add(normalise(line))
-                inside = inside or bool(BEGIN.match(line))
+        """Every line of every block in the tree ``root`` (:func:`instructor.blocks.scan`), less the
+        lines the student release shows anyway (outside the blocks) and the lines of ``own_code``
+        (the student's own blocks)."""
+        blocks, outside = scan(root)
+        secret = {normalise(line) for block in blocks for line in block.body}
+        public = {normalise(line) for line in outside}
         own = {normalise(line) for line in own_code.split("\n")}
         return cls(secret - public - own)
 

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from instructor.blocks import marked_spans, scan
+
 # ---- the rules, each with its reason --------------------------------------------------------------
 
 RULES: dict[str, str] = {
@@ -226,17 +228,9 @@ def scaffolding_bindings(source: str) -> dict[str, str]:
     """Names the file binds by ``import`` statements outside its blocks, module or function level:
     ``{"dist": "torch.distributed", "F": "torch.nn.functional", "Path": "pathlib.Path", ...}``.
     A block may use them as long as what they stand for is allowed."""
-    from instructor.blocks import BEGIN, END
-
-    inside, kept = False, []
-    for line in source.split("\n"):
-        begin = BEGIN.match(line)
-        if begin:  # the block's code is left out; a `pass` keeps its function's body valid
-            kept.append(begin.group(1) + "pass")
-            inside = True
-            continue
-        kept.append("" if inside else line)
-        inside = inside and not END.match(line)
+    kept = source.split("\n")
+    for block in marked_spans(kept):  # the block's code is left out; a `pass` keeps its function's body valid
+        kept[block.begin:block.end + 1] = [block.indent + "pass"] + [""] * (block.end - block.begin)
     tree = ast.parse("\n".join(kept))  # the instructor's file: it parses
     bound: dict[str, str] = {}
     for node in ast.walk(tree):
@@ -530,14 +524,7 @@ def check_scope(spliced_source: str, first: int, last: int, indent: int) -> list
 
 
 def reference_blocks(root: Path):
-    """``(file, first line, marker, code)`` of every block of the tree ``root`` (instructor-only files left out)."""
-    from instructor.blocks import BEGIN, course_files, find_blocks, is_instructor_only
-
-    for name in course_files(root):
-        if not name.endswith(".py") or is_instructor_only(name):
-            continue
-        lines = (root / name).read_text(encoding="utf-8").split("\n")
-        if not any(BEGIN.match(line) for line in lines):
-            continue
-        for block in find_blocks(lines, name):
-            yield name, block.begin + 2, block.marker, "\n".join(lines[block.begin + 1:block.end])
+    """``(file, first line, marker, code)`` of every block of the tree ``root``'s Python files (instructor-only
+    files left out; :func:`instructor.blocks.scan`)."""
+    for block in scan(root, python_only=True)[0]:
+        yield block.file, block.line + 1, block.marker, "\n".join(block.body)

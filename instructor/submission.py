@@ -28,7 +28,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from instructor.blocks import BEGIN, course_files, find_blocks, is_instructor_only, stub_notebook, stub_source
+from instructor.blocks import course_files, find_blocks, is_instructor_only, marked_spans, stub_notebook, stub_source
 from instructor.keys import KEYS, requirements
 from instructor.policy import Violation, check_block, check_scope, course_parts, scaffolding_bindings
 
@@ -70,8 +70,7 @@ def marker_files(root: Path, key: str) -> list[str]:
     found = []
     for name in course_files(root):
         if name.endswith(".py") and not is_instructor_only(name) and any(
-                (m := BEGIN.match(line)) and m.group(2) == marker
-                for line in (root / name).read_text(encoding="utf-8").split("\n")):
+                block.marker == marker for block in marked_spans((root / name).read_text(encoding="utf-8").split("\n"))):
             found.append(name)
     return sorted(found)
 

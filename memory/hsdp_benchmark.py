@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
+
+from course import benchmarking
 
 
 def layouts(world_size: int) -> list[tuple[int, int]]:
@@ -36,13 +37,13 @@ def layouts(world_size: int) -> list[tuple[int, int]]:
 
 
 def hsdp_benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
-    """Per repeat and layout: this rank's step time, model-state bytes and ring traffic by group."""
+    """Per repeat and layout: the slowest rank's step time (:func:`course.benchmarking.timed`), this rank's
+    model-state bytes and ring traffic by group."""
     import torch
     import torch.distributed as dist
 
     from course.collectives import CommCounter
     from course.launch import context
-    from course.measure import now
     from course.mesh import Mesh
     from course.model import build_gpt2
     from course.saved_tensors import storage_bytes
@@ -63,15 +64,16 @@ def hsdp_benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     report = []
     for repeat in range(cfg["repeats"] + 1):  # repeat 0: warm-up (first calls, Adam's state), not reported
         for (replicas, shard), (model, hsdp, optimizer) in runs.items():
-            dist.barrier(group=world)
-            start = now(device)
-            with CommCounter() as counter:
-                optimizer.zero_grad()
-                model(input_ids=ids, labels=ids).loss.backward()
-                hsdp.finish_backward()
-                optimizer.step()
-            seconds = now(device) - start
-            dist.barrier(group=world)
+            counter = CommCounter()
+
+            def step(model=model, hsdp=hsdp, optimizer=optimizer, counter=counter):
+                with counter:
+                    optimizer.zero_grad()
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    hsdp.finish_backward()
+                    optimizer.step()
+
+            seconds = benchmarking.timed(step, device, world)  # the slowest rank's, from a barrier
             if repeat:
                 shards = [u.shard for u in hsdp.units]
                 report.append({
@@ -94,12 +96,12 @@ def summarise(outputs: dict[int, list[dict]]) -> list[dict]:
         seconds = [max(r["seconds"] for rank_rows in outputs.values() for r in rank_rows
                        if (r["replicas"], r["shard"], r["repeat"]) == (replicas, shard, repeat))
                    for repeat in sorted({r["repeat"] for r in mine})]
-        n, n_root = mine[0]["n_params"], mine[0]["n_root"]
+        n, n_root, summary = mine[0]["n_params"], mine[0]["n_root"], benchmarking.summarise(seconds)
         rows.append({"replicas": replicas, "shard": shard, "state_bytes": mine[0]["state_bytes"],
                      "state_formula_bytes": 16 * n / shard, "traffic_bytes": mine[0]["traffic_bytes"],
                      "traffic_formula_bytes": {"dp_shard": (shard - 1) / shard * 4 * (3 * n - n_root),
                                                "dp_replicate": 2 * (replicas - 1) / replicas * 4 * n / shard},
-                     "step_seconds": {"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}})
+                     "step_seconds": {k: summary[k] for k in ("median", "min", "max")}})
     return rows
 
 

@@ -19,7 +19,7 @@ See notebooks/02_pipeline_parallel.ipynb.
 """
 from course.environment import torch_installed
 from pipeline.clock_cycles import clock_cycles
-from pipeline.metrics import bubble_fraction
+from pipeline.metrics import bubble_fraction, peak_in_flight
 from pipeline.schedules import (SCHEDULES, Schedule, all_actions, get_schedule, gpipe_actions, interleaved_1f1b_actions,
                                 one_f_one_b_actions, schedule_actions, zb_h1_actions)
 
@@ -31,5 +31,5 @@ if torch_installed():  # without torch (modal run on a laptop) only the schedule
 
 __all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
            "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
-           "all_actions", "gpt2_balance", "bubble_fraction", "StageRunner",
+           "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "StageRunner",
            "StepResult"]

@@ -32,14 +32,17 @@ def bubble_fraction(n_stages: int, micro_batches: int) -> float:
     return (n_stages - 1) / (micro_batches + n_stages - 1)
 
 
-def peak_in_flight(actions: list[tuple[str, int]]) -> int:
-    """Most micro-batches forwarded and not yet backwarded at once in one rank's action list."""
+def peak_in_flight(actions: list[tuple]) -> int:
+    """Most micro-batches forwarded and not yet backwarded at once in one rank's action list: actions
+    ``(kind, micro-batch)`` or, with virtual stages, ``(kind, micro-batch, chunk)`` (each (chunk,
+    micro-batch) pair counts once; ``F`` makes it live, ``B`` — or a later ``W`` — ends it)."""
     live, peak = set(), 0
-    for kind, i in actions:
-        if kind == "F":
-            live.add(i)
+    for action in actions:
+        key = (action[2] if len(action) > 2 else 0, action[1])
+        if action[0] == "F":
+            live.add(key)
         else:
-            live.discard(i)
+            live.discard(key)
         peak = max(peak, len(live))
     return peak
 

@@ -1,7 +1,7 @@
 """``Pipe``: a single-process pipeline over per-stage worker threads (GPipe forward schedule).
 
 The batch is cut into micro-batches of ``split_size`` rows; the micro-batches flow through
-the stages following the clock-cycle schedule (:func:`pipeline.clock_cycles._clock_cycles`);
+the stages following the clock-cycle schedule (:func:`pipeline.clock_cycles.clock_cycles`);
 in each clock cycle every busy stage works on its own micro-batch at the same time,
 each in its own worker thread (:mod:`pipeline.worker`). Autograd records the whole
 pipelined forward, so ``loss.backward()`` on the output gives the same gradients as
@@ -17,8 +17,8 @@ import weakref
 import torch
 from torch import nn
 
-from pipeline.partition import _split_module, place
-from pipeline.clock_cycles import _clock_cycles
+from pipeline.partition import place, split_module
+from pipeline.clock_cycles import clock_cycles
 from pipeline.worker import StageWorkers, Task
 
 
@@ -38,7 +38,7 @@ class Pipe(nn.Module):
             makes two stages on one CPU). The layers are moved there.
         balance: optional layers per stage (sum = number of layers). Without
             ``devices`` nor ``balance``, stages follow the layers' devices
-            (:func:`pipeline.partition._split_module`).
+            (:func:`pipeline.partition.split_module`).
 
     Shapes:
         ``forward(x)``: x is (B, ...) ; returns (B, ...) on the last stage's device.
@@ -58,7 +58,7 @@ class Pipe(nn.Module):
             raise ValueError(f"split_size is the micro-batch size and must be a whole number >= 1, not {split_size!r}")
         if devices is not None:
             module, balance = place(module, list(devices), balance)
-        partitions, stage_devices = _split_module(module, balance)
+        partitions, stage_devices = split_module(module, balance)
         self.split_size = split_size
         self.partitions = nn.ModuleList(partitions)
         self.devices = stage_devices
@@ -93,7 +93,7 @@ class Pipe(nn.Module):
         try:
             # BEGIN ASSIGN5_2_2
             batches = list(torch.split(x, self.split_size, dim=0))
-            for schedule in _clock_cycles(len(batches), len(self.partitions)):
+            for schedule in clock_cycles(len(batches), len(self.partitions)):
                 self.compute(batches, schedule)
             return torch.cat(batches, dim=0)
             # END ASSIGN5_2_2

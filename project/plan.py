@@ -195,16 +195,8 @@ def in_flight(config, stage: int) -> int:
 
     if config.pp == 1:
         return 1
-    live, peak = set(), 0
-    for action in pipeline.schedule_actions(config.schedule, stage, config.pp, config.micro_batches,
-                                            config.virtual_stages):
-        key = (action[2] if len(action) > 2 else 0, action[1])
-        if action[0] == "F":
-            live.add(key)
-        elif action[0] == "B":
-            live.discard(key)
-        peak = max(peak, len(live))
-    return peak
+    return pipeline.peak_in_flight(pipeline.schedule_actions(config.schedule, stage, config.pp, config.micro_batches,
+                                                             config.virtual_stages))
 
 
 def stage_memory(config, stage: int) -> dict:

@@ -76,7 +76,7 @@ def device_worker(rank: int, world_size: int, block: dict, group_sizes: list[int
     import torch
     import torch.distributed as dist
 
-    from course.measure import now
+    from course.benchmarking import interleaved, summarise
     from course.model import build_gpt2
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
@@ -106,17 +106,10 @@ def device_worker(rank: int, world_size: int, block: dict, group_sizes: list[int
         for size in SIZES:
             t = torch.ones(size // 4)
             calls = max(1, min(32, (1 << 20) // size))
-            found = []
-            for i in range(repeats + 1):
-                dist.barrier(group=world)
-                start = now()
-                for _ in range(calls):
-                    dist.all_reduce(t, group=group)
-                elapsed = torch.tensor([(now() - start) / calls], dtype=torch.float64)
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=world)
-                if i:
-                    found.append(float(elapsed))
-            times[size] = statistics.median(found)
+            # every group at once: barrier and slowest rank over the world (course.benchmarking.interleaved)
+            found = interleaved({"all_reduce": lambda t=t, group=group: dist.all_reduce(t, group=group)}, repeats,
+                                group=world, inner=calls)["all_reduce"]
+            times[size] = summarise(found)["median"]
         lines[p] = times
     return {"flops": flops, "block_flops": block_flops, "all_reduce_seconds": lines}
 

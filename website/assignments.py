@@ -2,7 +2,7 @@
 
 Nothing here is typed in: a key's topic, points and notebook come from the one table of keys, and
 where it is solved (file and function) from the reference blocks themselves
-(:func:`website.blocks.reference_blocks`). Two kinds of Markdown are written:
+(:func:`instructor.blocks.reference_blocks`). Two kinds of Markdown are written:
 
 * the box on each notebook's page: its keys, what to write, where, and the ``pytest -k`` command;
 * one page per package that holds blocks: what the package is (its docstring), where each of
@@ -15,9 +15,8 @@ import ast
 import posixpath
 from pathlib import Path
 
+from instructor.blocks import FoundBlock, course_files
 from instructor.keys import Key
-from instructor.blocks import course_files
-from website.blocks import FoundBlock
 from website.markdown import escape
 
 

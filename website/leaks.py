@@ -2,7 +2,7 @@
 
 The rule (what counts as publishing a reference line):
 
-* A **secret line** is a line strictly inside a reference block (``website.blocks``, found with the
+* A **secret line** is a line strictly inside a reference block (``instructor.blocks.scan``, found with the
   release's parser), normalised — leading and trailing white space removed, every run of white
   space made one space — that has at least :data:`MIN_CHARS` characters and that the student
   release does not show anyway: it is not, normalised, a line of the course's files outside the
@@ -26,17 +26,11 @@ from pathlib import Path
 
 from bs4 import BeautifulSoup
 
-from instructor.blocks import stub_message
-from website.blocks import scan
+from instructor.blocks import scan, stub_message
+from instructor.leaks import MIN_LENGTH as MIN_CHARS
+from instructor.leaks import normalise
 
-MIN_CHARS = 12
-_SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"\w")
-
-
-def normalise(text: str) -> str:
-    """``text`` with every run of white space made one space, stripped."""
-    return _SPACE.sub(" ", text).strip()
 
 
 @dataclass(frozen=True)

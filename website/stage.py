@@ -23,10 +23,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from instructor.blocks import scan, stub_notebook, stub_source
 from instructor.keys import KEYS, Key
-from instructor.blocks import stub_notebook, stub_source
 from website import assignments
-from website.blocks import scan
 from website.markdown import LinkMap, escape, split_sections
 
 HERE = Path(__file__).resolve().parent

@@ -113,14 +113,14 @@ def test_the_gpu_index_is_the_local_rank_never_the_global_rank(node):
 
 
 def test_a_cuda_rank_forms_a_mixed_group_on_its_local_gpu(node, monkeypatch):
-    """``_setup_worker`` on CUDA, with the CUDA calls and init_process_group recorded instead of made."""
+    """``setup_worker`` on CUDA, with the CUDA calls and init_process_group recorded instead of made."""
     node(4, RANK=5, WORLD_SIZE=8, LOCAL_RANK=1, LOCAL_WORLD_SIZE=4)
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     calls = {}
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.setdefault("init", kw))
     monkeypatch.setattr(L, "_CONTEXT", None)
-    ctx = L._setup_worker(5, 8, 1, "cuda", "nccl", None, 30.0, store=object())
+    ctx = L.setup_worker(5, 8, 1, "cuda", "nccl", None, 30.0, store=object())
     assert calls["set_device"] == torch.device("cuda", 1)
     assert calls["init"]["backend"] == "cpu:gloo,cuda:nccl"
     assert calls["init"]["device_id"] == torch.device("cuda", 1)
@@ -138,8 +138,8 @@ def test_torchrun_mode_takes_local_rank_for_the_gpu(node, monkeypatch):
     monkeypatch.setattr(L.signal, "signal", lambda *a: None)
     monkeypatch.setattr(L.faulthandler, "enable", lambda **kw: None)
     monkeypatch.setattr(L, "_attempt_store", lambda *a: None)
-    monkeypatch.setattr(L, "_teardown_worker", lambda: None)
-    monkeypatch.setattr(L, "_setup_worker", lambda rank, ws, local_rank, device_type, *rest, **kw:
+    monkeypatch.setattr(L, "teardown_worker", lambda: None)
+    monkeypatch.setattr(L, "setup_worker", lambda rank, ws, local_rank, device_type, *rest, **kw:
                         seen.update(rank=rank, local_rank=local_rank, device_type=device_type))
     out = L.launch(lambda rank, ws: rank * 10, 16, device="cuda")
     assert out == {13: 130}

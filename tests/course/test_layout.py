@@ -6,6 +6,11 @@
   and no script; the instructor tools import the shared library only. Every import counts,
   also the ones inside functions.
 * No import cycle between the modules.
+* A module's private (underscore) names are its own: no module imports one from another
+  (``from course.config import _OldName``) or reads one through a module it imported
+  (``collectives._NAMES``), and no module is handed another module object
+  (``sys.modules[__name__]``, or an imported module passed to a call): what a module offers
+  another is a public name.
 * Library modules leave ``sys.path`` alone; only entry points (a script's
   ``if __name__ == "__main__":`` block, and ``modal_run.py``, which Modal imports) put their
   own tree first.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -30,7 +36,8 @@ LIBRARY = "course"
 PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe")
 TOOLS = "instructor"
 SCRIPTS = ("project", "modal_run")
-PACKAGES = (LIBRARY, *PARTS, TOOLS, "project")
+SITE = "website"  # the site builder (instructor-side, like the tools; it may import them)
+PACKAGES = (LIBRARY, *PARTS, TOOLS, "project", SITE)
 
 COMM_CALLS = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "send", "recv", "isend", "irecv",
               "all_gather_object", "broadcast_object_list", "gather", "scatter", "reduce", "all_to_all",
@@ -119,6 +126,77 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_names(name: str) -> dict[str, str]:
+    """The names a module binds to course modules by its imports (any level): ``{"L": "course.launch", ...}``."""
+    bound = {}
+    for node in _nodes(name):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            bound.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                          if f"{node.module}.{a.name}" in FILES})
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in FILES})
+            bound.update({a.name.split(".")[0]: a.name.split(".")[0] for a in node.names
+                          if not a.asname and a.name.split(".")[0] in FILES})
+    return bound
+
+
+def _dotted(node) -> str | None:
+    """``a.b.c`` for an attribute chain on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _course_module(dotted: str | None, bound: dict[str, str]) -> str | None:
+    """The course module an expression such as ``collectives`` or ``course.collectives`` stands for, if any."""
+    if dotted is None:
+        return None
+    head, _, rest = dotted.partition(".")
+    target = bound[head] + (f".{rest}" if rest else "") if head in bound else None
+    return target if target in FILES else None
+
+
+@lru_cache(maxsize=None)
+def _nodes(name: str) -> tuple:
+    return tuple(ast.walk(TREES[name]))
+
+
+def test_no_module_uses_another_modules_private_names():
+    wrong = []
+    for name in TREES:
+        bound = _module_names(name)
+        for node in _nodes(name):
+            if isinstance(node, ast.ImportFrom) and node.module in FILES:
+                wrong += [f"{FILES[name].relative_to(REPO)}:{node.lineno} from {node.module} import {a.name}"
+                          for a in node.names if _private(a.name) and f"{node.module}.{a.name}" not in FILES]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = _course_module(_dotted(node.value), bound)
+                if owner is not None and owner != name:
+                    wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno} {_dotted(node)}")
+    assert not wrong, "private names used across modules (give the owner a public name):\n" + "\n".join(wrong)
+
+
+def test_no_module_is_handed_another_module():
+    wrong = []
+    for name in TREES:
+        bound = _module_names(name)
+        for node in _nodes(name):
+            if isinstance(node, ast.Subscript) and _dotted(node.value) == "sys.modules":
+                wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call):
+                for arg in [*node.args, *(k.value for k in node.keywords)]:
+                    if _course_module(_dotted(arg), bound) is not None:
+                        wrong.append(f"{FILES[name].relative_to(REPO)}:{node.lineno} {ast.unparse(node)[:80]}")
+    assert not wrong, "module objects handed to code (hand over public functions or an object instead):\n" + \
+        "\n".join(wrong)
 
 
 def _is_main_guard(node) -> bool:

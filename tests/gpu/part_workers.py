@@ -38,9 +38,10 @@ def attention_worker(rank: int, world_size: int, kind: str, cp: int) -> dict:
         ref, ref_grads = reference(q, k, v, grad, causal)
         leaves = [layout.shard(t, 2, r).to(device).requires_grad_(True) for t in (q, k, v)]
         if kind == "ring":
-            y = ring_attention(*leaves, layout, group, causal, BLOCK)
+            y = ring_attention(*leaves, group=group, layout=layout, causal=causal, block_size=BLOCK)
         else:
-            y = ulysses_attention(*leaves, group, causal, layout=None if layout_kind == "contiguous" else layout)
+            y = ulysses_attention(*leaves, group=group, causal=causal,
+                                  layout=None if layout_kind == "contiguous" else layout)
         y.backward(layout.shard(grad, 2, r).to(device))
         out[f"{layout_kind}-{'causal' if causal else 'full'}"] = {
             "out": host(y), "grads": [host(t.grad) for t in leaves], "device": str(y.device),
@@ -72,7 +73,7 @@ def expert_parallel_worker(rank: int, world_size: int, ep_sizes: list) -> dict:
                 layer.router.weight.copy_(full.router.weight)
             layer.to(device)
             x = tokens(rank, counts[rank]).to(device).requires_grad_(True)
-            y = layer(x)  # tests/moe/support.py's layer_loss, with its fixed upstream gradient on the device
+            y = layer(x).output  # tests/moe/support.py's layer_loss, with its fixed upstream gradient on the device
             ((y * upstream(rank, x.shape[0]).to(device)).sum() + layer.router_loss()).backward()
             out[(ep, name)] = {"out": host(y), "x_grad": host(x.grad), "router": host(layer.router.weight.grad),
                                "experts": host(grads_of(layer.experts)), "ep_rank": mesh.ep_rank,

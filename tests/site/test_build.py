@@ -12,11 +12,10 @@ import pytest
 from bs4 import BeautifulSoup
 
 from instructor.keys import KEYS
-from instructor.blocks import stub_notebook
+from instructor.blocks import reference_blocks, stub_notebook
 from tests.site.conftest import pages
 from tests.site.fake_course import CELL_SECRET, FAKE_KEYS, NOTEBOOK
 from website.assignments import package_of
-from website.blocks import reference_blocks
 from website.build import REPO, build
 from website.checks import check_links, check_toc
 from website.markdown import split_sections

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from instructor.blocks import reference_blocks
 from tests.site.fake_course import CELL_SECRET, NOTEBOOK, PACKAGE_SECRET
-from website.blocks import reference_blocks
 from website.build import REPO
 from website.checks import check_site
 from website.leaks import MIN_CHARS, find_leaks, secret_lines
