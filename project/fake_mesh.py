@@ -1,0 +1,186 @@
+"""One rank of a large world in one process: the course's own mesh, 3D stage and ZeRO on a fake process group.
+
+    python -m project.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
+        --vocab_size 50257 --model_max_length 1024 --batch_size 256 --micro_batches 16 --precision fp32
+
+builds, for rank ``--rank`` of a ``dp x pp x tp`` world of up to thousands of ranks, what that rank would
+build in a real run — and nothing else:
+
+1. the process group: torch's fake back-end (``dist.init_process_group("fake", store=FakeStore(), rank=r,
+   world_size=n)``, ``torch.testing._internal.distributed.fake_pg``; what torchtitan's
+   ``COMM_MODE=fake_backend`` uses): every group can be made and every collective returns at once, moving
+   nothing;
+2. the course's mesh (:class:`course.mesh.Mesh`: the same groups a real rank gets, named for the counter);
+3. the rank's pipeline stage, tensor parallel over its tp group (:class:`three_d.stage.TensorParallelStage`),
+   built from a GPT-2 made on the **meta device** (shapes and dtypes, no memory: a 6.7B model costs nothing);
+4. ZeRO stage ``--zero`` over the dp group (:class:`memory.training.ShardedStep`: plain data parallelism,
+   :class:`memory.zero.ZeroOptimizer` or :class:`memory.fsdp.FullyShardedModel`);
+5. one micro-batch's forward and backward pass, the gradient reduction and the optimizer step, on meta
+   tensors, with the communication counter (:class:`course.collectives.CommCounter`) recording every
+   collective, its group and its bytes.
+
+It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
+state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
+(:func:`project.plan.stage_memory`), and the collectives beside the planner's
+(:func:`project.plan.stage_communication`). Only the stage's own computation runs: the pipeline's
+send/recv (:class:`pipeline.StageRunner`) and the 3D step's scalar all-reduces (:mod:`three_d.step`) are
+not, so those calls of the planner have no fake counterpart here.
+
+What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32
+weights, gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism. Anything
+else raises ValueError before the fake world is made.
+
+Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
+torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int):
+    """A fake process group of ``world_size`` ranks in which this process is ``rank``; destroyed on exit.
+
+    Raises:
+        RuntimeError: a process group already exists (run the fake world in a process of its own).
+        ValueError: ``rank`` outside ``0 .. world_size - 1``.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process: run the fake world in a fresh process")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"--rank {rank} is outside 0..{world_size - 1}")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def held_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (each once, whole; None skipped). Works on meta
+    tensors, whose storages all report address 0 (:func:`course.saved_tensors.storage_bytes` keys by
+    address): a storage is told apart by its ``_cdata`` (the C++ storage it wraps), which views share."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        if s._cdata in seen:
+            continue
+        seen.add(s._cdata)
+        total += s.nbytes()
+    return total
+
+
+def check_supported(config) -> None:
+    """The configurations the fake rank builds (module docstring).
+
+    Raises:
+        ValueError: naming the option to change.
+    """
+    unsupported = {"--cp": config.cp != 1, "--ep": config.ep != 1, "--num_experts": config.num_experts != 1,
+                   "--sequence_parallel": config.sequence_parallel, "--virtual_stages": config.virtual_stages != 1,
+                   "--precision bf16 (mixed-precision Adam, 2 + 2 + 12 bytes)": config.precision != "fp32"}
+    bad = [name for name, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only; drop or reset {', '.join(bad)}")
+
+
+def build_rank(config, rank: int) -> dict:
+    """Inside a :func:`fake_world` of ``config.world_size`` ranks: build rank ``rank``'s mesh, stage and ZeRO
+    step for ``config`` (a :class:`project.plan.PlanConfig`), run one micro-batch's forward and backward, the
+    gradient reduction and the optimizer step on meta tensors, and report what the rank holds.
+
+    Returns:
+        ``{"mesh": Mesh.describe(), "stage", "blocks" (global block indices), "parameters" (elements),
+        "bytes": {"params", "grads", "optimizer"}, "step_counters" (Adam's 0-dimensional fp32 step counts, one
+        per tensor it steps: in "optimizer", left out by the planner), "collectives": [{"group", "kind", "bytes", "scope"}] in
+        call order}``; bytes in bytes.
+    """
+    from course.collectives import CommCounter
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from memory.training import ShardedStep
+    from three_d.stage import TensorParallelStage
+
+    check_supported(config)
+    mesh = Mesh(config.dims, device_type="cpu")
+    with torch.device("meta"):
+        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
+                           dropout=config.dropout)
+    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
+    del model
+    step = ShardedStep(stage, config.zero, mesh.dp_cp_group, torch.optim.AdamW, blocks=list(stage.h.values()),
+                       lr=1e-4)
+    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
+    if stage.is_first:
+        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros(rows, seq, model_width(config), device="meta", requires_grad=True)
+    with CommCounter() as counter:
+        step.optimizer.zero_grad(set_to_none=True)
+        out = stage(x)
+        out.backward(torch.ones_like(out))
+        step.reduce_gradients()
+        step.optimizer.step()
+    held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
+    counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
+    return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
+            "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
+            "collectives": [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope}
+                            for r in counter.records]}
+
+
+def model_width(config) -> int:
+    return config.model_shape["n_embd"]
+
+
+def measure(config, rank: int) -> dict:
+    """:func:`build_rank` in its own :func:`fake_world`, beside the planner's memory of the rank's stage."""
+    from project.plan import stage_memory
+
+    check_supported(config)
+    with fake_world(rank, config.world_size):
+        found = build_rank(config, rank)
+    found["planned"] = {k: stage_memory(config, found["stage"])[k] for k in ("params", "grads", "optimizer")}
+    return found
+
+
+def main(argv=None) -> int:
+    from project.plan import PlanConfig
+
+    parser = argparse.ArgumentParser(description="Build one rank of a large fake world (the course's mesh, 3D "
+                                                 "stage and ZeRO on meta tensors) and compare it with the planner. "
+                                                 "Every other option is project/plan.py's.")
+    parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
+    args, rest = parser.parse_known_args(argv)
+    config = PlanConfig.from_command_line(rest, environment=False)
+    try:
+        check_supported(config)
+        if not 0 <= args.rank < config.world_size:
+            raise ValueError(f"--rank {args.rank} is outside 0..{config.world_size - 1}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = measure(config, args.rank)
+    print(json.dumps({k: v for k, v in found.items() if k != "collectives"}, indent=1))
+    calls: dict[tuple, list] = {}
+    for c in found["collectives"]:
+        entry = calls.setdefault((c["group"], c["kind"], c["bytes"]), [0])
+        entry[0] += 1
+    for (group, kind, nbytes), (count,) in sorted(calls.items()):
+        print(f"{group:>10} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
