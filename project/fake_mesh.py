@@ -103,7 +103,9 @@ def build_rank(config, rank: int) -> dict:
     Returns:
         ``{"mesh": Mesh.describe(), "stage", "blocks" (global block indices), "parameters" (elements),
         "bytes": {"params", "grads", "optimizer"}, "step_counters" (Adam's 0-dimensional fp32 step counts, one
-        per tensor it steps: in "optimizer", left out by the planner), "collectives": [{"group", "kind", "bytes", "scope"}] in
+        per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
+        "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
+        "collectives": [{"group", "kind", "bytes", "scope"}] in
         call order}``; bytes in bytes.
     """
     from course.collectives import CommCounter
@@ -111,6 +113,7 @@ def build_rank(config, rank: int) -> dict:
     from course.model import build_gpt2
     from memory.training import ShardedStep
     from three_d.stage import TensorParallelStage
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     check_supported(config)
     mesh = Mesh(config.dims, device_type="cpu")
@@ -126,18 +129,39 @@ def build_rank(config, rank: int) -> dict:
         x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
     else:
         x = torch.zeros(rows, seq, model_width(config), device="meta", requires_grad=True)
-    with CommCounter() as counter:
+    tracker = MemTracker()
+    inner = getattr(step.optimizer, "optimizer", step.optimizer)
+    tracker.track_external(stage, inner, x)
+    snapshots = {}
+    with CommCounter() as counter, tracker:
         step.optimizer.zero_grad(set_to_none=True)
         out = stage(x)
+        snapshots["after_forward"] = tracker_bytes(tracker, "current")
         out.backward(torch.ones_like(out))
+        snapshots["after_backward"] = tracker_bytes(tracker, "current")
         step.reduce_gradients()
         step.optimizer.step()
+        snapshots["after_step"] = tracker_bytes(tracker, "current")
+    snapshots["peak"] = tracker_bytes(tracker, "peak")
     held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
     counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
     return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
             "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
-            "collectives": [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope}
+            "memtracker": snapshots, "collectives": [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope}
                             for r in counter.records]}
+
+
+def tracker_bytes(tracker, kind: str) -> dict[str, int]:
+    """A ``MemTracker`` snapshot (``"current"`` or ``"peak"``) as ``{category: bytes}`` summed over devices (the
+    meta device's tensors, and the optimizer's step counters, which AdamW keeps on the CPU); categories are
+    MemTracker's: ``Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total``. A peak snapshot
+    is per device: the categories at the moment that device's total peaked."""
+    out: dict[str, int] = {}
+    for per_device in tracker.get_tracker_snapshot(kind).values():
+        for category, nbytes in per_device.items():
+            name = getattr(category, "value", category)
+            out[name] = out.get(name, 0) + nbytes
+    return out
 
 
 def model_width(config) -> int:

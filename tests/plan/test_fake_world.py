@@ -5,6 +5,8 @@ course's own mesh, tensor-parallel pipeline stage and ZeRO classes build rank 51
 over torch's fake process group, run one micro-batch's forward and backward, reduce the gradients and step
 AdamW. The fake world runs in a subprocess (a process group, once made, would stay in the test process),
 bounded in time; no test here depends on time or on the CPU's kernels (meta tensors compute nothing).
+torch's MemTracker (torch.distributed._tools.mem_tracker) watches the same step: its view is checked against
+the planner too, and where they differ the difference is named and measured.
 """
 import json
 import subprocess
@@ -14,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from course.dims import ParallelDims
-from project.plan import PlanConfig, stage_communication, stage_layout
+from project.plan import PlanConfig, in_flight, shape, stage_communication, stage_layout, stage_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK, DP, PP, TP = 517, 16, 8, 8
 VALUES = dict(preset="gpt3-6.7b", hardware="h100", dp=DP, pp=PP, tp=TP, vocab_size=50257, model_max_length=1024,
-              batch_size=256, micro_batches=16, precision="fp32")
+              batch_size=256, micro_batches=16, precision="fp32", activation_model="course")
 SCRIPT = """
 import json, sys
 from project.fake_mesh import measure
@@ -96,3 +98,58 @@ def test_rank_517_collectives_are_the_planners(found, zero):
         for c in got["collectives"]:
             if c["group"] == "dp":
                 assert c["bytes"] == 4 * got["parameters"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_memtracker_sees_the_same_parameters_and_optimizer_state(found, zero):
+    """MemTracker's parameters (ZeRO-0..2: the stage's parameters, or ZeRO-1/2's flat buffer they view) and its
+    optimizer state after the step (AdamW's moments and step counters) are the bytes counted by storage.
+    ZeRO-3 re-points each parameter at a flat shard and frees the gathered storage (resize to 0), so MemTracker
+    sees its parameters only while a unit is gathered: left out."""
+    got = found[zero]
+    tracked = got["memtracker"]
+    if zero < 3:
+        assert tracked["after_forward"]["Parameter"] == got["bytes"]["params"]
+    assert tracked["after_step"]["Optstate"] == got["bytes"]["optimizer"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_memtracker_activations_are_the_planners_and_the_layer_norm_statistics(found, zero):
+    """After one micro-batch's forward pass MemTracker's activations are the planner's for one micro-batch
+    (``stage_memory``'s activations over the micro-batches in flight) plus what the planner's formula leaves
+    out on purpose (``memory.accounting.layer_activation_bytes``): each layer norm's mean and inverse
+    deviation, 2 x s x b fp32 values, for 2 layer norms per block. Exact: both are element counts x 4."""
+    got, plan = found[zero], config(zero)
+    d = shape(plan)
+    per_micro_batch = stage_memory(plan, got["stage"])["activations"] / in_flight(plan, got["stage"])
+    norm_statistics = len(got["blocks"]) * 2 * (2 * d["s"] * d["b"] * 4)
+    assert got["memtracker"]["after_forward"]["Activation"] == per_micro_batch + norm_statistics
+
+
+def test_zero1_reduction_peaks_at_four_copies_of_the_gradient(found):
+    """Where MemTracker's peak and the planner disagree: the planner holds one gradient (4 bytes per parameter)
+    for ZeRO-1, but the course's reduction (``memory.zero.ZeroOptimizer._reduce_stage1``) at its peak holds the
+    per-parameter gradients, their flat copy, the all-reduced copy (``course.collectives.all_reduce`` returns a
+    new tensor) and the copy divided by dp: four. MemTracker files the three made outside the backward pass as
+    activations; beside them only the stage's output (b x s x h fp32, kept by the caller) is an activation."""
+    got, plan = found[1], config(1)
+    d = shape(plan)
+    peak, grads = got["memtracker"]["peak"], got["bytes"]["grads"]
+    assert peak["Gradient"] == grads == 4 * got["parameters"]
+    assert peak["Activation"] == 3 * grads + d["b"] * d["s"] * d["h"] * 4
+
+
+@pytest.mark.parametrize("extra,message", [(["--rank", "1024"], "--rank 1024 is outside 0..1023"),
+                                           (["--rank", "1", "--precision", "bf16"], "--precision bf16")])
+def test_bad_input_is_refused_before_the_fake_world(extra, message, capsys):
+    from project.fake_mesh import main
+
+    argv = ["--preset", "gpt3-6.7b", "--dp", "16", "--pp", "8", "--tp", "8", "--vocab_size", "50257",
+            "--model_max_length", "1024", "--batch_size", "256", "--micro_batches", "16", *extra]
+    if "--precision" not in extra:
+        argv += ["--precision", "fp32"]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
