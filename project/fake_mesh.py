@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 
 import torch
@@ -179,12 +178,39 @@ def measure(config, rank: int) -> dict:
     return found
 
 
+def format_report(found: dict) -> str:
+    """The rank's coordinates and groups, its bytes beside the planner's and MemTracker's, and its collectives."""
+    mesh = found["mesh"]
+    sizes = " x ".join(f"{mesh[n]}" for n in ("dp", "pp", "tp"))
+    coords = ", ".join(f"{k} {v}" for k, v in mesh["coordinates"].items())
+    lines = [f"rank {mesh['rank']} of dp x pp x tp = {sizes}: {coords}; blocks {found['blocks'][0]}.."
+             f"{found['blocks'][-1]} of stage {found['stage']}, {found['parameters']:,} parameters"]
+    for name, members in mesh["groups"].items():
+        lines.append(f"  {name:>6} group ({len(members)} ranks): {members}")
+    tracked = found["memtracker"]
+    lines.append(f"{'bytes':>10} {'held':>14} {'planned':>14} {'MemTracker':>14}")
+    for key, category, when in (("params", "Parameter", "after_forward"), ("grads", "Gradient", "after_backward"),
+                                ("optimizer", "Optstate", "after_step")):
+        lines.append(f"{key:>10} {found['bytes'][key]:>14,} {found['planned'][key]:>14,.0f} "
+                     f"{tracked[when][category]:>14,}")
+    lines.append(f"MemTracker peak: {tracked['peak']}")
+    calls: dict[tuple, int] = {}
+    for c in found["collectives"]:
+        key = (c["group"], c["kind"], c["bytes"])
+        calls[key] = calls.get(key, 0) + 1
+    lines.append("collectives of one micro-batch's forward and backward, the reduction and the step:")
+    for (group, kind, nbytes), count in sorted(calls.items()):
+        lines.append(f"  {group:>6} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from project.plan import PlanConfig
 
     parser = argparse.ArgumentParser(description="Build one rank of a large fake world (the course's mesh, 3D "
                                                  "stage and ZeRO on meta tensors) and compare it with the planner. "
-                                                 "Every other option is project/plan.py's.")
+                                                 "Every other option is project/plan.py's (--json writes the "
+                                                 "report there).")
     parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
     args, rest = parser.parse_known_args(argv)
     config = PlanConfig.from_command_line(rest, environment=False)
@@ -196,13 +222,13 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     found = measure(config, args.rank)
-    print(json.dumps({k: v for k, v in found.items() if k != "collectives"}, indent=1))
-    calls: dict[tuple, list] = {}
-    for c in found["collectives"]:
-        entry = calls.setdefault((c["group"], c["kind"], c["bytes"]), [0])
-        entry[0] += 1
-    for (group, kind, nbytes), (count,) in sorted(calls.items()):
-        print(f"{group:>10} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    print(format_report(found))
+    if config.json:
+        from pathlib import Path
+
+        from course.results import write_json
+
+        write_json(Path(config.json), found)
     return 0
 
 
