@@ -104,8 +104,10 @@ def build_rank(config, rank: int) -> dict:
         "bytes": {"params", "grads", "optimizer"}, "step_counters" (Adam's 0-dimensional fp32 step counts, one
         per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
         "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
-        "collectives": [{"group", "kind", "bytes", "scope"}] in
-        call order}``; bytes in bytes.
+        "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes in bytes.
+
+    Raises:
+        ValueError: as :func:`check_supported`.
     """
     from course.collectives import CommCounter
     from course.mesh import Mesh
@@ -127,7 +129,7 @@ def build_rank(config, rank: int) -> dict:
     if stage.is_first:
         x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
     else:
-        x = torch.zeros(rows, seq, model_width(config), device="meta", requires_grad=True)
+        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
     tracker = MemTracker()
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
@@ -144,10 +146,10 @@ def build_rank(config, rank: int) -> dict:
     snapshots["peak"] = tracker_bytes(tracker, "peak")
     held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
     counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
+    calls = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope} for r in counter.records]
     return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
             "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
-            "memtracker": snapshots, "collectives": [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope}
-                            for r in counter.records]}
+            "memtracker": snapshots, "collectives": calls}
 
 
 def tracker_bytes(tracker, kind: str) -> dict[str, int]:
@@ -163,10 +165,6 @@ def tracker_bytes(tracker, kind: str) -> dict[str, int]:
     return out
 
 
-def model_width(config) -> int:
-    return config.model_shape["n_embd"]
-
-
 def measure(config, rank: int) -> dict:
     """:func:`build_rank` in its own :func:`fake_world`, beside the planner's memory of the rank's stage."""
     from project.plan import stage_memory
@@ -176,6 +174,44 @@ def measure(config, rank: int) -> dict:
         found = build_rank(config, rank)
     found["planned"] = {k: stage_memory(config, found["stage"])[k] for k in ("params", "grads", "optimizer")}
     return found
+
+
+def sweep(config, rank: int) -> list[dict]:
+    """:func:`measure` of rank ``rank`` at every ``(dp, pp, tp)`` of ``config``'s world that the model allows
+    (:func:`three_d.factorisation_benchmark.factorisations`), each with ``config``'s other options and
+    ``config``'s rows per micro-batch (``batch_size`` scaled with dp). Each result also has ``"dims"``.
+
+    Raises:
+        ValueError: as :func:`check_supported`; ``rank`` outside the world.
+    """
+    from project.plan import PlanConfig
+    from three_d.factorisation_benchmark import factorisations
+
+    check_supported(config)
+    world = config.world_size
+    if not 0 <= rank < world:
+        raise ValueError(f"--rank {rank} is outside 0..{world - 1}")
+    shape = config.model_shape
+    rows = config.batch_size // (config.dp * config.micro_batches)
+    out = []
+    for dp, pp, tp in factorisations(world, shape["n_layer"], shape["n_head"], shape["n_inner"]):
+        values = {**config.record(), "dp": dp, "pp": pp, "tp": tp, "n_devices": world,
+                  "batch_size": rows * dp * config.micro_batches}
+        found = measure(PlanConfig.for_test(**values), rank)
+        found["dims"] = {"dp": dp, "pp": pp, "tp": tp}
+        out.append(found)
+    return out
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """One line per factorisation: the rank's stage, and its bytes held beside the planner's."""
+    lines = [f"{'dp':>5} {'pp':>4} {'tp':>4} {'stage':>5} " + " ".join(
+        f"{k + ' held':>16} {k + ' planned':>16}" for k in ("params", "grads", "optimizer"))]
+    for r in rows:
+        d = r["dims"]
+        lines.append(f"{d['dp']:>5} {d['pp']:>4} {d['tp']:>4} {r['stage']:>5} " + " ".join(
+            f"{r['bytes'][k]:>16,} {r['planned'][k]:>16,.0f}" for k in ("params", "grads", "optimizer")))
+    return "\n".join(lines)
 
 
 def format_report(found: dict) -> str:
@@ -212,6 +248,8 @@ def main(argv=None) -> int:
                                                  "Every other option is project/plan.py's (--json writes the "
                                                  "report there).")
     parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
+    parser.add_argument("--factorisations", action="store_true",
+                        help="build the rank at every dp x pp x tp of the world the model allows, one line each")
     args, rest = parser.parse_known_args(argv)
     config = PlanConfig.from_command_line(rest, environment=False)
     try:
@@ -221,8 +259,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    found = measure(config, args.rank)
-    print(format_report(found))
+    found = sweep(config, args.rank) if args.factorisations else measure(config, args.rank)
+    print(format_sweep(found) if args.factorisations else format_report(found))
     if config.json:
         from pathlib import Path
 

@@ -31,24 +31,30 @@ CASES = {"517": (dict(preset="gpt3-6.7b", dp=DP, pp=PP, tp=TP, batch_size=256), 
          "first": (dict(preset="gpt3-6.7b", dp=DP, pp=PP, tp=TP, batch_size=256), 5, (3,)),
          "last": (dict(preset="gpt2-xl", dp=128, pp=8, tp=1, batch_size=2048), 1023, (1,))}
 RUNS = [(name, zero) for name, (_, _, zeros) in CASES.items() for zero in zeros]
+# every dp x pp x tp of a 64-rank world the 124M GPT-2 allows (12 of them), rank 37, ZeRO-1
+SWEEP = (dict(preset="gpt2", dp=64, pp=1, tp=1, batch_size=1024, zero=1), 37)
 SCRIPT = """
 import json, sys
-from project.fake_mesh import measure
+from project.fake_mesh import measure, sweep
 from project.plan import PlanConfig
-common, cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps({f"{name} {z}": measure(PlanConfig.for_test(**values, **common, zero=z), rank)
-                  for name, (values, rank, zeros) in cases.items() for z in zeros}))
+common, cases, (values, rank) = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+found = {f"{name} {z}": measure(PlanConfig.for_test(**values, **common, zero=z), rank)
+         for name, (values, rank, zeros) in cases.items() for z in zeros}
+found["sweep"] = sweep(PlanConfig.for_test(**values, **common), rank)
+print(json.dumps(found))
 """
 
 
 @pytest.fixture(scope="module")
 def found():
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(COMMON), json.dumps(CASES)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(COMMON), json.dumps(CASES), json.dumps(SWEEP)],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {(key.split()[0], int(key.split()[1])): v for key, v in out.items()}
+    swept = out.pop("sweep")
+    return {(key.split()[0], int(key.split()[1])): v for key, v in out.items()} | {"sweep": swept}
 
 
 def config(zero, name="517"):
@@ -187,3 +193,22 @@ def test_bad_input_is_refused_before_the_fake_world(extra, message, capsys):
     import torch.distributed as dist
 
     assert not dist.is_initialized()
+
+
+def test_every_factorisation_of_a_64_rank_world_holds_the_planners_bytes(found):
+    """Rank 37 at each of the 12 dp x pp x tp of 64 ranks the 124M GPT-2 allows (tp divides its 12 heads, pp
+    at most its 12 blocks): its stage (``ParallelDims``' arithmetic) and its bytes, the planner's plus ZeRO-1's
+    padding and the step counter, exactly, as in the 1024-rank cases."""
+    from three_d.factorisation_benchmark import factorisations
+
+    rows = found["sweep"]
+    assert [tuple(r["dims"].values()) for r in rows] == factorisations(64, 12, 12, 4 * 768)
+    for r in rows:
+        d = r["dims"]
+        plan = PlanConfig.for_test(**COMMON, preset="gpt2", zero=1, **d, batch_size=16 * d["dp"])
+        assert r["stage"] == ParallelDims(**d).coordinates(37).pp
+        assert r["parameters"] == stage_layout(plan, r["stage"])["dense_params"], d
+        pad = padding(r, plan)
+        assert r["bytes"]["params"] == r["planned"]["params"] + 4 * pad, d
+        assert r["bytes"]["grads"] == r["planned"]["grads"] + 4 * pad, d
+        assert r["bytes"]["optimizer"] == r["planned"]["optimizer"] + 8 * pad / d["dp"] + 4, d
