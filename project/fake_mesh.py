@@ -17,7 +17,8 @@ build in a real run — and nothing else:
    :class:`memory.zero.ZeroOptimizer` or :class:`memory.fsdp.FullyShardedModel`);
 5. one micro-batch's forward and backward pass, the gradient reduction and the optimizer step, on meta
    tensors, with the communication counter (:class:`course.collectives.CommCounter`) recording every
-   collective, its group and its bytes.
+   collective, its group and its bytes, torch's ``MemTracker`` the memory by category, and torch's
+   ``FlopCounterMode`` the FLOPs of the forward and backward pass.
 
 It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
 state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
@@ -107,7 +108,9 @@ def build_rank(config, rank: int) -> dict:
         "bytes": {"params", "grads", "optimizer"}, "step_counters" (Adam's 0-dimensional fp32 step counts, one
         per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
         "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
-        "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes in bytes.
+        "flops": the forward and backward pass's FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matrix
+        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes
+        in bytes.
 
     Raises:
         ValueError: as :func:`check_supported`.
@@ -118,6 +121,7 @@ def build_rank(config, rank: int) -> dict:
     from memory.training import ShardedStep
     from three_d.stage import TensorParallelStage
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.flop_counter import FlopCounterMode
 
     check_supported(config)
     mesh = Mesh(config.dims, device_type="cpu")
@@ -139,9 +143,10 @@ def build_rank(config, rank: int) -> dict:
     snapshots = {}
     with CommCounter() as counter, tracker:
         step.optimizer.zero_grad(set_to_none=True)
-        out = stage(x)
-        snapshots["after_forward"] = tracker_bytes(tracker, "current")
-        out.backward(torch.ones_like(out))
+        with FlopCounterMode(display=False) as flop_counter:
+            out = stage(x)
+            snapshots["after_forward"] = tracker_bytes(tracker, "current")
+            out.backward(torch.ones_like(out))
         snapshots["after_backward"] = tracker_bytes(tracker, "current")
         step.reduce_gradients()
         step.optimizer.step()
@@ -152,7 +157,7 @@ def build_rank(config, rank: int) -> dict:
     calls = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope} for r in counter.records]
     return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
             "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
-            "memtracker": snapshots, "collectives": calls}
+            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls}
 
 
 def tracker_bytes(tracker, kind: str) -> dict[str, int]:
@@ -233,6 +238,7 @@ def format_report(found: dict) -> str:
         lines.append(f"{key:>10} {found['bytes'][key]:>14,} {found['planned'][key]:>14,.0f} "
                      f"{tracked[when][category]:>14,}")
     lines.append(f"MemTracker peak: {tracked['peak']}")
+    lines.append(f"FLOPs of one micro-batch's forward and backward (FlopCounterMode): {found['flops']:,}")
     calls: dict[tuple, int] = {}
     for c in found["collectives"]:
         key = (c["group"], c["kind"], c["bytes"])

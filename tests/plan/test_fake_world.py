@@ -18,7 +18,7 @@ import pytest
 
 from course.dims import ParallelDims
 from memory.zero import shard_range
-from project.plan import PlanConfig, in_flight, shape, stage_communication, stage_layout, stage_memory
+from project.plan import PlanConfig, in_flight, shape, stage_communication, stage_flops, stage_layout, stage_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK, DP, PP, TP = 517, 16, 8, 8
@@ -138,6 +138,16 @@ def test_the_ranks_collectives_are_the_planners(found, name, zero):
         for c in got["collectives"]:
             if c["group"] == "dp":
                 assert c["bytes"] == 4 * got["parameters"] + pad
+
+
+@pytest.mark.parametrize("name,zero", RUNS)
+def test_the_ranks_flops_are_the_planners(found, name, zero):
+    """torch's FlopCounterMode on one micro-batch's forward and backward pass of the course's stage counts the
+    planner's FLOPs for it (``stage_flops`` over the micro-batches: 3 x the forward's matrix products and
+    attention, the LM head on the last stage), exactly: both count 2 FLOPs per multiply-add of the same
+    products, on the first (embedding), a middle and the last (head) stage."""
+    got, plan = found[name, zero], config(zero, name)
+    assert got["flops"] == stage_flops(plan, got["stage"]) / plan.micro_batches
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
