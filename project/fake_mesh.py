@@ -237,6 +237,8 @@ def format_report(found: dict) -> str:
                                 ("optimizer", "Optstate", "after_step")):
         lines.append(f"{key:>10} {found['bytes'][key]:>14,} {found['planned'][key]:>14,.0f} "
                      f"{tracked[when][category]:>14,}")
+    lines.append("(MemTracker: parameters after the forward pass, gradients after the backward pass, before the "
+                 "reduction, optimizer state after the step)")
     lines.append(f"MemTracker peak: {tracked['peak']}")
     lines.append(f"FLOPs of one micro-batch's forward and backward (FlopCounterMode): {found['flops']:,}")
     calls: dict[tuple, int] = {}
