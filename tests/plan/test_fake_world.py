@@ -124,21 +124,42 @@ def test_the_ranks_collectives_are_the_planners(found, name, zero):
             if c["group"] == "tp":
                 fake_tp[c["kind"], c["bytes"]] = fake_tp.get((c["kind"], c["bytes"]), 0) + 1
         assert fake_tp == planned_tp
-    planned_dp = {}
-    for c in calls:
-        if c["group"] == "dp" and c["bytes"] > 8:  # the 3D step's fp64 scalars do not run here
-            planned_dp[c["kind"]] = planned_dp.get(c["kind"], 0) + c["bytes"] * c["count"]
-    fake_dp = {}
-    for c in got["collectives"]:
-        if c["group"] == "dp":
-            fake_dp[c["kind"]] = fake_dp.get(c["kind"], 0) + c["bytes"]
-    fake_dp = {k: v for k, v in fake_dp.items() if v}  # ZeRO-3's root unit is empty on a middle stage
+    assert dp_bytes_match(got, plan, calls)
     pad = 4 * padding(got, plan)
-    assert fake_dp == {k: v + pad for k, v in planned_dp.items()}
     if zero in (1, 2):  # one flat buffer: one call of each kind, of the whole stage's bytes
         for c in got["collectives"]:
             if c["group"] == "dp":
                 assert c["bytes"] == 4 * got["parameters"] + pad
+
+
+def dp_bytes_match(got, plan, calls) -> bool:
+    """The dp group's bytes per kind of call: the fake rank's equal the planner's ``calls`` plus ZeRO-1/2's
+    padding (the 3D step's fp64 scalars, 8 bytes, do not run here; ZeRO-3's root unit is empty on a middle
+    stage: a call of 0 bytes)."""
+    planned = {}
+    for c in calls:
+        if c["group"] == "dp" and c["bytes"] > 8:
+            planned[c["kind"]] = planned.get(c["kind"], 0) + c["bytes"] * c["count"]
+    fake = {}
+    for c in got["collectives"]:
+        if c["group"] == "dp":
+            fake[c["kind"]] = fake.get(c["kind"], 0) + c["bytes"]
+    pad = 4 * padding(got, plan)
+    return {k: v for k, v in fake.items() if v} == {k: v + pad for k, v in planned.items() if v}
+
+
+def test_planted_wrong_planners_are_rejected(found):
+    """The comparison rejects the planner as it was before this check (ZeRO-1 without the all-gather of the
+    updated slices), one that reduces 2-byte gradients in an fp32 run, and one that forgets ZeRO-3's
+    backward all-gathers."""
+    for zero, wrong in ((1, lambda c: None if c["kind"] == "all_gather" else c),
+                        (1, lambda c: c | {"bytes": c["bytes"] / 2} if c["kind"] == "all_reduce" else c),
+                        (3, lambda c: c | {"count": c["count"] / 2} if c["kind"] == "all_gather" else c)):
+        got, plan = found["517", zero], config(zero)
+        calls = stage_communication(plan, got["stage"])
+        assert dp_bytes_match(got, plan, calls)
+        planted = [w for w in (wrong(c) if c["group"] == "dp" else c for c in calls) if w is not None]
+        assert not dp_bytes_match(got, plan, planted)
 
 
 @pytest.mark.parametrize("name,zero", RUNS)
