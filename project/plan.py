@@ -299,6 +299,8 @@ def stage_communication(config, stage: int) -> list[dict]:
         weight_bytes = 4 if config.precision == "fp32" else 2
         if config.zero <= 1:
             call(group, "all_reduce", params * grad_bytes, 1)
+            if config.zero == 1:  # each rank steps its slice, then the updated slices are all-gathered (memory.zero)
+                call(group, "all_gather", params * weight_bytes, 1)
         elif config.zero == 2:  # gradients reduce-scattered, updated shards all-gathered
             call(group, "reduce_scatter", params * grad_bytes, 1)
             call(group, "all_gather", params * weight_bytes, 1)

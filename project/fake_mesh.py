@@ -1,0 +1,285 @@
+"""One rank of a large world in one process: the course's own mesh, 3D stage and ZeRO on a fake process group.
+
+    python -m project.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
+        --vocab_size 50257 --model_max_length 1024 --batch_size 256 --micro_batches 16 --precision fp32
+
+builds, for rank ``--rank`` of a ``dp x pp x tp`` world of up to thousands of ranks, what that rank would
+build in a real run — and nothing else:
+
+1. the process group: torch's fake back-end (``dist.init_process_group("fake", store=FakeStore(), rank=r,
+   world_size=n)``, ``torch.testing._internal.distributed.fake_pg``; what torchtitan's
+   ``COMM_MODE=fake_backend`` uses): every group can be made and every collective returns at once, moving
+   nothing;
+2. the course's mesh (:class:`course.mesh.Mesh`: the same groups a real rank gets, named for the counter);
+3. the rank's pipeline stage, tensor parallel over its tp group (:class:`three_d.stage.TensorParallelStage`),
+   built from a GPT-2 made on the **meta device** (shapes and dtypes, no memory: a 6.7B model costs nothing);
+4. ZeRO stage ``--zero`` over the dp group (:class:`memory.training.ShardedStep`: plain data parallelism,
+   :class:`memory.zero.ZeroOptimizer` or :class:`memory.fsdp.FullyShardedModel`);
+5. one micro-batch's forward and backward pass, the gradient reduction and the optimizer step, on meta
+   tensors, with the communication counter (:class:`course.collectives.CommCounter`) recording every
+   collective, its group and its bytes, torch's ``MemTracker`` the memory by category, and torch's
+   ``FlopCounterMode`` the FLOPs of the forward and backward pass.
+
+It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
+state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
+(:func:`project.plan.stage_memory`), and the collectives beside the planner's
+(:func:`project.plan.stage_communication`). Only the stage's own computation runs: the pipeline's
+send/recv (:class:`pipeline.StageRunner`) and the 3D step's scalar all-reduces (:mod:`three_d.step`) are
+not, so those calls of the planner have no fake counterpart here.
+
+What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
+gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, no activation
+checkpointing. Anything else raises ValueError before the fake world is made.
+
+Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
+torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int):
+    """A fake process group of ``world_size`` ranks in which this process is ``rank``; destroyed on exit.
+
+    Raises:
+        RuntimeError: a process group already exists (run the fake world in a process of its own).
+        ValueError: ``rank`` outside ``0 .. world_size - 1``.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process: run the fake world in a fresh process")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"--rank {rank} is outside 0..{world_size - 1}")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def held_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (each once, whole; None skipped). Works on meta
+    tensors, whose storages all report address 0 (:func:`course.saved_tensors.storage_bytes` keys by
+    address): a storage is told apart by its ``_cdata`` (the C++ storage it wraps), which views share."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        if s._cdata in seen:
+            continue
+        seen.add(s._cdata)
+        total += s.nbytes()
+    return total
+
+
+def check_supported(config) -> None:
+    """The configurations the fake rank builds (module docstring).
+
+    Raises:
+        ValueError: naming the option to change.
+    """
+    unsupported = {"--cp": config.cp != 1, "--ep": config.ep != 1, "--num_experts": config.num_experts != 1,
+                   "--sequence_parallel": config.sequence_parallel, "--virtual_stages": config.virtual_stages != 1,
+                   "--precision bf16 (mixed-precision Adam, 2 + 2 + 12 bytes)": config.precision != "fp32"}
+    # memory.checkpointing's CheckpointFunction records the autocast state of its inputs' device, and autocast
+    # knows no meta device: recomputation is not built here (yet)
+    unsupported["--activation_checkpointing"] = config.activation_checkpointing
+    bad = [name for name, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only; drop or reset {', '.join(bad)}")
+
+
+def build_rank(config, rank: int) -> dict:
+    """Inside a :func:`fake_world` of ``config.world_size`` ranks: build rank ``rank``'s mesh, stage and ZeRO
+    step for ``config`` (a :class:`project.plan.PlanConfig`), run one micro-batch's forward and backward, the
+    gradient reduction and the optimizer step on meta tensors, and report what the rank holds.
+
+    Returns:
+        ``{"mesh": Mesh.describe(), "stage", "blocks" (global block indices), "parameters" (elements),
+        "bytes": {"params", "grads", "optimizer"}, "step_counters" (Adam's 0-dimensional fp32 step counts, one
+        per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
+        "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
+        "flops": the forward and backward pass's FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matrix
+        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes
+        in bytes.
+
+    Raises:
+        ValueError: as :func:`check_supported`.
+    """
+    from course.collectives import CommCounter
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from memory.training import ShardedStep
+    from three_d.stage import TensorParallelStage
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.flop_counter import FlopCounterMode
+
+    check_supported(config)
+    mesh = Mesh(config.dims, device_type="cpu")
+    with torch.device("meta"):
+        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
+                           dropout=config.dropout)
+    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
+    del model
+    step = ShardedStep(stage, config.zero, mesh.dp_cp_group, torch.optim.AdamW, blocks=list(stage.h.values()),
+                       lr=1e-4)
+    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
+    if stage.is_first:
+        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
+    tracker = MemTracker()
+    inner = getattr(step.optimizer, "optimizer", step.optimizer)
+    tracker.track_external(stage, inner, x)
+    snapshots = {}
+    with CommCounter() as counter, tracker:
+        step.optimizer.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as flop_counter:
+            out = stage(x)
+            snapshots["after_forward"] = tracker_bytes(tracker, "current")
+            out.backward(torch.ones_like(out))
+        snapshots["after_backward"] = tracker_bytes(tracker, "current")
+        step.reduce_gradients()
+        step.optimizer.step()
+        snapshots["after_step"] = tracker_bytes(tracker, "current")
+    snapshots["peak"] = tracker_bytes(tracker, "peak")
+    held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
+    counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
+    calls = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope} for r in counter.records]
+    return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
+            "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
+            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls}
+
+
+def tracker_bytes(tracker, kind: str) -> dict[str, int]:
+    """A ``MemTracker`` snapshot (``"current"`` or ``"peak"``) as ``{category: bytes}`` summed over devices (the
+    meta device's tensors, and the optimizer's step counters, which AdamW keeps on the CPU); categories are
+    MemTracker's: ``Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total``. A peak snapshot
+    is per device: the categories at the moment that device's total peaked."""
+    out: dict[str, int] = {}
+    for per_device in tracker.get_tracker_snapshot(kind).values():
+        for category, nbytes in per_device.items():
+            name = getattr(category, "value", category)
+            out[name] = out.get(name, 0) + nbytes
+    return out
+
+
+def measure(config, rank: int) -> dict:
+    """:func:`build_rank` in its own :func:`fake_world`, beside the planner's memory of the rank's stage."""
+    from project.plan import stage_memory
+
+    check_supported(config)
+    with fake_world(rank, config.world_size):
+        found = build_rank(config, rank)
+    found["planned"] = {k: stage_memory(config, found["stage"])[k] for k in ("params", "grads", "optimizer")}
+    return found
+
+
+def sweep(config, rank: int) -> list[dict]:
+    """:func:`measure` of rank ``rank`` at every ``(dp, pp, tp)`` of ``config``'s world that the model allows
+    (:func:`three_d.factorisation_benchmark.factorisations`), each with ``config``'s other options and
+    ``config``'s rows per micro-batch (``batch_size`` scaled with dp). Each result also has ``"dims"``.
+
+    Raises:
+        ValueError: as :func:`check_supported`; ``rank`` outside the world.
+    """
+    from project.plan import PlanConfig
+    from three_d.factorisation_benchmark import factorisations
+
+    check_supported(config)
+    world = config.world_size
+    if not 0 <= rank < world:
+        raise ValueError(f"--rank {rank} is outside 0..{world - 1}")
+    shape = config.model_shape
+    rows = config.batch_size // (config.dp * config.micro_batches)
+    out = []
+    for dp, pp, tp in factorisations(world, shape["n_layer"], shape["n_head"], shape["n_inner"]):
+        values = {**config.record(), "dp": dp, "pp": pp, "tp": tp, "n_devices": world,
+                  "batch_size": rows * dp * config.micro_batches}
+        found = measure(PlanConfig.for_test(**values), rank)
+        found["dims"] = {"dp": dp, "pp": pp, "tp": tp}
+        out.append(found)
+    return out
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """One line per factorisation: the rank's stage, and its bytes held beside the planner's."""
+    lines = [f"{'dp':>5} {'pp':>4} {'tp':>4} {'stage':>5} " + " ".join(
+        f"{k + ' held':>16} {k + ' planned':>16}" for k in ("params", "grads", "optimizer"))]
+    for r in rows:
+        d = r["dims"]
+        lines.append(f"{d['dp']:>5} {d['pp']:>4} {d['tp']:>4} {r['stage']:>5} " + " ".join(
+            f"{r['bytes'][k]:>16,} {r['planned'][k]:>16,.0f}" for k in ("params", "grads", "optimizer")))
+    return "\n".join(lines)
+
+
+def format_report(found: dict) -> str:
+    """The rank's coordinates and groups, its bytes beside the planner's and MemTracker's, and its collectives."""
+    mesh = found["mesh"]
+    sizes = " x ".join(f"{mesh[n]}" for n in ("dp", "pp", "tp"))
+    coords = ", ".join(f"{k} {v}" for k, v in mesh["coordinates"].items())
+    lines = [f"rank {mesh['rank']} of dp x pp x tp = {sizes}: {coords}; blocks {found['blocks'][0]}.."
+             f"{found['blocks'][-1]} of stage {found['stage']}, {found['parameters']:,} parameters"]
+    for name, members in mesh["groups"].items():
+        lines.append(f"  {name:>6} group ({len(members)} ranks): {members}")
+    tracked = found["memtracker"]
+    lines.append(f"{'bytes':>10} {'held':>14} {'planned':>14} {'MemTracker':>14}")
+    for key, category, when in (("params", "Parameter", "after_forward"), ("grads", "Gradient", "after_backward"),
+                                ("optimizer", "Optstate", "after_step")):
+        lines.append(f"{key:>10} {found['bytes'][key]:>14,} {found['planned'][key]:>14,.0f} "
+                     f"{tracked[when][category]:>14,}")
+    lines.append("(MemTracker: parameters after the forward pass, gradients after the backward pass, before the "
+                 "reduction, optimizer state after the step)")
+    lines.append(f"MemTracker peak: {tracked['peak']}")
+    lines.append(f"FLOPs of one micro-batch's forward and backward (FlopCounterMode): {found['flops']:,}")
+    calls: dict[tuple, int] = {}
+    for c in found["collectives"]:
+        key = (c["group"], c["kind"], c["bytes"])
+        calls[key] = calls.get(key, 0) + 1
+    lines.append("collectives of one micro-batch's forward and backward, the reduction and the step:")
+    for (group, kind, nbytes), count in sorted(calls.items()):
+        lines.append(f"  {group:>6} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from project.plan import PlanConfig
+
+    parser = argparse.ArgumentParser(description="Build one rank of a large fake world (the course's mesh, 3D "
+                                                 "stage and ZeRO on meta tensors) and compare it with the planner. "
+                                                 "Every other option is project/plan.py's (--json writes the "
+                                                 "report there).")
+    parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
+    parser.add_argument("--factorisations", action="store_true",
+                        help="build the rank at every dp x pp x tp of the world the model allows, one line each")
+    args, rest = parser.parse_known_args(argv)
+    config = PlanConfig.from_command_line(rest, environment=False)
+    try:
+        check_supported(config)
+        if not 0 <= args.rank < config.world_size:
+            raise ValueError(f"--rank {args.rank} is outside 0..{config.world_size - 1}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = sweep(config, args.rank) if args.factorisations else measure(config, args.rank)
+    print(format_sweep(found) if args.factorisations else format_report(found))
+    if config.json:
+        from pathlib import Path
+
+        from course.results import write_json
+
+        write_json(Path(config.json), found)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
