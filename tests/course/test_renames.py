@@ -4,6 +4,7 @@ keywords keep working for one release with a ``DeprecationWarning`` naming the n
 import pytest
 
 
+@pytest.mark.needs_solution  # the interleaved action list is assignment 5.2.5's
 def test_old_keywords_still_work_with_a_warning_naming_the_new_one():
     from pipeline.metrics import bubble_fraction
     from pipeline.schedules import all_actions
