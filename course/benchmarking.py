@@ -34,6 +34,7 @@ import platform
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -146,7 +147,7 @@ def machine(device=None, busy_ranks: int | None = None) -> dict:
     out = {"cores": os.cpu_count(), "usable_cores": usable,
            "cpu_model": _cpu_model(), "device": str(device) if device is not None else "cpu",
            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-           "load_average": _load(), "timer": timer_name(device)}
+           "load_average": _load(), "others_running": others_running(), "timer": timer_name(device)}
     if busy_ranks is not None:
         out["busy_ranks"] = int(busy_ranks)
         out["ranks_per_core"] = round(int(busy_ranks) / max(1, usable), 3)
@@ -159,10 +160,41 @@ def _load() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
+def _running_threads_of_this_process() -> int:
+    """Threads of this process the kernel counts as runnable now (state ``R`` in ``/proc/self/task/*/stat``):
+    the caller, and an OpenMP pool still spinning after a parallel region."""
+    count = 0
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        try:
+            count += stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            pass
+    return max(1, count)
+
+
+def others_running(samples: int = 5, interval_s: float = 0.02) -> float | None:
+    """Threads of *other* processes runnable right now, the mean of ``samples`` readings ``interval_s`` apart:
+    ``/proc/loadavg``'s count of runnable threads less this process's own. Unlike the load average, which
+    averages the last minute, it holds none of this process's earlier work (a notebook's previous cells, the
+    ranks of the previous measurement), so it says whether *other* work shares the cores now. None where
+    ``/proc`` is missing (not Linux)."""
+    readings = []
+    try:
+        for i in range(samples):
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            readings.append(max(0, running - _running_threads_of_this_process()))
+            if i + 1 < samples:
+                time.sleep(interval_s)
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(readings) / len(readings)
+
+
 def finish(info: dict) -> dict:
     """Complete a :func:`machine` record once the measurement is over: ``load_average_after`` and
     ``conditions`` (:func:`conditions`). Returns ``info`` (changed in place)."""
     info["load_average_after"] = _load()
+    info["others_running_after"] = others_running()
     info["conditions"] = conditions(info)
     return info
 
@@ -172,9 +204,11 @@ def conditions(info: dict) -> str:
 
     * ``oversubscribed`` — more busy ranks than usable cores (``busy_ranks > usable_cores``): ranks take turns
       on the cores, so every wait, bubble and overlap includes the others' compute;
-    * ``loaded`` — other processes kept more than half the cores busy: the 1-minute load average before the
-      measurement, or after it less the measurement's own ``busy_ranks`` (a busy rank adds about 1 to the
-      load), is above ``usable_cores / 2``;
+    * ``loaded`` — other processes kept more than half the cores busy: the threads of other processes runnable
+      before or after the measurement (:func:`others_running`, ``others_running`` and ``others_running_after``)
+      number more than ``usable_cores / 2``. Records without those readings fall back on the 1-minute load
+      average before the measurement, or after it less the measurement's own ``busy_ranks`` — which lags, so it
+      also holds the caller's own work of the last minute;
     * ``quiet`` — neither.
 
     Devices other than the CPU (a GPU per rank) are not shared by the ranks, so only other load counts there.
@@ -184,6 +218,9 @@ def conditions(info: dict) -> str:
     on_cpu = str(info.get("device", "cpu")).startswith("cpu")
     if on_cpu and busy > cores:
         return "oversubscribed"
+    sampled = [info[k] for k in ("others_running", "others_running_after") if info.get(k) is not None]
+    if sampled:
+        return "loaded" if max(sampled) > cores / 2 else "quiet"
     others = []
     if info.get("load_average"):
         others.append(info["load_average"][0])
@@ -201,6 +238,8 @@ def describe(info: dict) -> str:
     loaded = f"; load average {load[0]:.1f} at the start" if load else ""
     after = info.get("load_average_after")
     loaded += f", {after[0]:.1f} after" if after else ""
+    sampled = [info[k] for k in ("others_running", "others_running_after") if info.get(k) is not None]
+    loaded += f"; other processes' runnable threads {max(sampled):.1f}" if sampled else ""
     busy = f"; {info['busy_ranks']} busy ranks ({info['ranks_per_core']:g} per core)" if "busy_ranks" in info else ""
     cond = f"; conditions: {info['conditions']}" if "conditions" in info else ""
     gpu = f" ({info['gpu']['count']} x {info['gpu']['name']})" if info.get("gpu") else ""

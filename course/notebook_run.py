@@ -53,7 +53,7 @@ def describe() -> str:
 
 def machine_record(device=None) -> dict:
     """The machine a notebook runs on, taken before it starts any rank: :func:`course.benchmarking.machine`
-    (cores, CPU, device, torch, the 1-minute load average of the *other* processes), its ``conditions``
+    (cores, CPU, device, torch, the load average and the other processes' runnable threads), its ``conditions``
     (:func:`course.benchmarking.conditions`: ``quiet`` or ``loaded``; the notebook's own ranks have not started,
     so nothing is subtracted) and ``date`` (UTC, to the minute). ``device``: ``None`` for the CPU, ``"cuda"``
     to name the GPUs too."""

@@ -160,7 +160,8 @@ class DeepSeekRouter(nn.Module):
         self.config = config
         self.weight = nn.Parameter(torch.randn(config.num_experts, hidden_size, generator=generator, device="cpu")
                                    * 0.02)
-        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts, dtype=torch.float32))
+        self.register_buffer("e_score_correction_bias",
+                             torch.zeros(config.num_experts, dtype=torch.float32, device="cpu"))
         self.load: torch.Tensor | None = None  # float64 whatever the module's dtype: counts stay exact
 
     def forward(self, x: torch.Tensor) -> Routing:

@@ -259,7 +259,7 @@ def balance_over_training(runs: dict, epoch: int = 0) -> dict:
     out = {}
     for label, args in runs.items():
         result = json.loads((Path(args.workdir) / f"moe_rank0_results_epoch{epoch}.json").read_text())
-        load = torch.tensor(result["routing"]["tokens_per_expert"], dtype=torch.float64)  # (steps, layers, E)
+        load = torch.tensor(result["routing"]["tokens_per_expert"], dtype=torch.float64, device="cpu")  # (steps, layers, E)
         violation = (load.amax(dim=-1) / load.mean(dim=-1) - 1).amax(dim=-1)
         out[label] = {"loss": list(result["train_losses"]), "max_violation": violation.tolist(),
                       "final_load": load[-1].tolist()}

@@ -133,3 +133,16 @@ def test_fit_quality_fails_a_negative_or_clamped_coefficient_and_flags_large_res
     assert benchmarking.fit_quality([1.0], [1.0], {"alpha": 1e-5, "beta": -1e-9})["quality"] == "failed"
     failed = benchmarking.fit_quality([1.0], [1.0], {"alpha": 1e-5, "beta": 0.0}, clamped=("beta",))
     assert failed["quality"] == "failed" and "beta" in failed["reason"]
+
+
+def test_conditions_read_the_other_processes_running_now_when_sampled():
+    base = {"cores": 2, "usable_cores": 2, "device": "cpu", "busy_ranks": 2}
+    # The lagging load average holds the caller's own last minute: the sampled count of other runnable threads wins.
+    assert benchmarking.conditions({**base, "load_average": [3.0, 0, 0], "others_running": 0.2,
+                                    "others_running_after": 0.0}) == "quiet"
+    assert benchmarking.conditions({**base, "load_average": [0.1, 0, 0], "others_running": 0.0,
+                                    "others_running_after": 1.6}) == "loaded"
+    assert benchmarking.conditions({**base, "busy_ranks": 3, "others_running": 0.0}) == "oversubscribed"
+    now = benchmarking.others_running(samples=2, interval_s=0.0)
+    assert now is None or now >= 0
+    assert "other processes' runnable threads" in benchmarking.describe(benchmarking.finish(benchmarking.machine()))
