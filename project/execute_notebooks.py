@@ -78,11 +78,21 @@ def course_notebooks(prefixes: list[str] | None = None) -> list[Path]:
 
 # ---- the machine ------------------------------------------------------------------------------------
 
+def settled(info: dict) -> bool:
+    """Whether a notebook may start on ``info``'s machine: ``quiet`` (no other work shares the cores now,
+    :func:`course.benchmarking.conditions`) and its 1-minute load average at most half the cores, so that the
+    work of the last minute — the previous notebook's ranks included — has drained and every figure the
+    notebook prints starts from an idle machine."""
+    cores = max(1, int(info.get("usable_cores") or info.get("cores") or 1))
+    load = info.get("load_average")
+    return info["conditions"] == "quiet" and (not load or load[0] <= cores / 2)
+
+
 def wait_for_quiet(wait_s: float = WAIT_S, allow_loaded: bool = False, poll_s: float = POLL_S,
                    measure: Callable[[], dict] | None = None, clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> dict:
-    """The machine's record (:func:`course.notebook_run.machine_record`) once it is ``quiet``: measured now,
-    then every ``poll_s`` seconds for up to ``wait_s`` seconds while it is not.
+    """The machine's record (:func:`course.notebook_run.machine_record`) once it has :func:`settled`: measured
+    now, then every ``poll_s`` seconds for up to ``wait_s`` seconds while it has not.
 
     Returns:
         the last record (``conditions`` ``loaded`` only with ``allow_loaded``).
@@ -100,10 +110,10 @@ def wait_for_quiet(wait_s: float = WAIT_S, allow_loaded: bool = False, poll_s: f
 
     deadline = clock() + wait_s
     info = measure()
-    while info["conditions"] != "quiet" and clock() < deadline:
+    while not settled(info) and clock() < deadline:
         sleep(max(0.0, min(poll_s, deadline - clock())))
         info = measure()
-    if info["conditions"] != "quiet" and not allow_loaded:
+    if not settled(info) and not allow_loaded:
         from course.benchmarking import describe
 
         cores = info.get("usable_cores") or info.get("cores")

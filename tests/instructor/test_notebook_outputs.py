@@ -102,6 +102,15 @@ def test_the_run_waits_for_a_quiet_machine():
     assert info["conditions"] == "quiet" and info["load_average"][0] == 0.5 and clock.t == 30
 
 
+
+def test_the_run_waits_for_the_last_minute_to_drain_though_no_other_work_runs_now():
+    """Nothing else runnable (quiet by the sampled threads), but the load average still holds the previous
+    notebook's ranks: the next notebook waits until it has drained below half the cores."""
+    clock, loads = _Clock(), iter([2.0, 1.4, 0.9])
+    info = wait_for_quiet(120, poll_s=15, measure=lambda: {**_machine(next(loads)), "conditions": "quiet"},
+                          clock=clock, sleep=clock.sleep)
+    assert info["load_average"][0] == 0.9 and clock.t == 30
+
 def test_the_run_refuses_a_machine_that_stays_loaded_unless_allowed():
     clock = _Clock()
     with pytest.raises(LoadedMachine, match=r"(?s)loaded.*2 cores.*--wait.*--allow_loaded"):
