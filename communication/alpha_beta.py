@@ -152,3 +152,48 @@ def per_step_alpha_beta(alpha_fit: float, beta_fit: float, p: int) -> tuple[floa
         raise ValueError(f"an all-reduce line needs p >= 2 ranks, not {p}")
     steps = 2 * (p - 1)
     return alpha_fit / steps, beta_fit * p / steps
+
+
+def hierarchical_seconds(kind: str, nbytes: float, p: int, members: int, intra, inter) -> float:
+    """Seconds of one ``kind`` call about ``nbytes`` over a group of ``p`` ranks laid out ``members`` per node
+    on ``p / members`` nodes: ``intra`` and ``inter`` are links (``alpha``, ``beta``, ``base``, as
+    :class:`course.hardware.Link`). A group inside one node (``members == p``) uses ``intra`` only, a group
+    with one member per node ``inter`` only (flat rings, :func:`collective_seconds`); otherwise the
+    collective runs in levels, each level a ring (the hierarchical all-reduce of NCCL's tree/CollNet and of
+    Horovod; Thakur et al. 2005, Sec. 4; Sanders et al. 2019, Sec. 13.2), with g = ``members`` and
+    n = ``p / members`` nodes:
+
+    * all-reduce: reduce-scatter of N inside the node (g ranks), all-reduce of N / g across the nodes (n
+      ranks; the g such rings of a node run at once, each on its GPU's own network port), all-gather of N
+      inside the node;
+    * reduce-scatter: reduce-scatter of N inside the node, then of N / g across the nodes;
+    * all-gather: all-gather of N / g across the nodes, then of N inside the node;
+    * all-to-all, send, recv: the network's flat cost (most bytes leave the node).
+
+    Returns 0 for ``p = 1`` (no call), as :func:`collective_seconds`.
+
+    Raises:
+        ValueError: an unknown kind, or ``members`` that does not divide ``p``.
+    """
+    if p <= 1 and kind not in ("send", "recv"):
+        return 0.0
+    if members < 1 or p % members:
+        raise ValueError(f"{members} members per node do not divide a group of {p} ranks")
+    nodes = p // members
+
+    def ring(k, n, size, link):
+        return collective_seconds(k, n, size, link.alpha, link.beta, link.base)
+
+    if nodes == 1 or inter is None:
+        return ring(kind, nbytes, p, intra)
+    if members == 1 or kind in ("all_to_all", "send", "recv"):
+        return ring(kind, nbytes, p, inter)
+    g = members
+    if kind == "all_reduce":
+        return (ring("reduce_scatter", nbytes, g, intra) + ring("all_reduce", nbytes / g, nodes, inter)
+                + ring("all_gather", nbytes, g, intra))
+    if kind == "reduce_scatter":
+        return ring("reduce_scatter", nbytes, g, intra) + ring("reduce_scatter", nbytes / g, nodes, inter)
+    if kind == "all_gather":
+        return ring("all_gather", nbytes / g, nodes, inter) + ring("all_gather", nbytes, g, intra)
+    return ring(kind, nbytes, p, inter)

@@ -11,6 +11,12 @@ Presets (``PRESETS``):
 * ``gpt3-6.7b`` — a 7B-class model: GPT-3 6.7B (32 layers, 4096 wide, 32 heads of 128; Brown et al.
   2020, Table 2.1), the GPT-2 architecture at that size (GPT-3's alternating locally banded sparse
   attention layers are not modelled: every layer attends densely here).
+* ``llama-7b`` — GPT-2 blocks at Llama-7B's width, depth and heads (32 layers, 4096 wide, 32 heads; Touvron
+  et al. 2023, Table 2), for the planner (``project/plan.py --model llama-7b``). Llama's SwiGLU MLP has three
+  4096 x 11008 matrices, 135.3M parameters per layer; the GPT-2 MLP here has two 4096 x 16384 ones, 134.2M
+  (within 1 %), so its FLOPs and weight bytes are Llama's to 1 %; RMSNorm, rotary positions and the untied
+  head are not modelled. Plan it with Llama's vocabulary of 32000 tokens (``--vocab_size 32000``, the
+  planner's default for this preset).
 
 The vocabulary size comes from the course tokenizer, and ``n_positions`` from
 ``--model_max_length``.
@@ -25,6 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
     "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25),
     "gpt3-6.7b": dict(n_layer=32, n_embd=4096, n_head=32),
+    "llama-7b": dict(n_layer=32, n_embd=4096, n_head=32, n_inner=16384),
 }
 
 DEFAULT_CPU_PRESET = "tiny"

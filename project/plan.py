@@ -37,6 +37,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.config import ConfigError, RunConfig, option  # noqa: E402
+from course.model import PRESETS  # noqa: E402
 from project.options.run_data_parallel import ZEROPP, node_group_size  # noqa: E402
 from project.options.run_data_parallel import zeropp_parts as _zeropp_parts  # noqa: E402
 
@@ -55,10 +56,16 @@ class PlanConfig(RunConfig):
 
     dropout: float = option(0.0, "dropout probability (its masks are kept for the backward pass)",
                             group="model and training")
-    hardware: str = option("h100", "h100, h200, a100 (published figures, course.hardware) or cpu (this machine, "
-                                   "measured)", group=PLAN, choices=("h100", "h200", "a100", "cpu"))
+    preset: str = option("auto", "GPT-2 size (course.model.PRESETS; llama-7b: GPT-2 blocks at Llama-7B's size); auto: "
+                                 "tiny on CPU, gpt2 on GPU", group="model and training",
+                         choices=("auto", *PRESETS), old=("model",))
+    vocab_size: int | None = option(None, "vocabulary (tokens); default: 32000 for --preset llama-7b (Llama's), "
+                                          "else 5000 (the course tokenizer's)", group="data")
+    hardware: str = option("h100", "h100, h200, a100, l4 (published figures, course.hardware) or cpu (this machine, "
+                                   "measured)", group=PLAN, choices=("h100", "h200", "a100", "l4", "cpu"))
     n_devices: int | None = option(None, "devices of the run (default: the mesh's dp x pp x cp x tp); the mesh must "
-                                         "multiply to it", group=PLAN)
+                                         "multiply to it. Given without --dp --pp --tp: rank every dp x pp x tp of "
+                                         "it (the ranked plans)", group=PLAN, old=("gpus",))
     devices_per_node: int | None = option(None, "devices per node (default: the hardware's, 8)", group=PLAN)
     intra_link: str = option("nvlink", "the link between the GPUs of a node", group=PLAN, choices=("nvlink", "pcie"))
     zero: int = option(0, "ZeRO stage (0: plain data parallelism)", group=PLAN, choices=(0, 1, 2, 3))
@@ -81,8 +88,18 @@ class PlanConfig(RunConfig):
     num_experts: int = option(1, "experts per MoE layer (1: dense GPT-2)", group=PLAN)
     top_k: int = option(2, "experts per token (MoE)", group=PLAN)
     moe_every: int = option(2, "one MoE block in this many (MoE)", group=PLAN)
-    flops_efficiency: float = option(1.0, "fraction of the peak FLOP/s the matrix products reach (GPUs; the CPU's "
-                                          "is measured)", group=PLAN)
+    flops_efficiency: float | None = option(None, "fraction of the peak FLOP/s the matrix products reach (default: "
+                                                 "this GPU's measured by the course's GPU report in results/gpu/, "
+                                                 "else the hardware's published MAMF figure, course.hardware; the "
+                                                 "CPU's rate is measured)", group=PLAN)
+    overlap: bool | None = option(None, "replay the step as DDP/FSDP/Megatron-LM run it: gradient reduction in "
+                                        "buckets behind the last micro-batch's backward, ZeRO-3 all-gathers "
+                                        "prefetched behind the previous block (default: on for GPUs; off on the "
+                                        "CPU, where the course's own steps reduce after the backward pass)",
+                                  group=PLAN)
+    top: int = option(10, "the ranked plans: how many to print", group=PLAN)
+    verify: bool = option(False, "the ranked plans: build one rank of each top plan in a fake world "
+                                 "(project/fake_mesh.py) and print its memory beside the prediction", group=PLAN)
     measure: bool = option(False, "also run the configuration on this machine's CPU and print the measurement "
                                   "beside the prediction, with the error of each term", group=PLAN)
     steps: int = option(4, "--measure: timed steps (after one warm-up step)", group=PLAN)
@@ -98,12 +115,34 @@ class PlanConfig(RunConfig):
         super().resolve(devices, here=here)
         if self.activation_model is None:
             self.activation_model = "course" if self.hardware == "cpu" else "korthikanti"
+        if self.vocab_size is None:
+            self.vocab_size = 32000 if self.preset == "llama-7b" else 5000
+        if self.overlap is None:
+            self.overlap = self.hardware != "cpu"
+
+    @property
+    def ranking(self) -> bool:
+        """The ranked plans: ``--n_devices`` given without a mesh (``--dp --pp --tp`` left at 1)."""
+        return (self.n_devices is not None and self.dp == self.pp == self.tp == 1
+                and self.n_devices != self.cp * self.ep and not self.measure)
 
     def check(self) -> None:
         super().check()
         from pipeline.schedules import SCHEDULES, micro_batches_per_round
 
         shape = self.model_shape
+        if self.top < 1:
+            raise ConfigError(f"--top must be >= 1 plans, not {self.top}")
+        if self.flops_efficiency is not None and not 0 < self.flops_efficiency <= 1:
+            raise ConfigError(f"--flops_efficiency is a fraction of the peak in (0, 1], not {self.flops_efficiency}")
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be >= 1, not {self.steps}")
+        if self.ranking:
+            if self.n_devices % (self.cp * self.ep):
+                raise ConfigError(f"--n_devices {self.n_devices} is not a multiple of --cp {self.cp} x --ep {self.ep}")
+            return
+        if self.verify:
+            raise ConfigError("--verify checks the ranked plans: give --n_devices without --dp --pp --tp")
         try:
             self.dims.check(self.devices, n_layer=shape["n_layer"], n_head=shape["n_head"], n_inner=shape["n_inner"])
         except ValueError as exc:
@@ -132,8 +171,6 @@ class PlanConfig(RunConfig):
                               f"{self.ep} (now {self.num_experts})")
         if self.num_experts > 1 and not 1 <= self.top_k <= self.num_experts:
             raise ConfigError(f"--top_k must be in 1..--num_experts {self.num_experts}, not {self.top_k}")
-        if not 0 < self.flops_efficiency <= 1:
-            raise ConfigError(f"--flops_efficiency is a fraction of the peak in (0, 1], not {self.flops_efficiency}")
         parts = tuple(n.strip().lower() for n in (self.zeropp or "").split(",") if n.strip())
         if [n for n in parts if n not in ZEROPP] or (parts and self.zero != 3):
             raise ConfigError(f"--zeropp {self.zeropp}: a comma list of {', '.join(ZEROPP)}, with --zero 3")
@@ -147,8 +184,6 @@ class PlanConfig(RunConfig):
             why = measurable(self)
             if why:
                 raise ConfigError(f"--measure: {why}")
-        if self.steps < 1:
-            raise ConfigError(f"--steps must be >= 1, not {self.steps}")
 
 
 # ---- the model on the mesh --------------------------------------------------------------------------
@@ -336,7 +371,10 @@ def stage_communication(config, stage: int) -> list[dict]:
 
 
 def link_for(hardware, config, group: str):
-    """``(alpha, beta, base)`` of the link ``group`` crosses on ``hardware`` (per step of a ring)."""
+    """``(alpha, beta, base)`` of the link ``group`` crosses on ``hardware`` (per step of a ring): the CPU's line
+    fitted at the group's size, else the level a flat ring of the group would use (the intra-node link when the
+    group fits in a node, else the network). :func:`call_seconds` prices a call, in levels where the group
+    spans nodes."""
     from communication.alpha_beta import per_step_alpha_beta
 
     size, span = group_shape(config, group)
@@ -344,10 +382,45 @@ def link_for(hardware, config, group: str):
     if fitted:
         alpha_fit, beta_fit = fitted.get(str(max(size, 2)), fitted[max(fitted, key=int)])
         return (*per_step_alpha_beta(alpha_fit, beta_fit, max(size, 2)), 0.0)
-    intra = hardware.notes.get(config.intra_link, hardware.intra) if config.intra_link != "nvlink" else hardware.intra
+    intra, inter = levels(hardware, config)
     per_node = config.devices_per_node or hardware.devices_per_node
-    link = intra if span <= per_node or hardware.inter is None else hardware.inter
+    link = intra if span <= per_node or inter is None else inter
     return link.alpha, link.beta, link.base
+
+
+def levels(hardware, config):
+    """``(intra, inter)``: the hardware's links, intra-node replaced by its PCIe link with ``--intra_link pcie``."""
+    intra = hardware.notes.get("pcie", hardware.intra) if config.intra_link == "pcie" else hardware.intra
+    return intra, hardware.inter
+
+
+def group_placement(hardware, config, group: str) -> tuple[int, int]:
+    """``(members per node, nodes)`` of ``group`` (:meth:`course.hardware.Hardware.placement`; a group's stride
+    is its span over its size: tp 1, cp tp, dp cp tp, pp dp cp tp, the embedding pair (pp - 1) dp cp tp)."""
+    size, span = group_shape(config, group)
+    if size <= 1:
+        return 1, 1
+    stride = span // size if group != "embedding" else max(1, (config.pp - 1) * config.dp * config.cp * config.tp)
+    return hardware.placement(size, stride, config.devices_per_node)
+
+
+def call_seconds(hardware, config, group: str, kind: str, nbytes: float) -> float:
+    """Seconds of one ``kind`` call of ``nbytes`` in ``group``: on the CPU the fitted line of the group's size
+    (:func:`link_for`), on GPUs the hierarchical alpha-beta cost of the group's placement
+    (:func:`communication.alpha_beta.hierarchical_seconds`: inside a node NVLink (or PCIe) only; across nodes
+    intra, then inter, then intra)."""
+    from communication.alpha_beta import collective_seconds, hierarchical_seconds
+
+    p = group_shape(config, group)[0]
+    if hardware.notes.get("all_reduce_fits") or hardware.inter is None:
+        return collective_seconds(kind, nbytes, p, *link_for(hardware, config, group))
+    intra, inter = levels(hardware, config)
+    if kind in ("send", "recv"):  # a neighbour in the pp group: inside the node or across
+        members, nodes = group_placement(hardware, config, group)
+        link = intra if nodes == 1 else inter
+        return collective_seconds(kind, nbytes, p, link.alpha, link.beta, link.base)
+    members, nodes = group_placement(hardware, config, group)
+    return hierarchical_seconds(kind, nbytes, p, members if p % members == 0 else 1, intra, inter)
 
 
 def stage_flops(config, stage: int, *, model_only: bool = False) -> float:
@@ -365,51 +438,294 @@ def stage_flops(config, stage: int, *, model_only: bool = False) -> float:
     return per_token * d["b"] * d["s"] * config.micro_batches
 
 
+BUCKET_BYTES = 25 * 2**20  # gradient bucket of DDP (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25)
+IN_ACTION = ("tp", "cp", "ep")  # groups whose calls sit inside a forward or backward: on the critical path
+
+
+def compute_efficiency(config, hardware) -> tuple[float, str]:
+    """``(fraction of the peak FLOP/s the matrix products reach, where it comes from)``: ``--flops_efficiency``;
+    else the newest GPU report in ``results/gpu/`` measured on this kind of GPU (its bf16 matrix-product peak
+    over the datasheet's: ``matmul.measured_over_datasheet``, :mod:`project.gpu_report`); else the hardware's
+    published MAMF figure (:attr:`course.hardware.Hardware.matmul_efficiency`)."""
+    if config.flops_efficiency is not None:
+        return config.flops_efficiency, "--flops_efficiency"
+    measured = measured_efficiency(hardware.name)
+    if measured:
+        return measured
+    return hardware.matmul_efficiency, hardware.efficiency_source
+
+
+def measured_efficiency(name: str) -> tuple[float, str] | None:
+    """The GPU report's measured matrix-product efficiency on a GPU of planner kind ``name`` (``h100``, ``h200``,
+    ``a100``, ``l4``), from the newest report in ``results/gpu/`` (dry runs left out); None when there is none."""
+    import json
+
+    from course.gpu_figures import KIND, REPORTS_DIR
+    from course.hardware import datasheet_bf16_peak
+
+    kinds = {"H100 SXM5": "h100", "H200 SXM": "h200", "A100": "a100", "L4": "l4"}
+    best = None
+    for path in sorted(REPORTS_DIR.glob("*.json")) if REPORTS_DIR.is_dir() else []:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if report.get("kind") != KIND or report.get("dry_run"):
+            continue
+        sheet = datasheet_bf16_peak(report.get("device", {}).get("name", ""))
+        ratio = (report.get("matmul") or {}).get("measured_over_datasheet")
+        if sheet and kinds.get(sheet["model"]) == name and ratio and (best is None or report["created"] > best[2]):
+            best = (ratio, f"results/gpu/{path.name} ({report['device']['name']}, {report['date']})",
+                    report["created"])
+    return best[:2] if best else None
+
+
+def exposed_gathers(per_block: float, compute_per_block: float, blocks: int, overlap: bool) -> float:
+    """Seconds a ZeRO-3 unit-by-unit all-gather adds to a pass over ``blocks`` blocks, each gather taking
+    ``per_block`` and each block's computation ``compute_per_block``: with prefetch (``overlap``, as FSDP's
+    forward and backward prefetch) the first gather is exposed and each later one hides behind the previous
+    block's computation, ``g + (blocks - 1) max(0, g - c)``; without, all of them, ``blocks g``."""
+    if blocks < 1 or per_block <= 0:
+        return 0.0
+    if not overlap:
+        return blocks * per_block
+    return per_block + (blocks - 1) * max(0.0, per_block - compute_per_block)
+
+
+def reduction_finish(start_last_backward: float, end_backward: float, seconds: float, last_bucket: float,
+                     overlap: bool) -> float:
+    """When a stage's gradient reduction ends: its buckets but the last run from the start of the stage's last
+    backward (its gradients are produced during it), the last bucket once the backward has ended and the others
+    are done; without ``overlap`` all of it after the backward. The exposed part (the result less
+    ``end_backward``) is ``max(0, C - C_last - B_last) + C_last`` with ``B_last`` the last backward's length
+    (Li et al. 2020, PyTorch Distributed, Sec. 3.2.3: bucketing and overlap)."""
+    if not overlap:
+        return end_backward + seconds
+    last = min(last_bucket, seconds)
+    return max(end_backward, start_last_backward + seconds - last) + last
+
+
+def pipeline_actions(config) -> list[list[tuple]]:
+    """Every stage's action list (``pipeline.SCHEDULES``; with one stage, its micro-batches' forwards then
+    backwards)."""
+    from pipeline.schedules import all_actions
+
+    if config.pp == 1:
+        return [[("F", i) for i in range(config.micro_batches)] + [("B", i) for i in range(config.micro_batches)]]
+    return all_actions(config.schedule, config.pp, config.micro_batches, config.virtual_stages)
+
+
+def replay_step(actions, costs: list[dict], latency: float, extra: list[dict] | None = None):
+    """:func:`pipeline.metrics.replay` of ``actions`` with ``costs[r][kind]`` seconds per action of stage r
+    (``extra[r][kind]``: seconds added to the stage's first action of that kind)."""
+    from pipeline.metrics import replay
+
+    durations = []
+    for r, acts in enumerate(actions):
+        seen, row = set(), []
+        for a in acts:
+            add = 0.0
+            if extra and a[0] not in seen:
+                add = extra[r].get(a[0], 0.0)
+                seen.add(a[0])
+            row.append(costs[r][a[0]] + add)
+        durations.append(row)
+    return replay(actions, durations, latency)
+
+
+def _split(calls: list[dict], config) -> dict:
+    """A stage's calls by where they sit in the step: ``in_action`` {group: seconds per micro-batch, forward and
+    backward}, ``hop`` (one pp send), ``gathers`` {group: (forward, backward) seconds of ZeRO-3's per-unit
+    all-gathers}, ``reduction`` {group: seconds of the gradient reduction}, ``last_bucket`` {group: seconds of
+    its last bucket}, ``post`` {group: seconds after the reduction: the tied embedding's all-reduce, the 3D
+    step's scalars, ZeRO-1/2's all-gather of the updated weights}."""
+    m = config.micro_batches
+    passes = 3 if config.activation_checkpointing else 2
+    forward_share = {"tp": 1 / passes, "cp": 1 / 3, "ep": 1 / 2}
+    out = {"in_action": {}, "hop": 0.0, "gathers": {}, "reduction": {}, "last_bucket": {}, "post": {}}
+    by_group: dict[str, list[dict]] = {}
+    for c in calls:
+        by_group.setdefault(c["group"], []).append(c)
+    hpz = "hpz" in zeropp_parts(config)
+    for group, group_calls in by_group.items():
+        for i, c in enumerate(group_calls):
+            seconds, scalar = c["seconds"], c["bytes"] == 8 and c["count"] <= 2
+            if scalar or group == "embedding":
+                out["post"][group] = out["post"].get(group, 0.0) + seconds
+            elif group in IN_ACTION:
+                f = seconds / m * forward_share[group]
+                old = out["in_action"].get(group, (0.0, 0.0))
+                out["in_action"][group] = (old[0] + f, old[1] + seconds / m - f)
+            elif group == "pp":
+                if c["kind"] == "send":
+                    out["hop"] = seconds / c["count"]
+            elif c["kind"] == "all_gather" and config.zero == 3:
+                gathers = [x for x in group_calls if x["kind"] == "all_gather"]
+                backward = group == "dp_shard" or (not (hpz and group == "dp") and c is gathers[-1])
+                old = out["gathers"].get(group, (0.0, 0.0))
+                out["gathers"][group] = (old[0] + (0 if backward else seconds), old[1] + (seconds if backward else 0))
+            elif c["kind"] == "all_gather":  # ZeRO-1/2: the updated slices, after the optimizer step
+                out["post"][group] = out["post"].get(group, 0.0) + seconds
+            else:  # the gradient reduction (all-reduce, reduce-scatter, or ZeRO++'s int8 all-to-all)
+                out["reduction"][group] = out["reduction"].get(group, 0.0) + seconds
+                unit = seconds / c["count"] if config.zero == 3 else \
+                    seconds * min(1.0, BUCKET_BYTES / max(c["bytes"], 1.0))
+                out["last_bucket"][group] = max(out["last_bucket"].get(group, 0.0), unit)
+    return out
+
+
 def predict(config, hardware) -> dict:
     """The prediction for ``config`` (a :class:`PlanConfig`) on ``hardware`` (:class:`course.hardware.Hardware`).
 
+    The step is **replayed**, not summed. Each stage's forward and backward of one micro-batch cost its model
+    FLOPs (:func:`stage_flops`, the GEMM shapes of its blocks) at ``peak x efficiency``
+    (:func:`compute_efficiency`), plus the calls that sit inside them on the critical path — tp all-reduces
+    (or all-gathers and reduce-scatters), the cp ring, the ep all-to-all; the schedule's action lists
+    (``pipeline.SCHEDULES``) are replayed with those costs and one pp send per hand-over between stages
+    (:func:`pipeline.metrics.replay`); ZeRO-3's per-block all-gathers hide behind the previous block's
+    computation (:func:`exposed_gathers`); each stage's gradient reduction runs in buckets behind its last
+    backward (:func:`reduction_finish`); then the tied embedding's all-reduce, the 3D step's scalars and
+    ZeRO-1/2's all-gather. ``--overlap`` off (the CPU's default) makes every call blocking.
+
+    Breakdown: ``step_s = compute_s + bubble_s + comm_s``, with ``compute_s`` the critical stage's computation
+    (the stage busiest in the replay), ``bubble_s`` its idle time in the replay without transfer latency,
+    ``comm_s`` the exposed communication, per group in ``exposed_s`` (in-action calls of the critical stage;
+    ``pp``: what the hand-overs add to the replay; the reduction's tail beyond the last backward; the calls
+    after it); ``hidden_s`` per group is the rest of that group's seconds (``comm_total_s``, the most of any
+    stage), hidden behind computation.
+
     Returns:
-        ``{"stages": [per stage: {"memory": {params, grads, optimizer, activations, total} (bytes),
-        "compute_s", "comm": [calls with "seconds" and "traffic_bytes"], "comm_s": {group: seconds}}],
-        "memory_bytes" (the largest stage total), "fits", "compute_s" (slowest stage), "bubble" (fraction),
-        "bubble_s", "comm_s", "step_s", "model_flops", "mfu", "tokens"}``; times in seconds.
+        ``{"stages": [per stage: {"memory": {params, grads, optimizer, activations, recompute, total} (bytes),
+        "compute_s", "forward_s", "backward_s" (one micro-batch, with its in-action calls), "comm": [calls with
+        "seconds" and "traffic_bytes"], "comm_s": {group: seconds of all its calls}}], "memory_bytes" (the
+        largest stage total), "fits", "compute_s", "bubble" (the critical stage's idle fraction of the replay),
+        "bubble_theory" (the schedule's formula), "bubble_s", "comm_s", "exposed_s", "hidden_s",
+        "comm_total_s", "pipeline_s" (the replay's length), "step_s", "model_flops", "mfu", "tokens",
+        "efficiency", "efficiency_source", "overlap", "limit" (what limits the step most)}``; times in seconds.
     """
-    from communication.alpha_beta import collective_seconds
     from course.collectives import ring_traffic_bytes
     from course.model import model_flops_per_token
     from pipeline.schedules import SCHEDULES
 
-    # the FLOP/s the model's layers reach: the peak times --flops_efficiency, or on the CPU the rate measured
-    # on a whole block (products, layer norms, softmax, GeLU and Python together)
-    rate = hardware.notes.get("achieved_flops", hardware.peak_flops[config.precision] * config.flops_efficiency)
-    stages = []
+    efficiency, efficiency_source = compute_efficiency(config, hardware)
+    # the FLOP/s the model's layers reach: the peak times the efficiency, or on the CPU the rate measured on a
+    # whole block (products, layer norms, softmax, GeLU and Python together)
+    rate = hardware.notes.get("achieved_flops", hardware.peak_flops[config.precision] * efficiency)
+    overlap = bool(config.overlap)
+    m, v = config.micro_batches, config.virtual_stages
+    stages, costs, extra, parts = [], [], [], []
     for stage in range(config.pp):
         memory = stage_memory(config, stage)
         memory["total"] = sum(memory.values())
         calls = stage_communication(config, stage)
         comm_s: dict[str, float] = {}
         for c in calls:
-            alpha, beta, base = link_for(hardware, config, c["group"])
             p = group_shape(config, c["group"])[0]
-            c["seconds"] = c["count"] * collective_seconds(c["kind"], c["bytes"], p, alpha, beta, base)
+            c["seconds"] = c["count"] * call_seconds(hardware, config, c["group"], c["kind"], c["bytes"])
             c["traffic_bytes"] = c["count"] * ring_traffic_bytes(c["kind"], c["bytes"], p)
             comm_s[c["group"]] = comm_s.get(c["group"], 0.0) + c["seconds"]
-        stages.append({"stage": stage, "memory": memory, "compute_s": stage_flops(config, stage) / rate, "comm": calls,
+        split = _split(calls, config)
+        forward = stage_flops(config, stage, model_only=True) / 3 / m / rate      # one micro-batch, all chunks
+        recompute = (stage_flops(config, stage) - stage_flops(config, stage, model_only=True)) / m / rate
+        tp_f = sum(f for f, _ in split["in_action"].values())
+        tp_b = sum(b for _, b in split["in_action"].values())
+        if SCHEDULES[config.schedule].name == "zb-h1" and config.pp > 1:
+            cost = {"F": forward + tp_f, "B": forward + recompute + tp_b, "W": forward}
+        else:
+            cost = {"F": forward + tp_f, "B": 2 * forward + recompute + tp_b}
+        costs.append({k: t / v for k, t in cost.items()})
+        blocks = max(1, stage_layout(config, stage)["blocks"])
+        gather_f = sum(exposed_gathers(f / blocks, forward / blocks, blocks, overlap)
+                       for f, _ in split["gathers"].values())
+        gather_b = sum(exposed_gathers(b / blocks, (2 * forward + recompute) / blocks, blocks, overlap)
+                       for _, b in split["gathers"].values())
+        extra.append({"F": gather_f, "B": gather_b})
+        parts.append(split | {"compute": (3 * forward + recompute) * m, "gather_s": gather_f + gather_b,
+                              "tp_s": (tp_f + tp_b) * m})
+        stages.append({"stage": stage, "memory": memory, "compute_s": stage_flops(config, stage) / rate,
+                       "forward_s": cost["F"], "backward_s": cost["B"] + cost.get("W", 0.0), "comm": calls,
                        "comm_s": comm_s})
-    bubble = SCHEDULES[config.schedule].bubble(config.pp, config.micro_batches, config.virtual_stages) \
-        if config.pp > 1 else 0.0
-    compute = max(s["compute_s"] for s in stages)
-    bubble_s = compute * bubble / (1 - bubble)
-    comm = max(sum(s["comm_s"].values()) for s in stages)
-    step = compute + bubble_s + comm
+    actions = pipeline_actions(config)
+    hop = max(s["hop"] for s in parts)
+    still = replay_step(actions, costs, 0.0, extra)
+    events = replay_step(actions, costs, hop, extra) if hop else still
+    t0 = max(e[3] for ev in still for e in ev)
+    t1 = max(e[3] for ev in events for e in ev)
+    finish, ends = [], []
+    for r, ev in enumerate(events):
+        last_b = max(e[2] for e in ev if e[0] == "B")
+        end = ev[-1][3]
+        total = sum(parts[r]["reduction"].values())
+        last = max(parts[r]["last_bucket"].values(), default=0.0)
+        finish.append(reduction_finish(last_b, end, total, last, overlap))
+        ends.append(finish[-1] + sum(parts[r]["post"].values()))
+    step = max(ends)
+    busy = [sum(e[3] - e[2] for e in ev) for ev in still]
+    crit = max(range(config.pp), key=lambda r: busy[r])
+    compute = parts[crit]["compute"]
+    bubble_s = t0 - busy[crit]
+    exposed: dict[str, float] = {}
+
+    def add(group, seconds):
+        if seconds > 0:
+            exposed[group] = exposed.get(group, 0.0) + seconds
+
+    for group, (f, b) in parts[crit]["in_action"].items():
+        add(group, (f + b) * m)
+    gathers = parts[crit]["gathers"]
+    gather_total = sum(f + b for f, b in gathers.values())
+    for group, (f, b) in gathers.items():  # the exposed part of ZeRO-3's gathers, shared out by their seconds
+        add(group, parts[crit]["gather_s"] * (f + b) / gather_total)
+    add("pp", t1 - t0)
+    r_red = max(range(config.pp), key=lambda r: finish[r])
+    tail = max(finish) - t1
+    red_total = sum(parts[r_red]["reduction"].values())
+    for group, seconds in parts[r_red]["reduction"].items():
+        add(group, tail * seconds / red_total)
+    r_end = max(range(config.pp), key=lambda r: ends[r])
+    post_total = sum(parts[r_end]["post"].values())
+    for group, seconds in parts[r_end]["post"].items():
+        add(group, (step - max(finish)) * seconds / post_total)
+    totals: dict[str, float] = {}
+    for s in stages:
+        for group, seconds in s["comm_s"].items():
+            totals[group] = max(totals.get(group, 0.0), seconds)
+    hidden = {g: max(0.0, t - exposed.get(g, 0.0)) for g, t in totals.items()}
+    comm = sum(exposed.values())
+    theory = SCHEDULES[config.schedule].bubble(config.pp, m, v) if config.pp > 1 else 0.0
     tokens = config.batch_size * config.model_max_length
     model_flops = model_flops_per_token(config.preset, config.vocab_size, config.model_max_length) * tokens
     memory_bytes = max(s["memory"]["total"] for s in stages)
-    return {"stages": stages, "memory_bytes": memory_bytes, "device_memory_bytes": hardware.memory_bytes,
-            "fits": memory_bytes <= hardware.memory_bytes, "compute_s": compute, "bubble": bubble,
-            "bubble_s": bubble_s, "comm_s": comm, "step_s": step, "tokens": tokens, "model_flops": model_flops,
-            "mfu": model_flops / (step * config.devices * hardware.peak_flops[config.precision]),
-            "hardware": hardware.name, "peak_flops": hardware.peak_flops[config.precision]}
+    prediction = {"stages": stages, "memory_bytes": memory_bytes, "device_memory_bytes": hardware.memory_bytes,
+                  "fits": memory_bytes <= hardware.memory_bytes, "compute_s": compute,
+                  "bubble": bubble_s / t0 if t0 else 0.0, "bubble_theory": theory, "bubble_s": bubble_s,
+                  "comm_s": comm, "exposed_s": exposed, "hidden_s": hidden, "comm_total_s": totals,
+                  "pipeline_s": t1, "step_s": step, "tokens": tokens, "model_flops": model_flops,
+                  "mfu": model_flops / (step * config.devices * hardware.peak_flops[config.precision]),
+                  "hardware": hardware.name, "peak_flops": hardware.peak_flops[config.precision],
+                  "efficiency": rate / hardware.peak_flops[config.precision],
+                  "efficiency_source": "measured on this CPU" if "achieved_flops" in hardware.notes
+                  else efficiency_source, "overlap": overlap, "critical_stage": crit}
+    prediction["limit"] = limiting_term(config, hardware, prediction)
+    return prediction
+
+
+def limiting_term(config, hardware, prediction: dict) -> str:
+    """What limits the step most: ``"memory"`` when it does not fit, else the largest of the bubble and each
+    group's exposed communication as a share of the step (a tp group that spans nodes is named so), or
+    ``"compute"`` when none of them is over 10 % of it."""
+    if not prediction["fits"]:
+        return f"memory ({prediction['memory_bytes'] / 1e9:.0f} of {prediction['device_memory_bytes'] / 1e9:.0f} GB)"
+    terms = {"bubble": prediction["bubble_s"]} | {f"exposed {g}": t for g, t in prediction["exposed_s"].items()}
+    name, seconds = max(terms.items(), key=lambda kv: kv[1])
+    share = seconds / prediction["step_s"]
+    if share < 0.10:
+        return "compute"
+    if name in ("exposed tp", "exposed cp", "exposed dp") and hardware.inter is not None:
+        group = name.split()[1]
+        if group_placement(hardware, config, group)[1] > 1:
+            name += " across nodes"
+    return f"{name} {share:.0%}"
 
 
 def fit_message(config, prediction: dict) -> str:
