@@ -92,11 +92,11 @@ class PlanConfig(RunConfig):
                                                  "this GPU's measured by the course's GPU report in results/gpu/, "
                                                  "else the hardware's published MAMF figure, course.hardware; the "
                                                  "CPU's rate is measured)", group=PLAN)
-    overlap: bool | None = option(None, "replay the step as DDP/FSDP/Megatron-LM run it: gradient reduction in "
+    overlap: str = option("auto", "replay the step as DDP/FSDP/Megatron-LM run it: gradient reduction in "
                                         "buckets behind the last micro-batch's backward, ZeRO-3 all-gathers "
                                         "prefetched behind the previous block (default: on for GPUs; off on the "
                                         "CPU, where the course's own steps reduce after the backward pass)",
-                                  group=PLAN)
+                          group=PLAN, choices=("auto", "on", "off"))
     top: int = option(10, "the ranked plans: how many to print", group=PLAN)
     verify: bool = option(False, "the ranked plans: build one rank of each top plan in a fake world "
                                  "(project/fake_mesh.py) and print its memory beside the prediction", group=PLAN)
@@ -117,8 +117,10 @@ class PlanConfig(RunConfig):
             self.activation_model = "course" if self.hardware == "cpu" else "korthikanti"
         if self.vocab_size is None:
             self.vocab_size = 32000 if self.preset == "llama-7b" else 5000
-        if self.overlap is None:
-            self.overlap = self.hardware != "cpu"
+        if self.overlap in (True, False):  # for_test(overlap=True) reads as "on"
+            self.overlap = "on" if self.overlap else "off"
+        if self.overlap == "auto":
+            self.overlap = "off" if self.hardware == "cpu" else "on"
 
     @property
     def ranking(self) -> bool:
@@ -611,7 +613,7 @@ def predict(config, hardware) -> dict:
     # the FLOP/s the model's layers reach: the peak times the efficiency, or on the CPU the rate measured on a
     # whole block (products, layer norms, softmax, GeLU and Python together)
     rate = hardware.notes.get("achieved_flops", hardware.peak_flops[config.precision] * efficiency)
-    overlap = bool(config.overlap)
+    overlap = config.overlap == "on"
     m, v = config.micro_batches, config.virtual_stages
     stages, costs, extra, parts = [], [], [], []
     for stage in range(config.pp):

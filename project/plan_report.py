@@ -30,11 +30,17 @@ def format_prediction(config, prediction: dict) -> str:
                      f"{_bytes(m['activations'] + m['recompute']):>12} {_bytes(m['total']):>11} {_seconds(s['compute_s']):>11} "
                      f"{_seconds(sum(s['comm_s'].values())):>11}")
     lines.append("")
-    worst = max(prediction["stages"], key=lambda s: sum(s["comm_s"].values()))
-    per_group = ", ".join(f"{g} {_seconds(t)}" for g, t in sorted(worst["comm_s"].items())) or "none"
-    lines.append(f"step: compute {_seconds(prediction['compute_s'])} (slowest stage) + bubble "
-                 f"{_seconds(prediction['bubble_s'])} ({prediction['bubble']:.1%}) + communication "
-                 f"{_seconds(prediction['comm_s'])} ({per_group}) = {_seconds(prediction['step_s'])}")
+    exposed = prediction.get("exposed_s", {})
+    per_group = ", ".join(f"{g} {_seconds(t)}" for g, t in sorted(exposed.items()) if t > 0) or "none"
+    hidden = ", ".join(f"{g} {_seconds(t)}" for g, t in sorted(prediction.get("hidden_s", {}).items()) if t > 0)
+    lines.append(f"step (replayed, overlap {'on' if prediction.get('overlap') else 'off'}): compute "
+                 f"{_seconds(prediction['compute_s'])} (critical stage) + bubble {_seconds(prediction['bubble_s'])} "
+                 f"({prediction['bubble']:.1%}; the schedule's formula {prediction.get('bubble_theory', 0):.1%}) + "
+                 f"exposed communication {_seconds(prediction['comm_s'])} ({per_group}) = "
+                 f"{_seconds(prediction['step_s'])}")
+    lines.append(f"hidden behind computation: {hidden or 'none'}; limited by: {prediction.get('limit', '?')}")
+    if "efficiency" in prediction:
+        lines.append(f"compute at {prediction['efficiency']:.1%} of the peak ({prediction['efficiency_source']})")
     lines.append(f"memory: {_bytes(prediction['memory_bytes'])} on the fullest rank of "
                  f"{_bytes(prediction['device_memory_bytes'])} ({'fits' if prediction['fits'] else 'does NOT fit'})")
     lines.append(f"MFU: {prediction['mfu']:.1%} ({prediction['model_flops'] / 1e12:.3g} TFLOP of model FLOPs per step, "
