@@ -97,6 +97,13 @@ class PlanConfig(RunConfig):
                                         "prefetched behind the previous block (default: on for GPUs; off on the "
                                         "CPU, where the course's own steps reduce after the backward pass)",
                           group=PLAN, choices=("auto", "on", "off"))
+    n_layer: int | None = option(None, "plan a model of another shape: blocks (overrides the preset's; GPT-2 blocks)",
+                                 group=PLAN)
+    n_embd: int | None = option(None, "plan a model of another shape: width (overrides the preset's)", group=PLAN)
+    n_head: int | None = option(None, "plan a model of another shape: attention heads (overrides the preset's)",
+                                group=PLAN)
+    n_inner: int | None = option(None, "plan a model of another shape: the MLP's inner width (default 4 x width)",
+                                 group=PLAN)
     top: int = option(10, "the ranked plans: how many to print", group=PLAN)
     verify: bool = option(False, "the ranked plans: build one rank of each top plan in a fake world "
                                  "(project/fake_mesh.py) and print its memory beside the prediction", group=PLAN)
@@ -123,6 +130,20 @@ class PlanConfig(RunConfig):
             self.overlap = "off" if self.hardware == "cpu" else "on"
 
     @property
+    def model_overrides(self) -> dict:
+        """``--n_layer --n_embd --n_head --n_inner`` as given (the preset's shape with these replaced is
+        :attr:`model_shape`; :func:`course.model.model_flops_per_token` takes them as keywords)."""
+        out = {k: getattr(self, k) for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(self, k)}
+        if "n_embd" in out and "n_inner" not in out:
+            out["n_inner"] = 4 * out["n_embd"]
+        return out
+
+    @property
+    def model_shape(self) -> dict:
+        """``n_layer``, ``n_embd``, ``n_head``, ``n_inner``: the preset's, with :attr:`model_overrides`."""
+        return dict(super().model_shape, **self.model_overrides)
+
+    @property
     def ranking(self) -> bool:
         """The ranked plans: ``--n_devices`` given without a mesh (``--dp --pp --tp`` left at 1)."""
         return (self.n_devices is not None and self.dp == self.pp == self.tp == 1
@@ -139,6 +160,14 @@ class PlanConfig(RunConfig):
             raise ConfigError(f"--flops_efficiency is a fraction of the peak in (0, 1], not {self.flops_efficiency}")
         if self.steps < 1:
             raise ConfigError(f"--steps must be >= 1, not {self.steps}")
+        if any(v is not None and v < 1 for v in (self.n_layer, self.n_embd, self.n_head, self.n_inner)):
+            raise ConfigError("--n_layer, --n_embd, --n_head and --n_inner must be >= 1")
+        if shape["n_embd"] % shape["n_head"]:
+            raise ConfigError(f"the width {shape['n_embd']} does not split into {shape['n_head']} heads: change "
+                              f"--n_embd or --n_head")
+        if self.model_overrides and (self.measure or self.verify):
+            raise ConfigError("--measure and --verify build the preset's model: drop --n_layer --n_embd --n_head "
+                              "--n_inner")
         if self.ranking:
             if self.n_devices % (self.cp * self.ep):
                 raise ConfigError(f"--n_devices {self.n_devices} is not a multiple of --cp {self.cp} x --ep {self.ep}")
@@ -696,7 +725,8 @@ def predict(config, hardware) -> dict:
     comm = sum(exposed.values())
     theory = SCHEDULES[config.schedule].bubble(config.pp, m, v) if config.pp > 1 else 0.0
     tokens = config.batch_size * config.model_max_length
-    model_flops = model_flops_per_token(config.preset, config.vocab_size, config.model_max_length) * tokens
+    model_flops = model_flops_per_token(config.preset, config.vocab_size, config.model_max_length,
+                                        **config.model_overrides) * tokens
     memory_bytes = max(s["memory"]["total"] for s in stages)
     prediction = {"stages": stages, "memory_bytes": memory_bytes, "device_memory_bytes": hardware.memory_bytes,
                   "fits": memory_bytes <= hardware.memory_bytes, "compute_s": compute,
