@@ -59,6 +59,11 @@ class PlanConfig(RunConfig):
     preset: str = option("auto", "GPT-2 size (course.model.PRESETS; llama-7b: GPT-2 blocks at Llama-7B's size); auto: "
                                  "tiny on CPU, gpt2 on GPU", group="model and training",
                          choices=("auto", *PRESETS), old=("model",))
+    batch_size: int | None = option(None, "global batch size (sequences per optimizer step); default 64, and for the "
+                                          "ranked plans 1024 (with 4096 tokens each: a 4M-token step, as Llama's; "
+                                          "Touvron et al. 2023, Sec. 2.2)", group="model and training")
+    model_max_length: int | None = option(None, "sequence length (tokens); default 128, and 4096 for the ranked plans",
+                                          group="data")
     vocab_size: int | None = option(None, "vocabulary (tokens); default: 32000 for --preset llama-7b (Llama's), "
                                           "else 5000 (the course tokenizer's)", group="data")
     hardware: str = option("h100", "h100, h200, a100, l4 (published figures, course.hardware) or cpu (this machine, "
@@ -122,6 +127,10 @@ class PlanConfig(RunConfig):
         super().resolve(devices, here=here)
         if self.activation_model is None:
             self.activation_model = "course" if self.hardware == "cpu" else "korthikanti"
+        if self.batch_size is None:
+            self.batch_size = 1024 if self.ranking else 64
+        if self.model_max_length is None:
+            self.model_max_length = 4096 if self.ranking else 128
         if self.vocab_size is None:
             self.vocab_size = 32000 if self.preset == "llama-7b" else 5000
         if self.overlap in (True, False):  # for_test(overlap=True) reads as "on"
@@ -778,6 +787,113 @@ def fit_message(config, prediction: dict) -> str:
             + ", ".join(hints))
 
 
+# ---- the ranked plans ----------------------------------------------------------------------------------
+
+def plan_candidates(config) -> list[dict]:
+    """Every mesh of ``config.n_devices`` the model and batch allow, as option values: each ``(dp, pp, tp)``
+    with ``dp * pp * tp * cp = n_devices`` (:func:`three_d.factorisation_benchmark.factorisations`: heads and
+    the MLP width divisible by tp, at least one block per stage), ``--cp`` as given, the batch divisible by dp,
+    and for each a micro-batch size b of 1, 2, 4, ... rows dividing the per-dp batch (``micro_batches =
+    batch / (dp b)``; with pp > 1 at most 4 rows, since more micro-batches only shrink the bubble)."""
+    from three_d.factorisation_benchmark import factorisations
+
+    shape = config.model_shape
+    out = []
+    for dp, pp, tp in factorisations(config.n_devices // config.cp, shape["n_layer"], shape["n_head"],
+                                     shape["n_inner"]):
+        if config.batch_size % dp:
+            continue
+        per_dp, rows = config.batch_size // dp, 1
+        while rows <= per_dp and (pp == 1 or rows <= 4):
+            if per_dp % rows == 0:
+                out.append({"dp": dp, "pp": pp, "tp": tp, "micro_batches": per_dp // rows})
+            rows *= 2
+    return out
+
+
+def rank_plans(config, hardware) -> list[dict]:
+    """The plans for ``config.n_devices`` devices, best first: for each mesh of :func:`plan_candidates`, its
+    fastest micro-batching that fits the device's memory (else its smallest in memory), predicted with
+    :func:`predict`; those that fit first, by predicted step time, then those that do not, by memory.
+
+    Returns:
+        ``[{"dims": {"dp", "pp", "tp", "cp", "micro_batches"}, "config": PlanConfig, "prediction": dict}]``.
+    """
+    best: dict[tuple, dict] = {}
+    base = {k: v for k, v in config.record().items() if k not in ("dp", "pp", "tp", "micro_batches")}
+    base.update(verify=False)
+    for values in plan_candidates(config):
+        try:
+            plan = PlanConfig.for_test(**base, **values)
+        except ConfigError:
+            continue  # e.g. interleaved's micro-batch rule, or more stages than blocks x chunks
+        out = predict(plan, hardware)
+        key = (values["dp"], values["pp"], values["tp"])
+        score = (not out["fits"], out["step_s"] if out["fits"] else out["memory_bytes"])
+        if key not in best or score < best[key]["score"]:
+            best[key] = {"dims": dict(values, cp=config.cp), "config": plan, "prediction": out, "score": score}
+    return sorted(best.values(), key=lambda r: r["score"])
+
+
+def format_plans(config, plans: list[dict], top: int) -> str:
+    """The ranked plans as a table: mesh, micro-batches, memory per device, step time, MFU, bubble, exposed
+    communication and what limits each."""
+    fitting = [p for p in plans if p["prediction"]["fits"]]
+    head = (f"plans for {config.preset} on {config.n_devices} x {config.hardware}: batch {config.batch_size} x "
+            f"{config.model_max_length} tokens, ZeRO-{config.zero}, {config.precision}, {config.schedule}, "
+            f"checkpointing {'on' if config.activation_checkpointing else 'off'}, sequence parallel "
+            f"{'on' if config.sequence_parallel else 'off'}, overlap {config.overlap}; {len(plans)} meshes, "
+            f"{len(fitting)} fit")
+    lines = [head, "", f"{'#':>3} {'dp':>5} {'pp':>4} {'tp':>4} {'cp':>3} {'micro':>6} {'memory':>9} {'step':>10} "
+             f"{'MFU':>6} {'bubble':>7} {'exposed comm':>13}  limited by"]
+    for i, p in enumerate(plans[:top], 1):
+        d, out = p["dims"], p["prediction"]
+        step = f"{out['step_s'] * 1e3:.1f} ms" if out["step_s"] < 1 else f"{out['step_s']:.3f} s"
+        lines.append(f"{i:>3} {d['dp']:>5} {d['pp']:>4} {d['tp']:>4} {d['cp']:>3} {d['micro_batches']:>6} "
+                     f"{out['memory_bytes'] / 1e9:>6.1f} GB {step:>10} {out['mfu']:>6.1%} {out['bubble']:>7.1%} "
+                     f"{out['comm_s'] / out['step_s']:>13.1%}  {out['limit']}")
+    if not fitting:
+        lines.append("")
+        lines.append("no plan fits: try --zero 3, --activation_checkpointing, a smaller --batch_size or more devices")
+    return "\n".join(lines)
+
+
+def verify_plans(plans: list[dict], log=print) -> list[dict]:
+    """Build the first and the last rank of each plan in a fake world (:func:`project.fake_mesh.measure`: the
+    course's mesh, stage and ZeRO on meta tensors) and set their bytes beside the planner's. The fake rank
+    builds fp32 dense runs without checkpointing or sequence parallelism (:func:`project.fake_mesh.check_supported`):
+    each plan is verified in that form (the bytes' arithmetic is the same; bf16's 2 + 2 + 12 bytes per
+    parameter are 4 + 4 + 8 there), and the changes are said.
+
+    Returns:
+        ``[{"dims", "rank", "stage", "held": {params, grads, optimizer}, "planned": {...}, "peak" (MemTracker)}]``.
+    """
+    from project.fake_mesh import check_supported, measure
+
+    found = []
+    for p in plans:
+        values = p["config"].record() | {"precision": "fp32", "activation_checkpointing": False,
+                                         "sequence_parallel": False}
+        changed = [k for k in ("precision", "activation_checkpointing", "sequence_parallel")
+                   if values[k] != getattr(p["config"], k)]
+        plan = PlanConfig.for_test(**values)
+        try:
+            check_supported(plan)
+        except ValueError as exc:
+            log(f"  {p['dims']}: not built ({exc})")
+            continue
+        for rank in sorted({0, plan.world_size - 1}):
+            got = measure(plan, rank)
+            row = {"dims": p["dims"], "rank": rank, "stage": got["stage"], "held": got["bytes"],
+                   "planned": got["planned"], "peak": got["memtracker"]["peak"].get("Total"), "changed": changed}
+            found.append(row)
+            log("  " + " ".join(f"{k}={v}" for k, v in p["dims"].items()) + f", rank {rank} (stage {got['stage']})"
+                + (f" [{', '.join(changed)} as fp32 / off]" if changed else "") + ": "
+                + ", ".join(f"{k} {row['held'][k] / 1e9:.3f} GB held / {row['planned'][k] / 1e9:.3f} GB planned"
+                            for k in ("params", "grads", "optimizer")))
+    return found
+
+
 def load_hardware(config):
     """The :class:`course.hardware.Hardware` of ``config.hardware`` (the CPU: measured, or read from
     ``config.cpu_figures``)."""
@@ -796,6 +912,19 @@ def load_hardware(config):
 def main(argv=None) -> int:
     config = PlanConfig.from_command_line(argv, environment=False)
     hardware = load_hardware(config)
+    if config.ranking:
+        plans = rank_plans(config, hardware)
+        print(format_plans(config, plans, config.top))
+        report = {"config": config.record(), "plans": [{"dims": p["dims"], "prediction": p["prediction"]}
+                                                        for p in plans[:config.top]]}
+        if config.verify:
+            print("\nverify: one fake rank of each plan (project/fake_mesh.py), its bytes beside the planner's")
+            report["verify"] = verify_plans(plans[:config.top])
+        if config.json:
+            from course.results import write_json
+
+            write_json(Path(config.json), report)
+        return 0 if any(p["prediction"]["fits"] for p in plans) else 2
     prediction = predict(config, hardware)
     from project.plan_report import format_prediction
 
