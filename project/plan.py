@@ -2,30 +2,46 @@
 
     python project/plan.py --preset gpt2-xl --hardware h100 --dp 8 --pp 4 --tp 1 --batch_size 512 \\
         --micro_batches 16 --model_max_length 1024 --vocab_size 50257 --zero 1
+    python project/plan.py --model llama-7b --gpus 1024 --hardware h100 --top 10   # the ranked plans
     python project/plan.py --preset tiny --hardware cpu --dp 2 --pp 2 --tp 2 --batch_size 16 --micro_batches 4 \\
         --model_max_length 64 --vocab_size 1000 --precision fp32 --measure      # prediction beside measurement
 
-For a model preset (:data:`course.model.PRESETS`), a mesh (``--dp --pp --tp --cp --ep``), micro-batches,
-ZeRO stage, activation checkpointing, sequence parallelism, precision and a device (``--hardware``:
-the published H100, H200 and A100 figures of :mod:`course.hardware`, or this machine's CPU, measured), it
-predicts for every pipeline stage (one rank of it):
+For a model preset (:data:`course.model.PRESETS`, or any shape with ``--n_layer --n_embd --n_head
+--n_inner``), a mesh (``--dp --pp --tp --cp --ep``), micro-batches, ZeRO stage, activation checkpointing,
+sequence parallelism, precision and a device (``--hardware``: the published H100, H200, A100 and L4 figures
+of :mod:`course.hardware`, or this machine's CPU, measured), it predicts for every pipeline stage (one rank
+of it):
 
 * **memory**: parameters, gradients and optimizer state (:func:`memory.accounting.model_state_bytes`:
   4 + 4 + 8 bytes per parameter in fp32, 2 + 2 + 12 in mixed precision, divided by dp where the ZeRO
   stage shards; Rajbhandari et al. 2020, Table 1) and activations (:func:`memory.accounting.layer_activation_bytes`,
   Korthikanti et al. 2022, for the micro-batches the schedule keeps in flight: ``pipeline.schedule_actions``);
-* **step time**: compute (model FLOPs :func:`course.model.model_flops_per_token`, per stage and tp rank,
-  plus the recomputation of checkpointing, at the device's FLOP/s), the pipeline bubble
-  (``pipeline.SCHEDULES[schedule].bubble``) and the communication of every group (dp gradient reduction,
-  tp all-reduces per layer, pp send/recv, the tied-embedding all-reduce, cp ring, ep all-to-all) from the
-  alpha-beta model of the link it crosses (:func:`communication.alpha_beta.collective_seconds`), not
-  overlapped with compute;
+* **step time, replayed** (:func:`predict`): each stage's forward and backward of a micro-batch cost its
+  FLOPs from the GEMM shapes (:func:`stage_flops`) at the peak times a matrix-product efficiency (the
+  course's GPU report's measurement in ``results/gpu/`` when one exists for the GPU, else the published
+  MAMF figure: :func:`compute_efficiency`), plus the tp, cp and ep calls inside them (exposed: on the
+  critical path); the schedule's action lists (``pipeline.SCHEDULES``) are replayed with those costs and a pp
+  send per hand-over (:func:`pipeline.metrics.replay`); with ``--overlap on`` (the GPUs' default) the dp
+  gradient reduction runs in 25 MiB buckets behind the last micro-batch's backward (exposed:
+  ``max(0, C - C_last - B_last) + C_last``) and ZeRO-3's per-block all-gathers are prefetched behind the
+  previous block (exposed: ``g + (L - 1) max(0, g - c)``). Every call is priced with the alpha-beta model
+  of the links it crosses, in levels where its group spans nodes (:func:`call_seconds`,
+  :func:`communication.alpha_beta.hierarchical_seconds`). The step splits into ``compute + bubble +
+  exposed communication`` (per group), with the communication hidden behind computation beside it;
 * **MFU**: model FLOPs per step over the step time and the devices' peak (Chowdhery et al. 2022, App. B).
+
+**The ranked plans.** Given ``--n_devices`` (old name ``--gpus``) without ``--dp --pp --tp``, it predicts
+every mesh of that many devices the model allows (heads and MLP width divisible by tp, a block per stage,
+the batch divisible by dp and micro-batches) at its best micro-batching, and prints the ``--top`` fastest
+that fit, with memory, step time, MFU, bubble, exposed communication and what limits each; ``--verify``
+builds the first and last rank of each in a fake world (``project/fake_mesh.py``) and prints their bytes
+beside the planner's. The ranked plans default to 1024 sequences of 4096 tokens per step.
 
 With ``--measure`` (CPU) it also runs the configuration here and prints the measurement beside the
 prediction with the error of each term (``project/plan_measure.py``). Bad input — a mesh that does not
 multiply to ``--n_devices``, a tp that does not divide the heads, a model that does not fit — ends with
-a message that says what to change (exit code 2).
+a message that says what to change (exit code 2). ``project/published_runs.py`` sets the planner beside
+published runs (Megatron-LM, torchtitan, the Ultra-Scale Playbook).
 """
 from __future__ import annotations
 
@@ -858,39 +874,68 @@ def format_plans(config, plans: list[dict], top: int) -> str:
     return "\n".join(lines)
 
 
-def verify_plans(plans: list[dict], log=print) -> list[dict]:
+VERIFY_SCRIPT = """
+import json, sys
+from project.fake_mesh import check_supported, measure
+from project.plan import PlanConfig
+out = []
+for values in json.loads(sys.argv[1]):
+    plan = PlanConfig.for_test(**values)
+    try:
+        check_supported(plan)
+    except ValueError as exc:
+        out.append({"error": str(exc)})
+        continue
+    for rank in sorted({0, plan.world_size - 1}):
+        got = measure(plan, rank)
+        out.append({"rank": rank, "stage": got["stage"], "held": got["bytes"], "planned": got["planned"],
+                    "peak": got["memtracker"]["peak"].get("Total")})
+print(json.dumps(out))
+"""
+
+
+def verify_plans(plans: list[dict], timeout: float = 1800.0, log=print) -> list[dict]:
     """Build the first and the last rank of each plan in a fake world (:func:`project.fake_mesh.measure`: the
-    course's mesh, stage and ZeRO on meta tensors) and set their bytes beside the planner's. The fake rank
-    builds fp32 dense runs without checkpointing or sequence parallelism (:func:`project.fake_mesh.check_supported`):
+    course's mesh, stage and ZeRO on meta tensors), in a child process bounded by ``timeout`` seconds (a process
+    group, once made, would stay in this one), and set their bytes beside the planner's. The fake rank builds
+    fp32 dense runs without checkpointing or sequence parallelism (``project.fake_mesh.check_supported``):
     each plan is verified in that form (the bytes' arithmetic is the same; bf16's 2 + 2 + 12 bytes per
     parameter are 4 + 4 + 8 there), and the changes are said.
 
     Returns:
-        ``[{"dims", "rank", "stage", "held": {params, grads, optimizer}, "planned": {...}, "peak" (MemTracker)}]``.
-    """
-    from project.fake_mesh import check_supported, measure
+        ``[{"dims", "rank", "stage", "held": {params, grads, optimizer}, "planned": {...}, "peak" (MemTracker's
+        peak total), "changed"}]`` (or ``{"dims", "error"}`` for a plan the fake rank does not build).
 
-    found = []
+    Raises:
+        RuntimeError: the child failed (its error's end in the message).
+    """
+    import json
+    import os
+    import subprocess
+
+    changes = {"precision": "fp32", "activation_checkpointing": False, "sequence_parallel": False}
+    values = [p["config"].record() | changes | {"verify": False, "json": None} for p in plans]
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", VERIFY_SCRIPT, json.dumps(values)], cwd=root, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(root)})
+    if done.returncode:
+        raise RuntimeError(f"the fake ranks failed: {done.stderr[-2000:]}")
+    found, results = [], iter(json.loads(done.stdout.strip().splitlines()[-1]))
     for p in plans:
-        values = p["config"].record() | {"precision": "fp32", "activation_checkpointing": False,
-                                         "sequence_parallel": False}
-        changed = [k for k in ("precision", "activation_checkpointing", "sequence_parallel")
-                   if values[k] != getattr(p["config"], k)]
-        plan = PlanConfig.for_test(**values)
-        try:
-            check_supported(plan)
-        except ValueError as exc:
-            log(f"  {p['dims']}: not built ({exc})")
+        changed = [k for k, v in changes.items() if getattr(p["config"], k) != v]
+        first = next(results)
+        if "error" in first:
+            log(f"  {p['dims']}: not built ({first['error']})")
+            found.append({"dims": p["dims"], "error": first["error"]})
             continue
-        for rank in sorted({0, plan.world_size - 1}):
-            got = measure(plan, rank)
-            row = {"dims": p["dims"], "rank": rank, "stage": got["stage"], "held": got["bytes"],
-                   "planned": got["planned"], "peak": got["memtracker"]["peak"].get("Total"), "changed": changed}
+        rows = [first] + ([next(results)] if p["config"].world_size > 1 else [])
+        for row in rows:
+            row.update(dims=p["dims"], changed=changed)
             found.append(row)
-            log("  " + " ".join(f"{k}={v}" for k, v in p["dims"].items()) + f", rank {rank} (stage {got['stage']})"
-                + (f" [{', '.join(changed)} as fp32 / off]" if changed else "") + ": "
-                + ", ".join(f"{k} {row['held'][k] / 1e9:.3f} GB held / {row['planned'][k] / 1e9:.3f} GB planned"
-                            for k in ("params", "grads", "optimizer")))
+            log("  " + " ".join(f"{k}={v}" for k, v in p["dims"].items()) + f", rank {row['rank']} (stage "
+                f"{row['stage']})" + (f" [{', '.join(changed)}: as fp32 / off]" if changed else "") + ": "
+                + ", ".join(f"{k} {row['held'][k] / 1e6:,.2f} MB held / {row['planned'][k] / 1e6:,.2f} MB planned "
+                            f"({row['held'][k] - row['planned'][k]:+,.0f} B)" for k in ("params", "grads", "optimizer")))
     return found
 
 

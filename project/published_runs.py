@@ -15,7 +15,7 @@ Three sources, each row with the model, mesh, batch and hardware it was measured
   1024 GPUs are left out, as the issue asks. The table gives no micro-batch size: the prediction uses
   one sequence per micro-batch where pp > 1 (the most micro-batches, the smallest bubble) and the whole
   per-dp-rank batch as one micro-batch where pp = 1, and the 1F1B schedule.
-* **torchtitan** (docs/performance.md, github.com/pytorch/torchtitan): Llama 3.1 8B, 1D parallelism (FSDP,
+* **torchtitan** (its performance page, ``performance.md`` in the ``docs`` folder of github.com/pytorch/torchtitan): Llama 3.1 8B, 1D parallelism (FSDP,
   i.e. ZeRO-3) on 8 H100 (Grand Teton hosts: 8 H100 with NVLink, 96 GB HBM2e, 400 Gb/s RDMA per GPU, run at
   a 500 W power limit), local batch 2, sequence 8192, selective activation checkpointing: 5,762 tokens/s
   per GPU without torch.compile (Table 1); the same page states 33 % to 39 % MFU for the 1D Llama 3.1 8B runs
@@ -60,7 +60,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 NARAYANAN = "Narayanan et al. 2021, Megatron-LM (SC21), Table 1"
-TORCHTITAN = "torchtitan docs/performance.md (Llama 3.1 8B, Table 1 and text)"
+TORCHTITAN = "torchtitan's performance page (pytorch/torchtitan, docs folder, performance.md: Llama 3.1 8B, Table 1)"
 PLAYBOOK = "Ultra-Scale Playbook (Hugging Face 2025), TP + SP scaling figure (dist/fragments/tp_sp_scaling.html)"
 
 # (parameters in billions, heads, hidden, layers, tp, pp, GPUs, batch, teraFLOP/s per GPU, fraction of peak)
