@@ -17,8 +17,9 @@ the result the page shows is read back from its text and compared with the Pytho
 
 **Tolerance.** The page computes in float64 like Python, with the same operations in nearly the same order, so
 the two values differ by a few roundings: at most ~100 operations, each off by at most 2^-53 of an
-intermediate no more than ~10 times the result, i.e. < 1.2e-13 of the result; ``FLOAT`` = 1e-12 relative
-bounds it. What the page *shows* is then rounded for display, and the tolerance is half a unit in the last
+intermediate no more than ~10 times the result, i.e. < 1.2e-13 of the result; a link's figures pass through
+the page's inputs at 15 significant digits (each within 5e-15 of the planner's), which moves a time or a
+crossover by < 2e-14 more. ``FLOAT`` = 1e-12 relative bounds both. What the page *shows* is then rounded for display, and the tolerance is half a unit in the last
 digit shown, read off the shown text itself (``'0.9019 GB'``: 0.00005 GB; ``'1,234 B'``: 0.5 B;
 ``'1.23457e+8'``: 500): ``|shown - python| <= half_unit(shown) + FLOAT * |python|``. Planted mistakes (the
 usual ones: the sparse peak, ZeRO sharding forgotten, a bubble without the schedule's w, the collective's base
@@ -123,11 +124,14 @@ def run(driver, batches, reads, typed=TYPED):
 
 
 @pytest.fixture(scope="module")
-def page(course_site, chromium):
-    """The calculators page loaded in Chromium: (driver, the tables the page was built with)."""
+def page(course_site, chromium, screenshots):
+    """The calculators page loaded in Chromium: (driver, the tables the page was built with). A screenshot of
+    it as first shown goes to build/site/screenshots/calculators.png."""
     with browser.serve(course_site.html) as base:
         report = browser.inspect(chromium, base + "calculators.html")
         assert report["console_errors"] == [], report["console_errors"]
+        chromium.execute_script("document.getElementById('memory-calculator').scrollIntoView();")
+        chromium.save_screenshot(str(screenshots / "calculators.png"))
         data = json.loads(chromium.find_element(By.ID, "calculator-data").get_attribute("textContent"))
         yield chromium, data
 
@@ -466,3 +470,19 @@ def test_each_notebook_gets_one_link_cell_to_its_calculator(tmp_path):
     nbformat.write(nb, tmp_path / names[0])
     assert update(tmp_path) == [names[0]]
     assert (tmp_path / names[0]).read_text(encoding="utf-8") == written[names[0]]
+
+
+def test_each_calculator_links_to_the_sections_deriving_it_and_the_navigation_lists_the_page(course_site):
+    from bs4 import BeautifulSoup
+
+    from website.build import REPO
+    from website.calculators import ANCHORS, section_links
+
+    html = BeautifulSoup((course_site.html / "calculators.html").read_text(encoding="utf-8"), "html.parser")
+    for topic, sections in section_links(REPO).items():
+        heading = html.find(id=ANCHORS[topic])
+        assert heading is not None, f"no section {ANCHORS[topic]!r} on the page"
+        hrefs = {a["href"] for a in heading.select("a[href]")}
+        assert sections and {f"{s['page']}#{s['id']}" for s in sections} <= hrefs, (topic, hrefs)
+    nav = BeautifulSoup((course_site.html / "index.html").read_text(encoding="utf-8"), "html.parser")
+    assert "calculators.html" in [a["href"] for a in nav.select("nav.bd-docs-nav a[href]")]

@@ -224,6 +224,8 @@
   const $ = id => document.getElementById(id);
   const UNITS = {B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3};  // as communication.alpha_beta.readable_bytes
 
+  // 3.4 shown, not 3.4000000000000004: 15 significant digits, within 5e-15 of the value
+  function round15(x) { return Number(x.toPrecision(15)); }
   function whole(x) { return Math.round(x).toLocaleString("en-US"); }
   function sig(x, digits) { return Number(x).toPrecision(digits); }
   function bytesShown(x, unit) {
@@ -365,9 +367,9 @@
     const i = $("ab-link").value;
     if (i === "custom") return;
     const link = data.links[Number(i)];
-    $("ab-alpha").value = String(link.alpha * 1e6);
-    $("ab-bandwidth").value = String(1 / link.beta / 1e9);
-    $("ab-base").value = String(link.base * 1e6);
+    $("ab-alpha").value = String(round15(link.alpha * 1e6));
+    $("ab-bandwidth").value = String(round15(1 / link.beta / 1e9));
+    $("ab-base").value = String(round15(link.base * 1e6));
   }
 
   function mfuShape(data) {
@@ -394,7 +396,7 @@
     if (row) {
       peak = precision === "fp32" && row.fp32 !== null ? row.fp32 : row.bf16;
       if (precision === "fp32" && row.fp32 === null) $("mfu-precision").value = "bf16";
-      $("mfu-peak").value = String(peak / 1e12);
+      $("mfu-peak").value = String(round15(peak / 1e12));
     } else {
       peak = number("mfu-peak") * 1e12;
     }
@@ -468,6 +470,8 @@
     $("mem-schedule").value = "1f1b";
     $("mem-precision").value = "bf16";
     $("mem-hardware").value = "h100";
+    const h100 = data.gpus.findIndex(g => g.planner === "h100");
+    if (h100 >= 0) $("mfu-gpu").value = String(h100);
     chooseLink(data);
 
     const wire = (prefix, update) => {
