@@ -10,7 +10,9 @@ The staged tree mirrors the repository, so that links between notebooks and docs
   each for download;
 * ``guides/*.md`` — every other section of the README, one page each (the GPU guidance among them);
 * ``docs/*.md`` — every page of ``docs/``;
-* ``packages/*.md`` — one page per package that holds reference blocks.
+* ``packages/*.md`` — one page per package that holds reference blocks;
+* ``calculators.md`` — the calculators (memory, bubble, alpha-beta, MFU), their tables emitted from the
+  course's Python (``website/calculators.py``).
 
 Errors (:class:`SiteError`): a notebook without a course number or title, a key whose notebook is
 not in ``notebooks/``, a README without the sections the landing page shows.
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from instructor.blocks import scan, stub_notebook, stub_source
 from instructor.keys import KEYS, Key
-from website import assignments
+from website import assignments, calculators
 from website.markdown import LinkMap, escape, split_sections
 
 HERE = Path(__file__).resolve().parent
@@ -147,6 +149,7 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
     docs = sorted(p.relative_to(root).as_posix() for p in (root / "docs").glob("*.md"))
 
     pages = {"README.md": "index.md", **{d: d for d in docs}, **{n: n for n in staged.notebooks}}
+    pages[calculators.SOURCE] = calculators.PAGE  # a notebook's link to its calculator leads to the page
     guide_pages: list[str] = []
     for section in guides:
         slug = section.slug
@@ -177,6 +180,10 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
                   "Using the repository": [p.removesuffix(".md") for p in guide_pages],
                   "Guides": [d.removesuffix(".md") for d in docs],
                   "Packages": [assignments.package_page(p).removesuffix(".md") for p in packages]}
+    try:
+        staged.toc["Tools"] = [calculators.stage_page(root, src)]
+    except calculators.CalculatorError as exc:
+        raise SiteError(str(exc)) from None
     index = (HERE / "landing.md").read_text(encoding="utf-8")
     index = index.replace("{{parts}}", _parts_table(staged, keys, blocks)).replace("{{toctrees}}", _toctrees(staged.toc))
     for prefix, section in landing.items():
