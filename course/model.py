@@ -11,6 +11,10 @@ Presets (``PRESETS``):
 * ``gpt3-6.7b`` — a 7B-class model: GPT-3 6.7B (32 layers, 4096 wide, 32 heads of 128; Brown et al.
   2020, Table 2.1), the GPT-2 architecture at that size (GPT-3's alternating locally banded sparse
   attention layers are not modelled: every layer attends densely here).
+* ``llama-7b`` — a Llama-shaped 7B (32 layers, 4096 wide, 32 heads; Touvron et al. 2023, Table 2) for
+  the planner and the fake mesh: built as a GPT-2 with a GeLU MLP of inner width 16384, whose
+  2 x 4096 x 16384 = 134.2M weights per layer stand for Llama's SwiGLU 3 x 4096 x 11008 = 135.3M (within
+  1 %); RMSNorm, rotary positions and the untied 32000-token head are not modelled.
 
 The vocabulary size comes from the course tokenizer, and ``n_positions`` from
 ``--model_max_length``.
@@ -25,6 +29,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
     "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25),
     "gpt3-6.7b": dict(n_layer=32, n_embd=4096, n_head=32),
+    "llama-7b": dict(n_layer=32, n_embd=4096, n_head=32, n_inner=16384),
 }
 
 DEFAULT_CPU_PRESET = "tiny"

@@ -18,14 +18,16 @@ build in a real run — and nothing else:
 5. one micro-batch's forward and backward pass, the gradient reduction and the optimizer step, on meta
    tensors, with the communication counter (:class:`course.collectives.CommCounter`) recording every
    collective, its group and its bytes, torch's ``MemTracker`` the memory by category, and torch's
-   ``FlopCounterMode`` the FLOPs of the forward and backward pass.
+   ``FlopCounterMode`` the FLOPs of the forward and backward pass;
+6. one step's pipeline messages of the schedule (:func:`pipeline_messages`), counted with their peers.
 
 It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
 state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
 (:func:`project.plan.stage_memory`), and the collectives beside the planner's
-(:func:`project.plan.stage_communication`). Only the stage's own computation runs: the pipeline's
-send/recv (:class:`pipeline.StageRunner`) and the 3D step's scalar all-reduces (:mod:`three_d.step`) are
-not, so those calls of the planner have no fake counterpart here.
+(:func:`project.plan.stage_communication`), and one step's point-to-point messages of the pipeline schedule
+(``--schedule``: the batches :class:`pipeline.StageRunner` posts, :func:`pipeline_messages`) with their peers.
+The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read values: ``.item()`` has nothing
+to read on the meta device), so those calls of the planner have no fake counterpart here.
 
 What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
 gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, no activation
@@ -58,7 +60,9 @@ def fake_world(rank: int, world_size: int):
         raise RuntimeError("a process group already exists in this process: run the fake world in a fresh process")
     if not 0 <= rank < world_size:
         raise ValueError(f"--rank {rank} is outside 0..{world_size - 1}")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    # the fake back-end for the meta device too: batch_isend_irecv (the pipeline's messages) asks the group for
+    # the back-end of its tensors' device, and the fake rank's tensors are on the meta device
+    dist.init_process_group("cpu:fake,cuda:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -109,8 +113,9 @@ def build_rank(config, rank: int) -> dict:
         per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
         "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
         "flops": the forward and backward pass's FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matrix
-        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes
-        in bytes.
+        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order,
+        "messages": [{"group", "kind" (send/recv), "bytes", "peer" (global rank)}]: one step of the pipeline
+        schedule's point-to-point messages (:func:`pipeline_messages`)}``; bytes in bytes.
 
     Raises:
         ValueError: as :func:`check_supported`.
@@ -152,12 +157,53 @@ def build_rank(config, rank: int) -> dict:
         step.optimizer.step()
         snapshots["after_step"] = tracker_bytes(tracker, "current")
     snapshots["peak"] = tracker_bytes(tracker, "peak")
+    with CommCounter() as pipeline_counter:
+        pipeline_messages(config, mesh.pp_group, mesh.stage, x, out)
     held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
     counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
     calls = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope} for r in counter.records]
+    messages = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "peer": r.peer} for r in pipeline_counter.records]
     return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
             "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
-            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls}
+            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls,
+            "messages": messages}
+
+
+def pipeline_messages(config, pp_group, stage: int, x: torch.Tensor, out: torch.Tensor) -> None:
+    """One step's point-to-point messages of pipeline stage ``stage`` under ``config.schedule``, on meta tensors.
+
+    The batches are the course's: every stage's action list (:func:`pipeline.schedule_actions`) laid out on
+    the common clock by :func:`pipeline.metrics.communication_plan` — the plan :class:`pipeline.StageRunner`
+    posts, batch by batch — and each batch is one :func:`course.collectives.exchange` in the ``pp`` group,
+    peers by global rank (counted by :class:`course.collectives.CommCounter` with their peer). A forward's
+    message is shaped like this stage's input ``x`` when received and like its output ``out`` when sent; a
+    backward's the other way round (the gradient of the output comes in, the input's goes out): on meta
+    tensors, ``b x s x h`` in the activations' dtype, whatever the model.
+
+    Not run: the ``StageRunner`` itself (its constructor broadcasts a clock reading and reads it with
+    ``.item()``, it gathers every stage's action list with ``all_gather_object``, and :mod:`pipeline.p2p` sends
+    each tensor's shape in a header first, uncounted, that a fake receive leaves unfilled), hence the replay
+    of its plan here. Interleaved schedules (``virtual_stages > 1``) are refused by :func:`check_supported`.
+
+    Raises:
+        ValueError: as :func:`pipeline.schedule_actions` (an unknown schedule).
+    """
+    from course.collectives import P2P, exchange, global_rank
+    from pipeline import schedule_actions
+    from pipeline.metrics import communication_plan
+
+    if config.pp == 1:
+        return
+    actions = [schedule_actions(config.schedule, r, config.pp, config.micro_batches, config.virtual_stages)
+               for r in range(config.pp)]
+    plan = communication_plan(actions)[stage]
+    for step in sorted(plan["batches"]):
+        ops = []
+        for kind, peer, message in plan["batches"][step]:
+            forward = message[0] == "F"
+            like = (out if forward else x) if kind == "send" else (x if forward else out)
+            ops.append(P2P(kind, torch.empty(like.shape, dtype=like.dtype, device="meta"), global_rank(pp_group, peer)))
+        exchange(ops, pp_group)
 
 
 def tracker_bytes(tracker, kind: str) -> dict[str, int]:
