@@ -29,9 +29,16 @@ state (counted by storage, as :mod:`memory.accounting` counts real runs) beside 
 The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read values: ``.item()`` has nothing
 to read on the meta device), so those calls of the planner have no fake counterpart here.
 
+With ``--activation_checkpointing`` every block is recomputed (:mod:`memory.checkpointing`, the course's
+``CheckpointFunction``, unchanged: :func:`meta_autocast` lets it ask autocast about the meta device).
+:func:`measure_activations` measures one micro-batch's activations alone: after the forward pass, and at their
+peak in the backward pass (``MemTracker``'s activations and temporaries read after every operation).
+
 What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
-gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, no activation
-checkpointing. Anything else raises ValueError before the fake world is made.
+gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, one chunk per rank.
+Anything else raises ValueError before the fake world is made: the expert-parallel layout (:mod:`moe`) and
+the context-parallel ring (:mod:`context_parallel`) are not built on the fake rank (their all-to-all and ring
+bytes are the planner's alone, ``project.plan.stage_communication``).
 
 Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
 torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
@@ -94,9 +101,6 @@ def check_supported(config) -> None:
     unsupported = {"--cp": config.cp != 1, "--ep": config.ep != 1, "--num_experts": config.num_experts != 1,
                    "--sequence_parallel": config.sequence_parallel, "--virtual_stages": config.virtual_stages != 1,
                    "--precision bf16 (mixed-precision Adam, 2 + 2 + 12 bytes)": config.precision != "fp32"}
-    # memory.checkpointing's CheckpointFunction records the autocast state of its inputs' device, and autocast
-    # knows no meta device: recomputation is not built here (yet)
-    unsupported["--activation_checkpointing"] = config.activation_checkpointing
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
         raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only; drop or reset {', '.join(bad)}")
@@ -136,7 +140,7 @@ def build_rank(config, rank: int) -> dict:
     stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
     del model
     step = ShardedStep(stage, config.zero, mesh.dp_cp_group, torch.optim.AdamW, blocks=list(stage.h.values()),
-                       lr=1e-4)
+                       activation_checkpointing=config.activation_checkpointing, lr=1e-4)
     rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
     if stage.is_first:
         x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
@@ -146,7 +150,7 @@ def build_rank(config, rank: int) -> dict:
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
     snapshots = {}
-    with CommCounter() as counter, tracker:
+    with CommCounter() as counter, tracker, meta_autocast():
         step.optimizer.zero_grad(set_to_none=True)
         with FlopCounterMode(display=False) as flop_counter:
             out = stage(x)
@@ -204,6 +208,115 @@ def pipeline_messages(config, pp_group, stage: int, x: torch.Tensor, out: torch.
             like = (out if forward else x) if kind == "send" else (x if forward else out)
             ops.append(P2P(kind, torch.empty(like.shape, dtype=like.dtype, device="meta"), global_rank(pp_group, peer)))
         exchange(ops, pp_group)
+
+
+@contextlib.contextmanager
+def meta_autocast():
+    """Inside: autocast's queries about the ``meta`` device answer for the CPU (``torch.is_autocast_enabled``,
+    ``torch.get_autocast_dtype``, ``torch.autocast``), restored on exit.
+
+    autocast knows no meta device (``torch.get_autocast_dtype("meta")`` raises), and the course's
+    :class:`memory.checkpointing.CheckpointFunction` records and replays the autocast state of its inputs'
+    device, as ``torch.utils.checkpoint`` does: with this, it runs unchanged on the fake rank's meta tensors,
+    with the CPU's autocast state (off in fp32 runs). Only for a process of its own (the fake world's).
+    """
+    real = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast
+
+    def cpu(device_type):
+        return "cpu" if device_type == "meta" else device_type
+
+    class Autocast(real[2]):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__(cpu(device_type), *args, **kwargs)
+
+    torch.is_autocast_enabled = lambda *device_type: real[0](*map(cpu, device_type))
+    torch.get_autocast_dtype = lambda device_type: real[1](cpu(device_type))
+    torch.autocast = Autocast
+    try:
+        yield
+    finally:
+        torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast = real
+
+
+def _peak_watch(tracker):
+    """A dispatch mode that reads ``tracker``'s current snapshot after every operation and keeps the one where
+    activations and temporaries together peaked (``.peak``, ``.op``): ``MemTracker``'s own peak snapshot is
+    taken where the *total* peaks, which in a backward pass is where the gradients are complete, not where the
+    activations are."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PeakWatch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.peak, self.op = {"Activation": 0, "Temp": 0}, None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            now = tracker_bytes(tracker, "current")
+            if now["Activation"] + now["Temp"] > self.peak["Activation"] + self.peak["Temp"]:
+                self.peak, self.op = now, str(func)
+            return out
+
+    return PeakWatch()
+
+
+def activation_peak(config, rank: int) -> dict:
+    """Inside a :func:`fake_world`: one micro-batch's forward and backward pass of rank ``rank``'s stage (no
+    ZeRO, no optimizer: they change no activation), with activation checkpointing if
+    ``config.activation_checkpointing`` (:func:`memory.checkpointing.apply_activation_checkpointing`), under
+    torch's ``MemTracker``. The stage's input is ``b x s`` token ids on the first stage, else ``b x s x h``
+    fp32 requiring its gradient; the backward pass starts from a gradient of ones for the stage's output (on
+    the last stage: for its logits, no loss).
+
+    Returns:
+        ``{"stage", "blocks", "after_forward": MemTracker's categories after the forward pass, "peak": the
+        categories where Activation + Temp peaked (during the backward pass), "op": the operation that made
+        that peak}``; bytes.
+    """
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from memory.checkpointing import apply_activation_checkpointing
+    from three_d.stage import TensorParallelStage
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    check_supported(config)
+    mesh = Mesh(config.dims, device_type="cpu")
+    with torch.device("meta"):
+        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
+                           dropout=config.dropout)
+    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
+    del model
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(list(stage.h.values()))
+    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
+    if stage.is_first:
+        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
+    tracker = MemTracker()
+    tracker.track_external(stage, x)
+    watch = _peak_watch(tracker)
+    with tracker, meta_autocast(), watch:
+        out = stage(x)
+        after_forward = tracker_bytes(tracker, "current")
+        out.backward(torch.ones_like(out))
+    return {"stage": mesh.stage, "blocks": list(stage.blocks), "after_forward": after_forward, "peak": watch.peak,
+            "op": watch.op}
+
+
+def measure_activations(config, rank: int) -> dict:
+    """:func:`activation_peak` in its own :func:`fake_world`, beside the planner's activations of one
+    micro-batch (``stage_memory``'s ``activations`` over the micro-batches in flight) and ``recompute`` (one
+    block's full activations while the backward pass recomputes it; 0 without checkpointing)."""
+    from project.plan import in_flight, stage_memory
+
+    check_supported(config)
+    with fake_world(rank, config.world_size):
+        found = activation_peak(config, rank)
+    planned = stage_memory(config, found["stage"])
+    found["planned"] = {"activations": planned["activations"] / in_flight(config, found["stage"]),
+                        "recompute": planned["recompute"]}
+    return found
 
 
 def tracker_bytes(tracker, kind: str) -> dict[str, int]:
