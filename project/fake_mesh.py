@@ -98,12 +98,20 @@ def check_supported(config) -> None:
     Raises:
         ValueError: naming the option to change.
     """
-    unsupported = {"--cp": config.cp != 1, "--ep": config.ep != 1, "--num_experts": config.num_experts != 1,
+    # why each is not built: the expert-parallel dispatch sizes its all-to-alls from the routed token counts
+    # (moe.expert_parallel.dispatch reads them with .tolist()), values a meta tensor and a fake all-to-all do not
+    # have; the course's context parallelism runs on the whole transformers GPT-2 (context_parallel.gpt2), not on
+    # the 3D stage (three_d.stage), so no fake rank of dp x pp x cp x tp exists to build
+    unsupported = {"--cp (context parallelism runs on context_parallel.gpt2's model, not the 3D stage)": config.cp != 1,
+                   "--ep (the expert dispatch reads routed token counts, which meta tensors do not have)":
+                       config.ep != 1,
+                   "--num_experts": config.num_experts != 1,
                    "--sequence_parallel": config.sequence_parallel, "--virtual_stages": config.virtual_stages != 1,
                    "--precision bf16 (mixed-precision Adam, 2 + 2 + 12 bytes)": config.precision != "fp32"}
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
-        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only; drop or reset {', '.join(bad)}")
+        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only (the planner alone predicts the "
+                         f"others: python project/plan.py with the same options); drop or reset {', '.join(bad)}")
 
 
 def build_rank(config, rank: int) -> dict:

@@ -225,7 +225,9 @@ def test_zero1_reduction_peaks_at_four_copies_of_the_gradient(found):
 
 @pytest.mark.parametrize("extra,message", [(["--rank", "1024"], "--rank 1024 is outside 0..1023"),
                                            (["--rank", "1", "--precision", "bf16"], "--precision bf16"),
-                                           (["--sequence_parallel"], "--sequence_parallel")])
+                                           (["--sequence_parallel"], "--sequence_parallel"),
+                                           (["--cp", "2", "--dp", "8"], "--cp (context parallelism runs on"),
+                                           (["--ep", "2", "--num_experts", "8"], "--ep (the expert dispatch")])
 def test_bad_input_is_refused_before_the_fake_world(extra, message, capsys):
     from project.fake_mesh import main
 
