@@ -11,10 +11,12 @@ Presets (``PRESETS``):
 * ``gpt3-6.7b`` — a 7B-class model: GPT-3 6.7B (32 layers, 4096 wide, 32 heads of 128; Brown et al.
   2020, Table 2.1), the GPT-2 architecture at that size (GPT-3's alternating locally banded sparse
   attention layers are not modelled: every layer attends densely here).
-* ``llama-7b`` — a Llama-shaped 7B (32 layers, 4096 wide, 32 heads; Touvron et al. 2023, Table 2) for
-  the planner and the fake mesh: built as a GPT-2 with a GeLU MLP of inner width 16384, whose
-  2 x 4096 x 16384 = 134.2M weights per layer stand for Llama's SwiGLU 3 x 4096 x 11008 = 135.3M (within
-  1 %); RMSNorm, rotary positions and the untied 32000-token head are not modelled.
+* ``llama-7b`` — GPT-2 blocks at Llama-7B's width, depth and heads (32 layers, 4096 wide, 32 heads; Touvron
+  et al. 2023, Table 2), for the planner (``project/plan.py --model llama-7b``). Llama's SwiGLU MLP has three
+  4096 x 11008 matrices, 135.3M parameters per layer; the GPT-2 MLP here has two 4096 x 16384 ones, 134.2M
+  (within 1 %), so its FLOPs and weight bytes are Llama's to 1 %; RMSNorm, rotary positions and the untied
+  head are not modelled. Plan it with Llama's vocabulary of 32000 tokens (``--vocab_size 32000``, the
+  planner's default for this preset).
 
 The vocabulary size comes from the course tokenizer, and ``n_positions`` from
 ``--model_max_length``.
