@@ -101,7 +101,10 @@ def check_supported(config) -> None:
     # why each is not built: the expert-parallel dispatch sizes its all-to-alls from the routed token counts
     # (moe.expert_parallel.dispatch reads them with .tolist()), values a meta tensor and a fake all-to-all do not
     # have; the course's context parallelism runs on the whole transformers GPT-2 (context_parallel.gpt2), not on
-    # the 3D stage (three_d.stage), so no fake rank of dp x pp x cp x tp exists to build
+    # the 3D stage (three_d.stage), so no fake rank of dp x pp x cp x tp exists to build — and that model does not
+    # run on meta tensors either: transformers' mask preparation reads the position ids' values
+    # (masking_utils.find_packed_sequence_indices calls .all() on them: "Tensor.item() cannot be called on meta
+    # tensors", measured with transformers' GPT-2 on a fake dp 4 x cp 4 world)
     unsupported = {"--cp (context parallelism runs on context_parallel.gpt2's model, not the 3D stage)": config.cp != 1,
                    "--ep (the expert dispatch reads routed token counts, which meta tensors do not have)":
                        config.ep != 1,
