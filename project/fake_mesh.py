@@ -418,6 +418,15 @@ def format_report(found: dict) -> str:
     lines.append("collectives of one micro-batch's forward and backward, the reduction and the step:")
     for (group, kind, nbytes), count in sorted(calls.items()):
         lines.append(f"  {group:>6} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    messages: dict[tuple, int] = {}
+    for m in found.get("messages", []):
+        key = (m["kind"], m["peer"], m["bytes"])
+        messages[key] = messages.get(key, 0) + 1
+    if messages:
+        lines.append("pipeline messages of one step of the schedule (pp group; peers by global rank):")
+        for (kind, peer, nbytes), count in sorted(messages.items()):
+            lines.append(f"  {kind:<4} {'to' if kind == 'send' else 'from':<4} rank {peer:>5} {count:>4} x "
+                         f"{nbytes:>14,} bytes")
     return "\n".join(lines)
 
 

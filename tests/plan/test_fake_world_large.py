@@ -17,7 +17,8 @@ import pytest
 
 from course.dims import ParallelDims
 from memory.zero import shard_range
-from project.plan import PlanConfig, in_flight, shape, stage_communication, stage_layout, stage_memory
+from project.plan import (PlanConfig, in_flight, shape, stage_communication, stage_flops, stage_layout,
+                          stage_memory)
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK = 517
@@ -102,6 +103,21 @@ def test_rank_517_of_1024_keeps_the_planners_checkpoints_and_sends_its_messages(
         sent = [m["bytes"] for m in got["messages"] if m["kind"] == kind]
         assert (sent[0], len(sent)) == planned[kind] == (d["b"] * d["s"] * d["h"] * 4, 32)
         assert set(sent) == {sent[0]}
+
+
+@pytest.mark.needs_solution  # the fake rank runs the reference ZeRO, TP, stage and checkpointing code
+def test_rank_517_of_1024_recomputes_what_the_planner_counts(rank_517):
+    """Recomputation costs one more forward pass of every block: FlopCounterMode counts the planner's FLOPs with
+    it (``stage_flops``: 3 + 1 forward passes' worth of the blocks' products and attention; more than the model
+    FLOPs, which leave it out), and the tp all-reduces of one micro-batch are 6 per block (2 in the forward, 2 in
+    the recomputed forward, 2 in the backward), each the planner's b s h x 4 bytes. Exact."""
+    plan, got = PlanConfig.for_test(**WORLD), rank_517
+    assert got["flops"] == stage_flops(plan, 2) / plan.micro_batches > stage_flops(plan, 2, model_only=True) / 16
+    tp = [c["bytes"] for c in got["collectives"] if c["group"] == "tp"]
+    planned = [c for c in stage_communication(plan, 2) if c["group"] == "tp" and c["count"] > 1]
+    assert [(c["kind"], c["bytes"], c["count"] / plan.micro_batches) for c in planned] == \
+        [("all_reduce", tp[0], len(tp))]
+    assert len(tp) == 6 * 8 and set(tp) == {shape(plan)["b"] * shape(plan)["s"] * shape(plan)["h"] * 4}
 
 
 def peak_terms(plan, blocks: int) -> dict:
