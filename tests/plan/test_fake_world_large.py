@@ -164,8 +164,11 @@ def test_the_activation_peak_is_the_planners_plus_the_backward_temporaries(activ
     planner's activations are right for what the schedule keeps in flight, and its ``recompute`` term is the
     recomputed block alone. The peak falls in a weight gradient's matrix product (``aten.mm``): one row per
     micro-batch makes the MLP's weight gradient (32 MiB) larger than any activation of the block (16 MiB at
-    s = 1024), so it is the largest temporary; with more rows per micro-batch the peak moves to another
-    operation and the sum of the terms is an upper bound (the gradients of the other products are smaller)."""
+    s = 1024), so it is the largest temporary. With more rows per micro-batch the peak moves to another
+    operation and these terms no longer sum to it: measured at 2 rows, s = 1024, they still do without
+    recomputation (+2.5 s b h x 4 bytes), but with it the peak is an elementwise add of the recomputed block's
+    backward pass, 0.5 s b h x 4 bytes above their sum — so the exact statement is made for one-row
+    micro-batches, the planner's shortfall at the peak being of this size (a few s b h) in both cases."""
     values = ACTIVATIONS[index]
     plan, got = PlanConfig.for_test(**values), activations[index]
     assert got["stage"] == 4 and len(got["blocks"]) == 4
