@@ -18,18 +18,27 @@ build in a real run — and nothing else:
 5. one micro-batch's forward and backward pass, the gradient reduction and the optimizer step, on meta
    tensors, with the communication counter (:class:`course.collectives.CommCounter`) recording every
    collective, its group and its bytes, torch's ``MemTracker`` the memory by category, and torch's
-   ``FlopCounterMode`` the FLOPs of the forward and backward pass.
+   ``FlopCounterMode`` the FLOPs of the forward and backward pass;
+6. one step's pipeline messages of the schedule (:func:`pipeline_messages`), counted with their peers.
 
 It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
 state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
 (:func:`project.plan.stage_memory`), and the collectives beside the planner's
-(:func:`project.plan.stage_communication`). Only the stage's own computation runs: the pipeline's
-send/recv (:class:`pipeline.StageRunner`) and the 3D step's scalar all-reduces (:mod:`three_d.step`) are
-not, so those calls of the planner have no fake counterpart here.
+(:func:`project.plan.stage_communication`), and one step's point-to-point messages of the pipeline schedule
+(``--schedule``: the batches :class:`pipeline.StageRunner` posts, :func:`pipeline_messages`) with their peers.
+The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read values: ``.item()`` has nothing
+to read on the meta device), so those calls of the planner have no fake counterpart here.
+
+With ``--activation_checkpointing`` every block is recomputed (:mod:`memory.checkpointing`, the course's
+``CheckpointFunction``, unchanged: :func:`meta_autocast` lets it ask autocast about the meta device).
+:func:`measure_activations` measures one micro-batch's activations alone: after the forward pass, and at their
+peak in the backward pass (``MemTracker``'s activations and temporaries read after every operation).
 
 What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
-gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, no activation
-checkpointing. Anything else raises ValueError before the fake world is made.
+gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, one chunk per rank.
+Anything else raises ValueError before the fake world is made: the expert-parallel layout (:mod:`moe`) and
+the context-parallel ring (:mod:`context_parallel`) are not built on the fake rank (their all-to-all and ring
+bytes are the planner's alone, ``project.plan.stage_communication``).
 
 Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
 torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
@@ -58,7 +67,9 @@ def fake_world(rank: int, world_size: int):
         raise RuntimeError("a process group already exists in this process: run the fake world in a fresh process")
     if not 0 <= rank < world_size:
         raise ValueError(f"--rank {rank} is outside 0..{world_size - 1}")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    # the fake back-end for the meta device too: batch_isend_irecv (the pipeline's messages) asks the group for
+    # the back-end of its tensors' device, and the fake rank's tensors are on the meta device
+    dist.init_process_group("cpu:fake,cuda:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -87,15 +98,23 @@ def check_supported(config) -> None:
     Raises:
         ValueError: naming the option to change.
     """
-    unsupported = {"--cp": config.cp != 1, "--ep": config.ep != 1, "--num_experts": config.num_experts != 1,
+    # why each is not built: the expert-parallel dispatch sizes its all-to-alls from the routed token counts
+    # (moe.expert_parallel.dispatch reads them with .tolist()), values a meta tensor and a fake all-to-all do not
+    # have; the course's context parallelism runs on the whole transformers GPT-2 (context_parallel.gpt2), not on
+    # the 3D stage (three_d.stage), so no fake rank of dp x pp x cp x tp exists to build — and that model does not
+    # run on meta tensors either: transformers' mask preparation reads the position ids' values
+    # (masking_utils.find_packed_sequence_indices calls .all() on them: "Tensor.item() cannot be called on meta
+    # tensors", measured with transformers' GPT-2 on a fake dp 4 x cp 4 world)
+    unsupported = {"--cp (context parallelism runs on context_parallel.gpt2's model, not the 3D stage)": config.cp != 1,
+                   "--ep (the expert dispatch reads routed token counts, which meta tensors do not have)":
+                       config.ep != 1,
+                   "--num_experts": config.num_experts != 1,
                    "--sequence_parallel": config.sequence_parallel, "--virtual_stages": config.virtual_stages != 1,
                    "--precision bf16 (mixed-precision Adam, 2 + 2 + 12 bytes)": config.precision != "fp32"}
-    # memory.checkpointing's CheckpointFunction records the autocast state of its inputs' device, and autocast
-    # knows no meta device: recomputation is not built here (yet)
-    unsupported["--activation_checkpointing"] = config.activation_checkpointing
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
-        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only; drop or reset {', '.join(bad)}")
+        raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only (the planner alone predicts the "
+                         f"others: python project/plan.py with the same options); drop or reset {', '.join(bad)}")
 
 
 def build_rank(config, rank: int) -> dict:
@@ -109,8 +128,9 @@ def build_rank(config, rank: int) -> dict:
         per tensor it steps: in "optimizer", left out by the planner), "memtracker": {"after_forward",
         "after_backward", "after_step", "peak"}: torch's MemTracker's view of the same step (:func:`tracker_bytes`),
         "flops": the forward and backward pass's FLOPs (``torch.utils.flop_counter.FlopCounterMode``: matrix
-        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order}``; bytes
-        in bytes.
+        products, 2 per multiply-add), "collectives": [{"group", "kind", "bytes", "scope"}] in call order,
+        "messages": [{"group", "kind" (send/recv), "bytes", "peer" (global rank)}]: one step of the pipeline
+        schedule's point-to-point messages (:func:`pipeline_messages`)}``; bytes in bytes.
 
     Raises:
         ValueError: as :func:`check_supported`.
@@ -131,7 +151,7 @@ def build_rank(config, rank: int) -> dict:
     stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
     del model
     step = ShardedStep(stage, config.zero, mesh.dp_cp_group, torch.optim.AdamW, blocks=list(stage.h.values()),
-                       lr=1e-4)
+                       activation_checkpointing=config.activation_checkpointing, lr=1e-4)
     rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
     if stage.is_first:
         x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
@@ -141,7 +161,7 @@ def build_rank(config, rank: int) -> dict:
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
     snapshots = {}
-    with CommCounter() as counter, tracker:
+    with CommCounter() as counter, tracker, meta_autocast():
         step.optimizer.zero_grad(set_to_none=True)
         with FlopCounterMode(display=False) as flop_counter:
             out = stage(x)
@@ -152,12 +172,162 @@ def build_rank(config, rank: int) -> dict:
         step.optimizer.step()
         snapshots["after_step"] = tracker_bytes(tracker, "current")
     snapshots["peak"] = tracker_bytes(tracker, "peak")
+    with CommCounter() as pipeline_counter:
+        pipeline_messages(config, mesh.pp_group, mesh.stage, x, out)
     held = {k: held_bytes(v) for k, v in step.category_tensors().items()}
     counters = sum(1 for t in step.category_tensors()["optimizer"] if t.dim() == 0)  # Adam's step, one per tensor
     calls = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "scope": r.scope} for r in counter.records]
+    messages = [{"group": r.group, "kind": r.kind, "bytes": r.bytes, "peer": r.peer} for r in pipeline_counter.records]
     return {"mesh": mesh.describe(), "stage": mesh.stage, "blocks": list(stage.blocks),
             "parameters": sum(p.numel() for p in stage.parameters()), "bytes": held, "step_counters": counters,
-            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls}
+            "memtracker": snapshots, "flops": flop_counter.get_total_flops(), "collectives": calls,
+            "messages": messages}
+
+
+def pipeline_messages(config, pp_group, stage: int, x: torch.Tensor, out: torch.Tensor) -> None:
+    """One step's point-to-point messages of pipeline stage ``stage`` under ``config.schedule``, on meta tensors.
+
+    The batches are the course's: every stage's action list (:func:`pipeline.schedule_actions`) laid out on
+    the common clock by :func:`pipeline.metrics.communication_plan` — the plan :class:`pipeline.StageRunner`
+    posts, batch by batch — and each batch is one :func:`course.collectives.exchange` in the ``pp`` group,
+    peers by global rank (counted by :class:`course.collectives.CommCounter` with their peer). A forward's
+    message is shaped like this stage's input ``x`` when received and like its output ``out`` when sent; a
+    backward's the other way round (the gradient of the output comes in, the input's goes out): on meta
+    tensors, ``b x s x h`` in the activations' dtype, whatever the model.
+
+    Not run: the ``StageRunner`` itself (its constructor broadcasts a clock reading and reads it with
+    ``.item()``, it gathers every stage's action list with ``all_gather_object``, and :mod:`pipeline.p2p` sends
+    each tensor's shape in a header first, uncounted, that a fake receive leaves unfilled), hence the replay
+    of its plan here. Interleaved schedules (``virtual_stages > 1``) are refused by :func:`check_supported`.
+
+    Raises:
+        ValueError: as :func:`pipeline.schedule_actions` (an unknown schedule).
+    """
+    from course.collectives import P2P, exchange, global_rank
+    from pipeline import schedule_actions
+    from pipeline.metrics import communication_plan
+
+    if config.pp == 1:
+        return
+    actions = [schedule_actions(config.schedule, r, config.pp, config.micro_batches, config.virtual_stages)
+               for r in range(config.pp)]
+    plan = communication_plan(actions)[stage]
+    for step in sorted(plan["batches"]):
+        ops = []
+        for kind, peer, message in plan["batches"][step]:
+            forward = message[0] == "F"
+            like = (out if forward else x) if kind == "send" else (x if forward else out)
+            ops.append(P2P(kind, torch.empty(like.shape, dtype=like.dtype, device="meta"), global_rank(pp_group, peer)))
+        exchange(ops, pp_group)
+
+
+@contextlib.contextmanager
+def meta_autocast():
+    """Inside: autocast's queries about the ``meta`` device answer for the CPU (``torch.is_autocast_enabled``,
+    ``torch.get_autocast_dtype``, ``torch.autocast``), restored on exit.
+
+    autocast knows no meta device (``torch.get_autocast_dtype("meta")`` raises), and the course's
+    :class:`memory.checkpointing.CheckpointFunction` records and replays the autocast state of its inputs'
+    device, as ``torch.utils.checkpoint`` does: with this, it runs unchanged on the fake rank's meta tensors,
+    with the CPU's autocast state (off in fp32 runs). Only for a process of its own (the fake world's).
+    """
+    real = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast
+
+    def cpu(device_type):
+        return "cpu" if device_type == "meta" else device_type
+
+    class Autocast(real[2]):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__(cpu(device_type), *args, **kwargs)
+
+    torch.is_autocast_enabled = lambda *device_type: real[0](*map(cpu, device_type))
+    torch.get_autocast_dtype = lambda device_type: real[1](cpu(device_type))
+    torch.autocast = Autocast
+    try:
+        yield
+    finally:
+        torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast = real
+
+
+def _peak_watch(tracker):
+    """A dispatch mode that reads ``tracker``'s current snapshot after every operation and keeps the one where
+    activations and temporaries together peaked (``.peak``, ``.op``): ``MemTracker``'s own peak snapshot is
+    taken where the *total* peaks, which in a backward pass is where the gradients are complete, not where the
+    activations are."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PeakWatch(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.peak, self.op = {"Activation": 0, "Temp": 0}, None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            now = tracker_bytes(tracker, "current")
+            if now["Activation"] + now["Temp"] > self.peak["Activation"] + self.peak["Temp"]:
+                self.peak, self.op = now, str(func)
+            return out
+
+    return PeakWatch()
+
+
+def activation_peak(config, rank: int) -> dict:
+    """Inside a :func:`fake_world`: one micro-batch's forward and backward pass of rank ``rank``'s stage (no
+    ZeRO, no optimizer: they change no activation), with activation checkpointing if
+    ``config.activation_checkpointing`` (:func:`memory.checkpointing.apply_activation_checkpointing`), under
+    torch's ``MemTracker``. The stage's input is ``b x s`` token ids on the first stage, else ``b x s x h``
+    fp32 requiring its gradient; the backward pass starts from a gradient of ones for the stage's output (on
+    the last stage: for its logits, no loss).
+
+    Returns:
+        ``{"stage", "blocks", "after_forward": MemTracker's categories after the forward pass, "peak": the
+        categories where Activation + Temp peaked (during the backward pass), "op": the operation that made
+        that peak}``; bytes.
+    """
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from memory.checkpointing import apply_activation_checkpointing
+    from three_d.stage import TensorParallelStage
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    check_supported(config)
+    mesh = Mesh(config.dims, device_type="cpu")
+    with torch.device("meta"):
+        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
+                           dropout=config.dropout)
+    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
+    del model
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(list(stage.h.values()))
+    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
+    if stage.is_first:
+        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
+    tracker = MemTracker()
+    tracker.track_external(stage, x)
+    watch = _peak_watch(tracker)
+    with tracker, meta_autocast(), watch:
+        out = stage(x)
+        after_forward = tracker_bytes(tracker, "current")
+        out.backward(torch.ones_like(out))
+    return {"stage": mesh.stage, "blocks": list(stage.blocks), "after_forward": after_forward, "peak": watch.peak,
+            "op": watch.op}
+
+
+def measure_activations(config, rank: int) -> dict:
+    """:func:`activation_peak` in its own :func:`fake_world`, beside the planner's activations of one
+    micro-batch (``stage_memory``'s ``activations`` over the micro-batches in flight) and ``recompute`` (one
+    block's full activations while the backward pass recomputes it; 0 without checkpointing)."""
+    from project.plan import in_flight, stage_memory
+
+    check_supported(config)
+    with fake_world(rank, config.world_size):
+        found = activation_peak(config, rank)
+    planned = stage_memory(config, found["stage"])
+    found["planned"] = {"activations": planned["activations"] / in_flight(config, found["stage"]),
+                        "recompute": planned["recompute"]}
+    return found
 
 
 def tracker_bytes(tracker, kind: str) -> dict[str, int]:
@@ -248,6 +418,15 @@ def format_report(found: dict) -> str:
     lines.append("collectives of one micro-batch's forward and backward, the reduction and the step:")
     for (group, kind, nbytes), count in sorted(calls.items()):
         lines.append(f"  {group:>6} {kind:<15} {count:>4} x {nbytes:>14,} bytes")
+    messages: dict[tuple, int] = {}
+    for m in found.get("messages", []):
+        key = (m["kind"], m["peer"], m["bytes"])
+        messages[key] = messages.get(key, 0) + 1
+    if messages:
+        lines.append("pipeline messages of one step of the schedule (pp group; peers by global rank):")
+        for (kind, peer, nbytes), count in sorted(messages.items()):
+            lines.append(f"  {kind:<4} {'to' if kind == 'send' else 'from':<4} rank {peer:>5} {count:>4} x "
+                         f"{nbytes:>14,} bytes")
     return "\n".join(lines)
 
 

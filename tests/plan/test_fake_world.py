@@ -42,20 +42,24 @@ common, cases, (values, rank) = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 found = {f"{name} {z}": measure(PlanConfig.for_test(**values, **common, zero=z), rank)
          for name, (values, rank, zeros) in cases.items() for z in zeros}
 found["sweep"] = sweep(PlanConfig.for_test(**values, **common), rank)
+values, rank, _ = cases["517"]
+found["schedules"] = {s: measure(PlanConfig.for_test(**values, **common, zero=0, schedule=s), rank)["messages"]
+                      for s in ("gpipe", "zb-h1")}
 print(json.dumps(found))
 """
 
 
 @pytest.fixture(scope="module")
 def found():
-    # 14 s on 2 idle cores, 39 s beside another 2-core job; the bound kills the child well after that
+    # 14 s on 2 idle cores, 39 s beside another 2-core job (before the 2 schedules' runs: about 4 s more); the bound kills the child well after that
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(COMMON), json.dumps(CASES), json.dumps(SWEEP)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    swept = out.pop("sweep")
-    return {(key.split()[0], int(key.split()[1])): v for key, v in out.items()} | {"sweep": swept}
+    swept, schedules = out.pop("sweep"), out.pop("schedules")
+    return {(key.split()[0], int(key.split()[1])): v for key, v in out.items()} | {"sweep": swept,
+                                                                                  "schedules": schedules}
 
 
 def config(zero, name="517"):
@@ -113,7 +117,7 @@ def test_the_ranks_collectives_are_the_planners(found, name, zero):
     gradient reduction and step: each call's bytes exact (ZeRO-1/2's flat buffer with its padding). ZeRO-0 here
     all-reduces each gradient on its own (``memory.training.ShardedStep``) where the planner counts one bucket:
     the total bytes are equal. The first stage's embedding all-reduce and the last stage's cross-entropy
-    all-reduces are the planner's too; the 3D step's scalars and the pipeline's send/recv do not run here."""
+    all-reduces are the planner's too; the 3D step's scalars do not run here (the pipeline's send/recv: below)."""
     got, plan = found[name, zero], config(zero, name)
     calls = stage_communication(plan, got["stage"])
     if plan.tp > 1:
@@ -221,7 +225,9 @@ def test_zero1_reduction_peaks_at_four_copies_of_the_gradient(found):
 
 @pytest.mark.parametrize("extra,message", [(["--rank", "1024"], "--rank 1024 is outside 0..1023"),
                                            (["--rank", "1", "--precision", "bf16"], "--precision bf16"),
-                                           (["--activation_checkpointing"], "--activation_checkpointing")])
+                                           (["--sequence_parallel"], "--sequence_parallel"),
+                                           (["--cp", "2", "--dp", "8"], "--cp (context parallelism runs on"),
+                                           (["--ep", "2", "--num_experts", "8"], "--ep (the expert dispatch")])
 def test_bad_input_is_refused_before_the_fake_world(extra, message, capsys):
     from project.fake_mesh import main
 
@@ -254,3 +260,82 @@ def test_every_factorisation_of_a_64_rank_world_holds_the_planners_bytes(found):
         assert r["bytes"]["params"] == r["planned"]["params"] + 4 * pad, d
         assert r["bytes"]["grads"] == r["planned"]["grads"] + 4 * pad, d
         assert r["bytes"]["optimizer"] == r["planned"]["optimizer"] + 8 * pad / d["dp"] + 4, d
+
+
+# ---- the pipeline's point-to-point messages (project.fake_mesh.pipeline_messages) ----------------------------------
+
+def message_counts(messages) -> dict:
+    """``{(kind, bytes, peer): calls}`` of the fake rank's pp messages."""
+    out = {}
+    for m in messages:
+        assert m["group"] == "pp", m
+        key = (m["kind"], m["bytes"], m["peer"])
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def planned_messages(plan, stage, groups, calls=None) -> dict:
+    """The planner's pp sends and receives of ``stage`` (``stage_communication``: ``m`` activations forward unless
+    last, ``m`` gradients back unless first, each ``b x s x h`` elements), split by peer as the schedule sends
+    them: forward to the next stage, backward to the previous; received from the same neighbours. The 3D step's
+    8-byte scalar all-reduce over pp is not a message."""
+    calls = stage_communication(plan, stage) if calls is None else calls
+    entries = {c["kind"]: c for c in calls if c["group"] == "pp" and c["kind"] in ("send", "recv")}
+    if not entries:
+        return {}
+    m = plan.micro_batches
+    neighbours = [(groups[stage + 1], m)] if stage < plan.pp - 1 else []      # activations out, gradients in
+    neighbours += [(groups[stage - 1], m)] if stage > 0 else []               # gradients out, activations in
+    out = {}
+    for kind, c in entries.items():
+        assert c["count"] == sum(n for _, n in neighbours), (kind, c)         # the planner's total
+        for peer, n in neighbours:
+            out[kind, c["bytes"], peer] = n
+    return out
+
+
+@pytest.mark.needs_solution  # the fake rank runs the reference ZeRO, TP and pipeline-stage code
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_pipeline_messages_are_the_planners(found, name):
+    """One step of the 1F1B schedule's point-to-point messages (the batches of
+    ``pipeline.metrics.communication_plan`` that ``pipeline.StageRunner`` posts, replayed with
+    ``course.collectives.exchange`` on meta tensors shaped like the stage's input and output): each message's
+    bytes (``b x s x h`` fp32: 16 MiB for the 6.7B model's 1-row micro-batches, 2 x 1024 x 1600 x 4 for GPT-2
+    XL's 2-row ones) and its peer, by global rank, are the planner's exactly: a middle stage sends m to each
+    neighbour and receives m from each, the first stage and the last only on their one side."""
+    got = found[name, CASES[name][2][0]]
+    plan, stage = config(CASES[name][2][0], name), got["stage"]
+    assert message_counts(got["messages"]) == planned_messages(plan, stage, got["mesh"]["groups"]["pp"])
+    assert len(got["messages"]) == {"517": 4, "first": 2, "last": 2}[name] * plan.micro_batches
+
+
+@pytest.mark.needs_solution  # the fake rank runs the reference ZeRO, TP and pipeline-stage code
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
+def test_every_schedule_sends_the_same_messages(found, schedule):
+    """GPipe and ZB-H1 (whose ``W`` actions send nothing) order the messages differently from 1F1B but send the
+    same ones: the planner's count does not depend on the schedule, nor does the fake rank's."""
+    got, plan = found["517", 0], config(0)
+    assert message_counts(found["schedules"][schedule]) == message_counts(got["messages"])
+    assert message_counts(found["schedules"][schedule]) == planned_messages(plan, got["stage"],
+                                                                            got["mesh"]["groups"]["pp"])
+
+
+@pytest.mark.needs_solution  # the fake rank runs the reference ZeRO, TP and pipeline-stage code
+def test_planted_wrong_pipeline_planners_are_rejected(found):
+    """The comparison rejects a planner that sends 2-byte activations in an fp32 run, one that lets the first
+    stage send gradients back (m v sends on every side), and one that sends one message per step, not per
+    micro-batch."""
+    groups = found["517", 0]["mesh"]["groups"]["pp"]
+    for name, wrong in (("517", lambda c: c | {"bytes": c["bytes"] / 2}),
+                        ("first", lambda c: c | {"count": 2 * c["count"]}),
+                        ("517", lambda c: c | {"count": 2.0})):
+        got = found[name, CASES[name][2][0]]
+        plan = config(CASES[name][2][0], name)
+        calls = [wrong(c) if c["group"] == "pp" and c["kind"] in ("send", "recv") else c
+                 for c in stage_communication(plan, got["stage"])]
+        groups = got["mesh"]["groups"]["pp"]
+        try:
+            planted = planned_messages(plan, got["stage"], groups, calls)
+        except AssertionError:  # the planted total does not even split over the neighbours
+            continue
+        assert message_counts(got["messages"]) != planted
