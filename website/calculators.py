@@ -78,6 +78,7 @@ NOTEBOOK_TOPICS = {
     "notebooks/06_3d_parallelism.ipynb": ("mfu", "model FLOPs utilisation"),
     "notebooks/07_context_parallelism.ipynb": ("memory", "memory per rank with context parallelism"),
     "notebooks/08_mixture_of_experts.ipynb": ("memory", "memory per rank with expert parallelism"),
+    "notebooks/09_plan_a_large_run.ipynb": ("memory", "memory per rank of a thousand-GPU plan"),
 }
 
 
