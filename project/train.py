@@ -12,8 +12,8 @@
 ``--mode`` picks the mode; every other option is that mode's configuration's (``project/options``, the same as
 its documented command ``project/run_*.py``). The configuration is checked before any process starts (a
 missing or unknown mode, a bad option: a message and exit code 2). Then one worker
-(:func:`project.modes.train_worker`) runs on every rank — spawned here (gloo on the CPU, NCCL with one GPU each), or the
-rank torchrun started — builds the run's mesh from the configuration (``config.dims``), the data and the
+(:func:`project.modes.train_worker`) runs on every rank — spawned here (gloo on the CPU, NCCL with one GPU each),
+or the rank torchrun started — builds the run's mesh from the configuration (``config.dims``), the data and the
 mode's training (``Mode.build``), and trains the epochs (:func:`course.epoch_runner.run_epochs`); a
 configuration that runs in this process (the one-process pipelines) runs here. The results files are the
 mode's (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``), summarised in a table at the end.
@@ -34,10 +34,11 @@ from project.modes import MODES, mode_of, train_worker  # noqa: E402
 PROG = "train.py"
 
 
-def run(config, *, launch=launch) -> int:
+def run(config, *, launch) -> int:
     """Run a checked configuration of a registered mode (:func:`project.modes.mode_of`): print what runs, start
-    its ranks (``launch``: :func:`course.launch.launch`, or a stand-in of a test) or run it in this process, and
-    print the table of its results.
+    its ranks with ``launch`` (:func:`course.launch.launch`: the callers pass the one their module imported,
+    looked up at the call, so that a test can replace it there) or run it in this process, and print the table of
+    its results.
 
     Returns:
         0, or 1 when a rank failed (its error on stderr).
@@ -90,7 +91,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    return run(parse_args(argv), launch=launch)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,30 @@ def test_a_bad_mode_or_option_stops_before_any_process_starts(argv, message, cap
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, timeout", [("tp", None), ("3d", 600.0)])
+def test_the_tail_launches_the_one_worker_with_the_modes_collective_timeout(name, timeout, monkeypatch, capsys,
+                                                                             tmp_path):
+    """What the entry point hands the launcher (replaced here, so nothing starts): the one worker, the mode's name
+    and configuration, its world size and its collective timeout (None: the launcher's default); a rank's failure
+    ends the run with exit code 1 and the error on stderr."""
+    from course.launch import RankFailure
+
+    calls = []
+
+    def planted(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise RankFailure(1, "rank 1 failed: planted")
+
+    monkeypatch.setattr(train, "launch", planted)
+    assert train.main(["--mode", name, *tiny_run(tmp_path, *SMALL[name])]) == 1
+    (args, kwargs), = calls
+    worker, world, mode, config = args
+    assert (worker, world, mode) == (modes.train_worker, config.world_size, name)
+    assert type(config) is modes.MODES[name].config and config.max_batches == 2
+    assert kwargs.get("collective_timeout") == timeout and kwargs["timeout"] == config.timeout
+    assert "run failed: rank 1 failed: planted" in capsys.readouterr().err
+
+
 def test_help_lists_the_modes_and_with_a_mode_its_options(capsys):
     with pytest.raises(SystemExit) as info:
         train.parse_args(["--help"])
