@@ -20,7 +20,9 @@ there with NCCL, one process per GPU (``--launcher spawn``, the script's own lau
 its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face dataset.
 ``--extra "..."`` passes further options to the script (e.g. ``--learning_rate 3e-4``).
 
-The options are the script's configuration's (``project/options``), with dashes: ``--micro-batches``,
+The run modes are the registry's (``project/modes.py``; ``data`` and ``tensor`` are Modal's names of ``dp`` and
+``tp``, which work too): a mode registered there runs here. The options are the script's configuration's
+(``project/options``), with dashes: ``--micro-batches``,
 ``--virtual-stages``, ``--dp --pp --tp --cp --ep`` (``--n-chunk`` and ``--tp-size`` still work, with a
 note naming the new name). They are checked here before anything is sent, by that configuration's own
 rules, without torch (see ``project/modal_support.py``).

@@ -1,4 +1,4 @@
-"""Context-parallel GPT-2 training on packed Multi30k sequences: the training mode and the per-rank worker.
+"""Context-parallel GPT-2 training on packed Multi30k sequences: the training mode and its builder.
 
 The run's mesh is ``dp x cp`` (``course.mesh.Mesh.build(dp=, cp=)``; dimensions
 ``("pp", "dp", "cp", "tp")``, cp inside dp). Every rank holds the whole model. Each global
@@ -15,8 +15,6 @@ ranks holding the same weights; torchtitan's ``dp_cp`` mesh dimension), which gi
 """
 from __future__ import annotations
 
-import json
-
 import torch
 from torch.utils.data import DataLoader
 
@@ -26,13 +24,10 @@ from context_parallel.layouts import SequenceLayout
 from context_parallel.packing import PackedCollate, pack_pairs
 from course.collate import IGNORE_INDEX
 from course.collectives import CommCounter, all_reduce, group_size, region
-from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, to_device
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, to_device
 from course.launch import context
 from course.mesh import Mesh
 from course.model import build_gpt2
-from course.task import prepare_data, worker_env_quiet
-
-RESULTS_PREFIX = "context_parallel_"
 
 
 def average_gradients_over(model: torch.nn.Module, group) -> None:
@@ -67,7 +62,6 @@ class ContextParallelTraining(TrainingMode):
     """dp x cp: rows of the global batch per dp rank, tokens of each row per cp rank (module docstring)."""
 
     mode = "context_parallel"
-    results_prefix = RESULTS_PREFIX
 
     def __init__(self, args, data, device, model, mesh: Mesh, **kwargs):
         super().__init__(args, data, device, **kwargs)
@@ -133,29 +127,13 @@ class ContextParallelTraining(TrainingMode):
         return f"epoch {epoch} (dp {self.dp} x cp {self.cp}, {self.args.attention})"
 
 
-def run_cp(rank: int, world_size: int, args) -> dict:
-    """Train ``args.n_epochs`` epochs with ``args.dp x args.cp`` ranks (the worker of
-    ``project/run_context_parallel.py``).
-
-    Writes ``<workdir>/context_parallel_rank{r}_results_epoch{e}.json`` (validation_loss, bleu,
-    training_time, tokens_per_sec, train_losses, ``comm_per_step`` per group, config) and, on rank
-    0, ``context_parallel_translations_epoch{e}.json``.
-
-    Returns:
-        ``{"results": [paths], "train_losses": [...], "validation_loss": [...]}``.
-    """
-    worker_env_quiet()
-    return train_cp(rank, world_size, args, prepare_data(args))
-
-
-def train_cp(rank: int, world_size: int, args, data, mesh: Mesh | None = None) -> dict:
-    """:func:`run_cp` on prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh."""
+def cp_training(rank: int, args, data, mesh: Mesh) -> ContextParallelTraining:
+    """This rank's :class:`ContextParallelTraining` on the run's ``args.dp x args.cp`` ``mesh``: the GPT-2 of
+    :func:`build_cp_model` (same seed on every rank) on the worker's device. What ``project/train.py --mode cp``
+    trains: ``<workdir>/context_parallel_rank{r}_results_epoch{e}.json`` (validation_loss, bleu, training_time,
+    tokens_per_sec, train_losses, ``comm_per_step`` per group, config) and, on rank 0,
+    ``context_parallel_translations_epoch{e}.json``."""
     device = context().device
-    mesh = mesh or Mesh.build(dp=args.dp, cp=args.cp)
     model = build_cp_model(args, data.tokenizer.vocab_size).to(device)
-    mode = ContextParallelTraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
+    return ContextParallelTraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
                                    throughput_group=mesh.group("world"), show_progress=rank == 0)
-    written = run_epochs(mode)
-    results = [json.loads(open(path).read()) for path in written]
-    return {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],
-            "validation_loss": [r["validation_loss"] for r in results]}

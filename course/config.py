@@ -170,9 +170,10 @@ class RunConfig:
 
     # ---- building it ---------------------------------------------------------------------------
     @classmethod
-    def parser(cls) -> argparse.ArgumentParser:
-        """The command line made from the fields (``--help`` lists them by group)."""
-        parser = argparse.ArgumentParser(description=cls.description,
+    def parser(cls, prog: str | None = None) -> argparse.ArgumentParser:
+        """The command line made from the fields (``--help`` lists them by group); ``prog``: the command its
+        usage and errors name (default: the script's file name)."""
+        parser = argparse.ArgumentParser(prog=prog, description=cls.description,
                                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         groups: dict[str, argparse._ArgumentGroup] = {}
         for f in dataclasses.fields(cls):
@@ -197,11 +198,11 @@ class RunConfig:
         return parser
 
     @classmethod
-    def from_command_line(cls, argv: list[str] | None = None, *, environment: bool = True):
+    def from_command_line(cls, argv: list[str] | None = None, *, environment: bool = True, prog: str | None = None):
         """Parse ``argv``, fill in the automatic values, check the configuration (and, with
         ``environment``, the data, tokenizer, work directory and checkpoint). Exits through
-        ``parser.error`` (code 2) with a message that says what to change."""
-        parser = cls.parser()
+        ``parser.error`` (code 2) with a message that says what to change (``prog``: see :meth:`parser`)."""
+        parser = cls.parser(prog)
         values = vars(parser.parse_args(argv))
         config = cls(**values)
         try:

@@ -214,11 +214,14 @@ class TrainingMode:
     """
 
     mode = "training"
-    results_prefix = ""
+    results_prefix = ""  # the files' prefix when ``args`` names none (a run's is its configuration's, below)
 
     def __init__(self, args, data, device, *, rank: int = 0, world_group=None, throughput_group=None,
                  show_progress: bool = True, devices: list | None = None):
         self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
+        # One home for a mode's results prefix: its configuration (course.config.RunConfig.results_prefix), which
+        # also checks the work directory for these files before any process starts.
+        self.results_prefix = getattr(args, "results_prefix", self.results_prefix)
         self.devices = [torch.device(d) for d in devices] if devices else [self.device]
         self.world_group, self.throughput_group = world_group, throughput_group
         self.show_progress = show_progress and not args.quiet

@@ -185,16 +185,25 @@ def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_facto
     device = context().device
     mesh = Mesh.build(dp=world_size)
     mode = dp_training(rank, args, prepare_data(args), device, mesh, make_sharding, grad_sync_factory)
-    model, sharding = mode.model, mode.sharding
     written = run_epochs(mode)
     final_sha = mode.fingerprint()
-    if args.save_checkpoint:
-        from course.checkpoint import save_final_weights
-
-        with sharding.summon_full_params() if sharding is not None else contextlib.nullcontext():
-            save_final_weights({k: v.detach().clone() for k, v in model.state_dict().items()},
-                               Path(args.workdir) / "checkpoint_data_parallel.pt", rank=rank, group=mesh.dp_group)
+    save_final_checkpoint(mode, mesh)
     return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}
+
+
+def save_final_checkpoint(mode: DataParallelTraining, mesh: Mesh) -> None:
+    """With ``--save_checkpoint`` (``mode.args.save_checkpoint``), after training: the final weights, gathered from
+    their shards under ZeRO-3, to ``<workdir>/checkpoint_data_parallel.pt`` (a ``torch.save`` file made from a DCP
+    checkpoint, :func:`course.checkpoint.save_final_weights`). Collective over ``mesh.dp_group``; nothing without
+    the option."""
+    if not mode.args.save_checkpoint:
+        return
+    from course.checkpoint import save_final_weights
+
+    with mode.sharding.summon_full_params() if mode.sharding is not None else contextlib.nullcontext():
+        save_final_weights({k: v.detach().clone() for k, v in mode.model.state_dict().items()},
+                           Path(mode.args.workdir) / "checkpoint_data_parallel.pt", rank=mode.rank,
+                           group=mesh.dp_group)
 
 
 def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None,

@@ -31,8 +31,6 @@ from moe.config import MoEConfig
 from moe.gpt2 import DenseGPT2, MoEGPT2, parameter_counts
 from moe.gradients import sync_moe_gradients
 
-RESULTS_PREFIX = "moe_"
-
 
 def moe_config(args) -> MoEConfig:
     """The :class:`moe.config.MoEConfig` of the run's options (raises its ValueErrors)."""
@@ -122,7 +120,6 @@ class MoETraining(TrainingMode):
     """Expert parallelism × data parallelism: a shard per rank, MoE layers over the ep group, two gradient groups."""
 
     mode = "moe"
-    results_prefix = RESULTS_PREFIX
 
     def __init__(self, args, data, device, model, mesh: Mesh, **kwargs):
         super().__init__(args, data, device, **kwargs)

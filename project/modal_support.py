@@ -29,12 +29,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from project.modes import MODES as TRAINING_MODES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The run modes: each a run script and its configuration (project/options/<script>.py, a course.config.RunConfig).
-# A mode is one entry here: its options, choices and rules are its configuration's.
-RUNS = {"data": "run_data_parallel", "pipeline": "run_pipeline", "tensor": "run_tensor_parallel", "3d": "run_3d",
-        "cp": "run_context_parallel", "moe": "run_moe"}
-SCRIPTS = {mode: f"project/{script}.py" for mode, script in RUNS.items()}
+# The run modes: the registry's (project/modes.py), each by the name modal_run.py gives it (data, tensor: the
+# names it always had; the registry's own names, dp and tp, work too) with its documented command and its
+# configuration (project/options/<script>.py, a course.config.RunConfig): its options, choices and rules are the
+# configuration's. A mode registered there runs here.
+RUNS = {mode.modal_name: mode.script for mode in TRAINING_MODES.values()}
+SCRIPTS = {mode.modal_name: mode.script_path for mode in TRAINING_MODES.values()}
+MODE_NAMES = {mode.name: mode.modal_name for mode in TRAINING_MODES.values() if mode.name != mode.modal_name}
 # The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
 # GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
 # --timeout, the run scripts' mesh names).
@@ -87,17 +91,10 @@ class RunRequest:
 
 
 def config_class(mode: str):
-    """The configuration class (a :class:`course.config.RunConfig`) of run mode ``mode`` (a key of :data:`RUNS`),
-    from ``project/options/<script>.py`` (torch-free)."""
-    import importlib
-
-    from course.config import RunConfig
-
-    module = importlib.import_module(f"project.options.{RUNS[mode]}")
-    found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, RunConfig)
-             and c.__module__ == module.__name__]
-    assert len(found) == 1, f"project/options/{RUNS[mode]}.py declares {len(found)} configurations, not one"
-    return found[0]
+    """The configuration class (a :class:`course.config.RunConfig`, torch-free) of run mode ``mode`` (a key of
+    :data:`RUNS`, or the registry's name of one): the registry's (:data:`project.modes.MODES`)."""
+    mode = MODE_NAMES.get(mode, mode)
+    return next(m.config for m in TRAINING_MODES.values() if m.modal_name == mode)
 
 
 def script_options(mode: str) -> set[str]:
@@ -141,6 +138,7 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
     """
     from course.model import PRESETS  # light: no torch
 
+    mode = MODE_NAMES.get(mode, mode)  # the registry's name of a run mode: Modal's
     if mode not in MODES:
         raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(MODES)}")
     if grade and gpu_tests:

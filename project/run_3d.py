@@ -27,9 +27,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
-from course.results import print_epoch_table  # noqa: E402
-from project.options.run_3d import RESULTS_PREFIX, THREE_D, ThreeDConfig, check_resume_layout  # noqa: E402,F401
+from project.options.run_3d import THREE_D, ThreeDConfig, check_resume_layout  # noqa: E402,F401
+from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode 3d)
 
 
 def parse_args(argv=None) -> ThreeDConfig:
@@ -38,21 +37,7 @@ def parse_args(argv=None) -> ThreeDConfig:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from three_d.training import run_3d
-
-    world_size = args.world_size
-    print(f"3d: dp={args.dp} pp={args.pp} tp={args.tp} schedule={args.schedule} micro_batches={args.micro_batches} "
-          f"batch={args.batch_size} device={args.device} preset={args.preset} max_batches={args.max_batches}",
-          flush=True)
-    try:
-        launch(run_3d, world_size, args, device=args.device, backend=args.backend, timeout=args.timeout,
-               collective_timeout=600, max_restarts=args.max_restarts)
-    except RankFailure as exc:
-        print(f"run failed: {exc}", file=sys.stderr)
-        return 1
-    print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
-    return 0
+    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
-from course.results import print_epoch_table  # noqa: E402
-from project.options.run_context_parallel import CP, ContextParallelConfig, RESULTS_PREFIX  # noqa: E402,F401
+from project.options.run_context_parallel import CP, ContextParallelConfig  # noqa: E402,F401
+from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode cp)
 
 
 def parse_args(argv=None) -> ContextParallelConfig:
@@ -36,21 +35,7 @@ def parse_args(argv=None) -> ContextParallelConfig:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from context_parallel.training import run_cp
-
-    world = args.dp * args.cp
-    print(f"context parallel: dp={args.dp} cp={args.cp} attention={args.attention} layout={args.layout} "
-          f"seq_len={args.seq_len} device={args.device} backend={args.backend} preset={args.preset} "
-          f"batch={args.batch_size} sequences", flush=True)
-    try:
-        launch(run_cp, world, args, device=args.device, backend=args.backend, timeout=args.timeout,
-               max_restarts=args.max_restarts)
-    except RankFailure as exc:
-        print(f"run failed: {exc}", file=sys.stderr)
-        return 1
-    print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
-    return 0
+    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
 
 
 if __name__ == "__main__":

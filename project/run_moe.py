@@ -22,9 +22,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
-from course.results import print_epoch_table  # noqa: E402
-from project.options.run_moe import MOE, MoERunConfig, RESULTS_PREFIX  # noqa: E402,F401
+from project.options.run_moe import MOE, MoERunConfig  # noqa: E402,F401
+from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode moe)
 
 
 def parse_args(argv=None) -> MoERunConfig:
@@ -33,21 +32,7 @@ def parse_args(argv=None) -> MoERunConfig:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from moe.training import run_moe
-
-    kind = "dense" if args.dense else (f"{args.num_experts} experts, top-{args.top_k}, capacity factor "
-                                       f"{args.capacity_factor or 'dropless'}")
-    print(f"mixture of experts: dp={args.dp} ep={args.ep} {kind} device={args.device} backend={args.backend} "
-          f"preset={args.preset} batch={args.batch_size}", flush=True)
-    try:
-        launch(run_moe, args.dp, args, device=args.device, backend=args.backend, timeout=args.timeout,
-               max_restarts=args.max_restarts)
-    except RankFailure as exc:
-        print(f"run failed: {exc}", file=sys.stderr)
-        return 1
-    print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
-    return 0
+    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
 
 
 if __name__ == "__main__":

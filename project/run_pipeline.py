@@ -23,9 +23,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
-from course.results import print_epoch_table  # noqa: E402
 from project.options.run_pipeline import MODES, PIPELINE, PipelineConfig, SINGLE_PROCESS  # noqa: E402,F401
+from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode pipeline)
 
 
 def parse_args(argv=None) -> PipelineConfig:
@@ -34,24 +33,7 @@ def parse_args(argv=None) -> PipelineConfig:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from pipeline.training import results_prefix, run_single_process, run_stage_worker
-
-    mode = args.model_parallel_mode
-    print(f"{mode}: pp={args.pp} micro_batches={1 if mode == 'model_parallel' else args.micro_batches} "
-          f"batch={args.batch_size} device={args.device} preset={args.preset} max_batches={args.max_batches}",
-          flush=True)
-    if args.multiprocess:
-        try:
-            launch(run_stage_worker, args.pp, args, device=args.device, backend=args.backend,
-                   timeout=args.timeout, collective_timeout=600, max_restarts=args.max_restarts)
-        except RankFailure as exc:
-            print(f"run failed: {exc}", file=sys.stderr)
-            return 1
-    else:
-        run_single_process(args)
-    print_epoch_table(args.workdir, prefix=results_prefix(mode), n_epochs=args.n_epochs)
-    return 0
+    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
 
 
 if __name__ == "__main__":

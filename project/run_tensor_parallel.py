@@ -20,9 +20,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from course.launch import RankFailure, launch  # noqa: E402
-from course.results import print_epoch_table  # noqa: E402
-from project.options.run_tensor_parallel import RESULTS_PREFIX, TensorParallelConfig  # noqa: E402,F401
+from project.options.run_tensor_parallel import TensorParallelConfig  # noqa: E402
+from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode tp)
 
 
 def parse_args(argv=None) -> TensorParallelConfig:
@@ -31,20 +30,7 @@ def parse_args(argv=None) -> TensorParallelConfig:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from tensor_parallel.training import run_tp
-
-    kinds = args.block_types
-    print(f"tensor parallel: tp={args.tp} sequence_parallel={args.sequence_parallel} block_types={kinds} "
-          f"device={args.device} backend={args.backend} preset={args.preset} batch={args.batch_size}", flush=True)
-    try:
-        launch(run_tp, args.tp, args, device=args.device, backend=args.backend, timeout=args.timeout,
-               max_restarts=args.max_restarts)
-    except RankFailure as exc:
-        print(f"run failed: {exc}", file=sys.stderr)
-        return 1
-    print_epoch_table(args.workdir, prefix=RESULTS_PREFIX, n_epochs=args.n_epochs)
-    return 0
+    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from course.task import build_model, prepare_data, worker_env_quiet
 from tensor_parallel.export import hf_state_dict
 from tensor_parallel.gpt2 import TensorParallelGPT2
 
-RESULTS_PREFIX = "tensor_parallel_"
-
 
 def tp_loss(model, batch: dict) -> torch.Tensor:
     """Vocabulary-parallel next-token loss of a batch (a ``loss_fn`` for :func:`course.epoch_runner.supervised_step`)."""
@@ -63,7 +61,6 @@ class TensorParallelTraining(TrainingMode):
     """Tensor parallelism over the ``tp`` group: the same batches on every rank, each holding its shards."""
 
     mode = "tensor_parallel"
-    results_prefix = RESULTS_PREFIX
 
     def __init__(self, args, data, device, model, n_layer, mesh, **kwargs):
         super().__init__(args, data, device, **kwargs)

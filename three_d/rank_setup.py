@@ -32,7 +32,8 @@ class ThreeDRank:
     runner: pipeline.StageRunner
 
 
-def setup_rank(dims: ParallelDims, model, device: torch.device, *, scatter_gather: bool = False) -> ThreeDRank:
+def setup_rank(dims: ParallelDims, model, device: torch.device, *, scatter_gather: bool = False,
+               mesh: Mesh | None = None) -> ThreeDRank:
     """Build this rank's mesh, its stage of ``model`` and the stage's runner.
 
     Args:
@@ -40,13 +41,18 @@ def setup_rank(dims: ParallelDims, model, device: torch.device, *, scatter_gathe
         model: the single-device ``GPT2LMHeadModel``, the same on every rank (same seed).
         device: this rank's device (``course.launch.context().device``).
         scatter_gather: stages exchange 1/tp of each activation (:class:`three_d.stage.TensorParallelStage`).
+        mesh: the run's mesh of these ``dims`` if it is already built (the one worker of ``project/train.py``
+            builds every mode's mesh); None: built here.
 
     Collective over the world (the mesh and the runner's clock origin).
 
     Raises:
         ValueError: sizes that do not fit the world or the model.
     """
-    mesh = Mesh(dims)
+    if mesh is None:
+        mesh = Mesh(dims)
+    elif mesh.dims != dims:
+        raise ValueError(f"the mesh was built for {mesh.dims}, not for {dims}")
     stage = TensorParallelStage(model, mesh.stage, dims.pp, group=mesh.tp_group, scatter_gather=scatter_gather)
     stage.to(device)
     runner = pipeline.StageRunner(stage, device, loss_fn=StageLoss(mesh.tp_group), group=mesh.pp_group)

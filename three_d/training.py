@@ -50,12 +50,11 @@ from torch.utils.data import DataLoader, Subset
 import tensor_parallel
 from course import trace
 from course.collectives import CommCounter
-from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs
-from course.task import build_model, prepare_data, worker_env_quiet
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode
+from course.task import build_model
 from three_d.rank_setup import ThreeDRank, setup_rank
 from three_d.step import three_d_step
 
-RESULTS_PREFIX = "three_d_"
 LAYOUT_KEY = "three_d_layout"  # (dp, pp, tp) of the run that wrote a checkpoint
 
 
@@ -115,7 +114,6 @@ class ThreeDTraining(TrainingMode):
     """One rank of a 3D run: its stage's tp shard, its dp rank's rows of every batch."""
 
     mode = "three_d"
-    results_prefix = RESULTS_PREFIX
 
     def __init__(self, args, data, device, rank_setup: ThreeDRank):
         mesh, stage = rank_setup.mesh, rank_setup.stage
@@ -304,18 +302,17 @@ class ThreeDTraining(TrainingMode):
         return f"3d dp{d.dp} pp{d.pp} tp{d.tp} {self.args.schedule} epoch {epoch}"
 
 
-def run_3d(rank: int, world_size: int, args) -> dict:
-    """Rank ``rank`` of a ``args.dp x args.pp x args.tp`` run: builds the mesh, data, model and its
-    stage, and trains ``args.n_epochs`` epochs (:class:`ThreeDTraining`).
+def three_d_training(args, data, mesh) -> ThreeDTraining:
+    """This rank's :class:`ThreeDTraining` on the run's ``args.dp x args.pp x args.tp`` ``mesh``: the same GPT-2
+    on every rank (same seed), cut into this rank's tensor-parallel stage on the worker's device
+    (:func:`three_d.rank_setup.setup_rank`). What ``project/train.py --mode 3d`` trains.
 
-    Returns:
-        ``{"results": [paths]}``.
+    Raises:
+        ValueError: a mesh of other sizes than ``args.dims``.
     """
     from course.launch import context
 
-    worker_env_quiet()
     device = context().device
-    data = prepare_data(args)
     ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device,
-                        scatter_gather=args.scatter_gather)
-    return {"results": run_epochs(ThreeDTraining(args, data, device, ranked))}
+                        scatter_gather=args.scatter_gather, mesh=mesh)
+    return ThreeDTraining(args, data, device, ranked)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from course.config import ConfigError, RunConfig, option
 from three_d import SCHEDULES
 
-RESULTS_PREFIX = "three_d_"
 THREE_D = "3D parallelism"
 
 
@@ -16,7 +15,7 @@ class ThreeDConfig(RunConfig):
     """``project/run_3d.py``: ``dp x pp x tp`` ranks on one device mesh."""
 
     description = "3D-parallel (dp x pp x tp) GPT-2 training on Multi30k German→English (assignment 5.6)."
-    results_prefix = RESULTS_PREFIX
+    results_prefix = "three_d_"  # its files: three_d_rank{r}_results_epoch{e}.json
     mesh_options = ("dp", "pp", "tp", "micro_batches")
     world_option = None
 
@@ -56,7 +55,7 @@ def check_resume_layout(config: ThreeDConfig) -> None:
     from course.checkpoint import checkpoint_root, resolve_resume
     from three_d.training import checkpoint_layout, tp_mismatch_message
 
-    path = resolve_resume(config.resume, checkpoint_root(config.workdir, RESULTS_PREFIX))
+    path = resolve_resume(config.resume, checkpoint_root(config.workdir, config.results_prefix))
     try:
         saved = checkpoint_layout(path)
     except ValueError as exc:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from course.config import ConfigError, RunConfig, option
 from course.environment import in_torchrun
 
-RESULTS_PREFIX = "context_parallel_"
 CP = "context parallelism"
 
 
@@ -17,7 +16,7 @@ class ContextParallelConfig(RunConfig):
     """``project/run_context_parallel.py``: ``--dp x --cp`` ranks, each sequence cut over the cp group."""
 
     description = "Context-parallel GPT-2 training on packed Multi30k sequences (assignment 5.7)."
-    results_prefix = RESULTS_PREFIX
+    results_prefix = "context_parallel_"  # its files: context_parallel_rank{r}_results_epoch{e}.json
     mesh_options = ("dp", "cp")
     world_option = None  # --cp defaults to torchrun's WORLD_SIZE / --dp (resolve)
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from course.config import ConfigError, RunConfig, option
 
-RESULTS_PREFIX = "moe_"
 MOE = "mixture of experts"
 
 
@@ -16,7 +15,7 @@ class MoERunConfig(RunConfig):
 
     description = ("GPT-2 with mixture-of-experts MLPs, expert parallel x data parallel, on Multi30k German→English "
                    "(assignment 5.8).")
-    results_prefix = RESULTS_PREFIX
+    results_prefix = "moe_"  # its files: moe_rank{r}_results_epoch{e}.json
     mesh_options = ("dp", "ep")
     world_option = "dp"
 

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 from course.config import ConfigError, RunConfig, option
 
-RESULTS_PREFIX = "tensor_parallel_"
 
 
 @dataclass
@@ -15,7 +14,7 @@ class TensorParallelConfig(RunConfig):
     """``project/run_tensor_parallel.py``: every GPT-2 layer split over ``--tp`` processes."""
 
     description = "Tensor-parallel GPT-2 training on Multi30k German→English (assignment 5.3)."
-    results_prefix = RESULTS_PREFIX
+    results_prefix = "tensor_parallel_"  # its files: tensor_parallel_rank{r}_results_epoch{e}.json
     mesh_options = ("tp",)
     world_option = "tp"
 

@@ -1,8 +1,8 @@
 """The worker of tests/three_d/test_checkpoint_resharding.py: one launch of 8 ranks that trains at one layout
 (writing checkpoints), then — in the same processes, with a new mesh, model and stage — resumes
-from one of those checkpoints at another layout. Exactly what two runs of ``project/run_3d.py``
-do (``three_d.training.run_3d``), but the data are prepared and the libraries imported once
-(half the test's time)."""
+from one of those checkpoints at another layout. Exactly what two runs of ``project/run_3d.py`` do
+(``project.modes.train_worker`` with ``three_d.training.three_d_training``), but the data are prepared and the
+libraries imported once (half the test's time)."""
 from __future__ import annotations
 
 

@@ -1,0 +1,278 @@
+"""The registry of training modes: every way the course trains GPT-2, registered once.
+
+A :class:`Mode` names what one kind of run is made of:
+
+* ``name`` — what ``python project/train.py --mode NAME`` calls it (``dp``, ``pipeline``, ``tp``, ``3d``, ``cp``,
+  ``moe``);
+* ``config`` — its options: a :class:`course.config.RunConfig` subclass of ``project/options`` (torch-free), whose
+  ``results_prefix`` is the one home of the prefix of the run's files
+  (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``);
+* ``build(config, data, mesh) -> TrainingMode`` — on every rank, inside the one worker of ``project/train.py``
+  (:func:`train_worker`), once the mesh (``config.dims``) and the data are made: the part's
+  :class:`course.epoch_runner.TrainingMode` that :func:`course.epoch_runner.run_epochs` then trains;
+* the rest of what differs: the line printed before the run, the launcher's collective timeout, what a rank does
+  after the epochs, a configuration that runs in the calling process instead of on ranks, and the name
+  ``modal_run.py`` has always given it.
+
+Everything that starts runs reads this table: ``project/train.py`` and the six documented commands
+``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.modal_support`: its modes, their options and
+checks), the Slurm script (``project/slurm/torchrun.sbatch --mode NAME``) and torchrun
+(``torchrun ... project/train.py --mode NAME``). A new mode is one :func:`register` call here (and its options
+module, and its part's builder): it then runs from all of them.
+
+This module imports no torch (``modal run`` checks a request on a laptop without it, as the schedule registry
+:data:`pipeline.schedules.SCHEDULES` does for schedules): the builders import their part when a rank calls them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from project.options.run_3d import ThreeDConfig
+from project.options.run_context_parallel import ContextParallelConfig
+from project.options.run_data_parallel import DataParallelConfig
+from project.options.run_moe import MoERunConfig
+from project.options.run_pipeline import PipelineConfig
+from project.options.run_tensor_parallel import TensorParallelConfig
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One training mode (see the module docstring).
+
+    Attributes:
+        name: its ``--mode`` name.
+        config: its configuration class (a :class:`course.config.RunConfig`; torch-free).
+        script: its documented command, ``project/<script>.py`` (a few lines over this registry).
+        build: ``build(config, data, mesh)`` -> this rank's :class:`course.epoch_runner.TrainingMode`; called on
+            every rank with the run's :class:`course.mesh.Mesh` of ``config.dims`` and
+            :func:`course.task.prepare_data`'s data.
+        describe: ``describe(config)`` -> the line printed before the run starts.
+        collective_timeout: seconds a rank may wait in one collective (None: the launcher's default,
+            :data:`course.launch.DEFAULT_COLLECTIVE_TIMEOUT`).
+        finish: ``finish(training, config, mesh)`` on every rank after the epochs (None: nothing).
+        in_process: ``in_process(config)`` -> True for a configuration that runs in the calling process, without
+            ranks, through ``run_in_process(config)`` (None: every configuration runs on ranks).
+        run_in_process: see ``in_process``.
+        modal: ``modal_run.py``'s ``--mode`` name for it (None: ``name``).
+    """
+
+    name: str
+    config: type
+    script: str
+    build: Callable[[Any, Any, Any], Any]
+    describe: Callable[[Any], str]
+    collective_timeout: float | None = None
+    finish: Callable[[Any, Any, Any], None] | None = None
+    in_process: Callable[[Any], bool] | None = None
+    run_in_process: Callable[[Any], Any] | None = None
+    modal: str | None = None
+
+    @property
+    def script_path(self) -> str:
+        """``project/<script>.py``."""
+        return f"project/{self.script}.py"
+
+    @property
+    def modal_name(self) -> str:
+        return self.modal or self.name
+
+    def runs_in_process(self, config) -> bool:
+        """Whether ``config`` runs in the calling process (no ranks: :attr:`run_in_process`)."""
+        return self.in_process is not None and self.in_process(config)
+
+
+MODES: dict[str, Mode] = {}
+
+
+def register(mode: Mode) -> Mode:
+    """Add ``mode`` to :data:`MODES`.
+
+    Raises:
+        ValueError: its name, Modal name or configuration class is another mode's already.
+    """
+    for other in MODES.values():
+        if mode.name in (other.name, other.modal_name) or mode.modal_name in (other.name, other.modal_name):
+            raise ValueError(f"mode {mode.name!r} (Modal: {mode.modal_name!r}) is registered already as "
+                             f"{other.name!r}; choose another name")
+        if mode.config is other.config:
+            raise ValueError(f"mode {mode.name!r}: {mode.config.__name__} is mode {other.name!r}'s configuration "
+                             "already; every mode has its own")
+    MODES[mode.name] = mode
+    return mode
+
+
+def mode_named(name: str) -> Mode:
+    """The registered mode called ``name``.
+
+    Raises:
+        ValueError: no mode has that name (the message lists the modes).
+    """
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r}: choose one of {', '.join(MODES)}")
+    return MODES[name]
+
+
+def mode_of(config) -> Mode:
+    """The registered mode whose configuration ``config`` is.
+
+    Raises:
+        ValueError: a configuration of no registered mode.
+    """
+    for mode in MODES.values():
+        if type(config) is mode.config:
+            return mode
+    raise ValueError(f"{type(config).__name__} is the configuration of no registered mode "
+                     f"({', '.join(f'{m.name}: {m.config.__name__}' for m in MODES.values())})")
+
+
+def train_worker(rank: int, world_size: int, name: str, config) -> dict:
+    """The one worker of every mode, which ``project/train.py`` launches on every rank: the run's mesh of
+    ``config.dims``, the data, mode ``name``'s training (``Mode.build``), its epochs
+    (:func:`course.epoch_runner.run_epochs`) and ``Mode.finish``. It lives here, not in ``project/train.py``, so
+    that the ranks import it by this module's name also when ``project/train.py`` runs as ``__main__``; its imports
+    wait for a rank (this module stays torch-free).
+
+    Returns:
+        ``{"results": [the results files this rank wrote]}``.
+    """
+    from course.epoch_runner import run_epochs
+    from course.mesh import Mesh
+    from course.task import prepare_data, worker_env_quiet
+
+    worker_env_quiet()
+    mode = mode_named(name)
+    mesh = Mesh(config.dims)  # collective: every rank, the same sizes
+    training = mode.build(config, prepare_data(config), mesh)
+    written = run_epochs(training)
+    if mode.finish is not None:
+        mode.finish(training, config, mesh)
+    return {"results": written}
+
+
+# ---- the modes ------------------------------------------------------------------------------------------------
+# Each builder imports its part when a rank calls it (this module stays torch-free for modal_run.py).
+
+def _device():
+    from course.launch import context
+
+    return context().device
+
+
+def uses_grad_sync(config: DataParallelConfig) -> bool:
+    """Whether a gradient-communication option (``--bucket_mb``, ``--overlap``, ``--compression``) is set."""
+    return config.bucket_mb is not None or config.overlap or config.compression != "none"
+
+
+def grad_sync_factory(config: DataParallelConfig):
+    """None (``average_gradients``) unless a gradient-communication option is set; else the factory
+    (:func:`communication.compression.build_grad_sync`) that every rank calls to build its ``grad_sync``."""
+    if not uses_grad_sync(config):
+        return None
+    from communication.compression import build_grad_sync
+
+    return build_grad_sync
+
+
+def _build_dp(config: DataParallelConfig, data, mesh):
+    from data_parallel.training import dp_training
+
+    make_sharding = None
+    if config.zero or config.activation_checkpointing or config.precision != "fp32":  # (--hsdp needs --zero 3)
+        from memory.training import build_sharding as make_sharding
+    return dp_training(mesh.rank, config, data, _device(), mesh, make_sharding, grad_sync_factory(config))
+
+
+def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
+    from data_parallel.training import save_final_checkpoint
+
+    save_final_checkpoint(training, mesh)
+
+
+def _describe_dp(c: DataParallelConfig) -> str:
+    sync = ("average_gradients" if not uses_grad_sync(c) else f"compression={c.compression}"
+            if c.compression != "none" else f"buckets of {c.bucket_mb or 25.0} MB, overlap={c.overlap}")
+    return (f"data parallel: dp={c.dp} device={c.device} backend={c.backend} "
+            f"preset={c.preset} global batch={c.batch_size} ({c.batch_size // c.dp} per rank), "
+            f"gradients: {sync if not c.zero else f'ZeRO-{c.zero}'}"
+            f"{f' (HSDP: {c.hsdp} replicas x {c.dp // c.hsdp})' if c.hsdp > 1 else ''}"
+            f"{f' (ZeRO++: {c.zeropp})' if c.zeropp else ''}, precision={c.precision}, "
+            f"activation_checkpointing={c.activation_checkpointing}")
+
+
+def _build_pipeline(config: PipelineConfig, data, mesh):
+    from pipeline.training import stage_training
+
+    return stage_training(config, data, _device(), mesh)
+
+
+def _run_pipe(config: PipelineConfig):
+    from pipeline.training import run_single_process
+
+    return run_single_process(config)
+
+
+def _describe_pipeline(c: PipelineConfig) -> str:
+    mode = c.model_parallel_mode
+    return (f"{mode}: pp={c.pp} micro_batches={1 if mode == 'model_parallel' else c.micro_batches} "
+            f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
+
+
+def _build_tp(config: TensorParallelConfig, data, mesh):
+    from tensor_parallel.training import tp_training
+
+    return tp_training(mesh.rank, config, data, mesh)
+
+
+def _describe_tp(c: TensorParallelConfig) -> str:
+    return (f"tensor parallel: tp={c.tp} sequence_parallel={c.sequence_parallel} block_types={c.block_types} "
+            f"device={c.device} backend={c.backend} preset={c.preset} batch={c.batch_size}")
+
+
+def _build_3d(config: ThreeDConfig, data, mesh):
+    from three_d.training import three_d_training
+
+    return three_d_training(config, data, mesh)
+
+
+def _describe_3d(c: ThreeDConfig) -> str:
+    return (f"3d: dp={c.dp} pp={c.pp} tp={c.tp} schedule={c.schedule} micro_batches={c.micro_batches} "
+            f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
+
+
+def _build_cp(config: ContextParallelConfig, data, mesh):
+    from context_parallel.training import cp_training
+
+    return cp_training(mesh.rank, config, data, mesh)
+
+
+def _describe_cp(c: ContextParallelConfig) -> str:
+    return (f"context parallel: dp={c.dp} cp={c.cp} attention={c.attention} layout={c.layout} "
+            f"seq_len={c.seq_len} device={c.device} backend={c.backend} preset={c.preset} "
+            f"batch={c.batch_size} sequences")
+
+
+def _build_moe(config: MoERunConfig, data, mesh):
+    from moe.training import moe_training
+
+    return moe_training(mesh.rank, config, data, mesh)
+
+
+def _describe_moe(c: MoERunConfig) -> str:
+    kind = "dense" if c.dense else f"{c.num_experts} experts, top-{c.top_k}, capacity factor " \
+                                   f"{c.capacity_factor or 'dropless'}"
+    return (f"mixture of experts: dp={c.dp} ep={c.ep} {kind} device={c.device} backend={c.backend} "
+            f"preset={c.preset} batch={c.batch_size}")
+
+
+PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes
+
+register(Mode("dp", DataParallelConfig, "run_data_parallel", _build_dp, _describe_dp, finish=_finish_dp,
+              modal="data"))
+register(Mode("pipeline", PipelineConfig, "run_pipeline", _build_pipeline, _describe_pipeline,
+              collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
+              run_in_process=_run_pipe))
+register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", _build_tp, _describe_tp, modal="tensor"))
+register(Mode("3d", ThreeDConfig, "run_3d", _build_3d, _describe_3d, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
+register(Mode("cp", ContextParallelConfig, "run_context_parallel", _build_cp, _describe_cp))
+register(Mode("moe", MoERunConfig, "run_moe", _build_moe, _describe_moe))

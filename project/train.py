@@ -1,0 +1,98 @@
+"""One entry point for every training mode of the course (the registry :data:`project.modes.MODES`).
+
+    python project/train.py --mode dp --dp 2                         # = python project/run_data_parallel.py --dp 2
+    python project/train.py --mode pipeline --model_parallel_mode 1f1b --pp 2 --micro_batches 4
+    python project/train.py --mode tp --tp 2 --sequence_parallel
+    python project/train.py --mode 3d --dp 1 --pp 4 --tp 2
+    python project/train.py --mode cp --cp 2 --attention ulysses
+    python project/train.py --mode moe --dp 2 --ep 2
+    python -m project.train --mode tp --help                         # that mode's options
+    torchrun --standalone --nproc_per_node=4 project/train.py --mode 3d --dp 1 --pp 2 --tp 2
+
+``--mode`` picks the mode; every other option is that mode's configuration's (``project/options``, the same as
+its documented command ``project/run_*.py``). The configuration is checked before any process starts (a
+missing or unknown mode, a bad option: a message and exit code 2). Then one worker
+(:func:`project.modes.train_worker`) runs on every rank — spawned here (gloo on the CPU, NCCL with one GPU each),
+or the rank torchrun started — builds the run's mesh from the configuration (``config.dims``), the data and the
+mode's training (``Mode.build``), and trains the epochs (:func:`course.epoch_runner.run_epochs`); a
+configuration that runs in this process (the one-process pipelines) runs here. The results files are the
+mode's (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``), summarised in a table at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from course.launch import RankFailure, launch  # noqa: E402
+from course.results import print_epoch_table  # noqa: E402
+from project.modes import MODES, mode_of, train_worker  # noqa: E402
+
+PROG = "train.py"
+
+
+def run(config, *, launch) -> int:
+    """Run a checked configuration of a registered mode (:func:`project.modes.mode_of`): print what runs, start
+    its ranks with ``launch`` (:func:`course.launch.launch`: the callers pass the one their module imported,
+    looked up at the call, so that a test can replace it there) or run it in this process, and print the table of
+    its results.
+
+    Returns:
+        0, or 1 when a rank failed (its error on stderr).
+    """
+    mode = mode_of(config)
+    print(mode.describe(config), flush=True)
+    if mode.runs_in_process(config):
+        mode.run_in_process(config)
+    else:
+        timeout = {} if mode.collective_timeout is None else {"collective_timeout": mode.collective_timeout}
+        try:
+            launch(train_worker, config.world_size, mode.name, config, device=config.device, backend=config.backend,
+                   timeout=config.timeout, max_restarts=config.max_restarts, **timeout)
+        except RankFailure as exc:
+            print(f"run failed: {exc}", file=sys.stderr)
+            return 1
+    print_epoch_table(config.workdir, prefix=config.results_prefix, n_epochs=config.n_epochs)
+    return 0
+
+
+def _front_parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {m.name:<9} {m.config.description} (= {m.script_path})" for m in MODES.values())
+    parser = argparse.ArgumentParser(
+        prog=PROG, add_help=False, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train GPT-2 on Multi30k with one of the course's parallel modes.",
+        epilog=f"modes:\n{listing}\n\n{PROG} --mode MODE --help lists that mode's options.")
+    parser.add_argument("--mode", choices=tuple(MODES), help="the training mode")
+    parser.add_argument("-h", "--help", action="store_true", help="this message, or with --mode that mode's options")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None):
+    """The checked configuration of ``--mode NAME`` and that mode's options (``argv``; default ``sys.argv[1:]``).
+
+    Exits with code 2 and a message — a missing or unknown ``--mode`` (listing the modes), any option the mode's
+    configuration refuses (:meth:`course.config.RunConfig.from_command_line`) — before any process starts;
+    ``--help`` without a mode lists the modes, with one that mode's options (exit code 0).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    front = _front_parser()
+    known, rest = front.parse_known_args(argv)
+    if known.mode is None:
+        if known.help:
+            front.print_help()
+            sys.exit(0)
+        front.error(f"choose a training mode: --mode {{{','.join(MODES)}}} (then --help for its options)")
+    if known.help:
+        rest.append("--help")
+    return MODES[known.mode].config.from_command_line(rest, prog=f"{PROG} --mode {known.mode}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv), launch=launch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
