@@ -5,7 +5,8 @@
 * ``worker``, ``pipe`` — per-stage worker threads and ``Pipe`` (5.2.2)
 * ``gpt2``             — GPT-2 as a chain of stage-able layers, ``GPT2Pipeline`` (5.2.3)
 * ``schedules``, ``p2p``, ``stage_runner`` — GPipe and 1F1B action lists run across
-  processes with send/recv in the pipeline's group (5.2.4); ``gpt2_stages`` cuts GPT-2
+  processes with send/recv in the pipeline's group (5.2.4); the runner executes the actions,
+  ``stage_messages`` carries its messages, ``stage_measure`` times and counts its steps; ``gpt2_stages`` cuts GPT-2
   into per-process stages and sums the tied embedding gradient; interleaved 1F1B with
   several chunks per rank (5.2.5) and ZB-H1 with the backward split into B and W (5.2.6)
 * ``partition.linear_partition``, ``gpt2.gpt2_measured_balance`` — stages balanced by
