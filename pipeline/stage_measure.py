@@ -56,6 +56,18 @@ class StepResult:
     peak_activation_bytes: int = 0
     timer: str = ""
 
+    def timeline(self, stage: int, column: str) -> list[dict]:
+        """The events as a results file's timeline rows: ``{"stage", "kind", "micro_batch", "start", "end",
+        column}``, one per event, ``column`` ``"chunk"`` (from :attr:`event_chunks`) or ``"cpu_s"``
+        (:attr:`event_cpu_s`).
+
+        Raises:
+            KeyError: another ``column``.
+        """
+        values = {"chunk": self.event_chunks, "cpu_s": self.event_cpu_s}[column]
+        return [{"stage": stage, "kind": k, "micro_batch": i, "start": a, "end": b, column: v}
+                for (k, i, a, b), v in zip(self.events, values)]
+
 
 def common_clock_origin(device: torch.device, group=None) -> float:
     """The wall-clock time (:func:`course.measure.now`, seconds) of ``group``'s first rank, taken after

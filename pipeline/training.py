@@ -225,8 +225,7 @@ class StageTraining(PipelineMode):
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         if micro_batches == args.micro_batches or not self.timeline:
-            self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b, chunk=c)
-                             for (k, i, a, b), c in zip(result.events, result.event_chunks)]
+            self.timeline = result.timeline(runner.stage_index, "chunk")
         loss = sum(result.losses.values()) if runner.is_last else None
         return StepOutcome(loss, int(batch["attention_mask"].sum()))
 

@@ -229,8 +229,7 @@ class ThreeDTraining(TrainingMode):
         if step is not None:
             whole, = step.select("step")
             self.step_span = (whole.start - origin, whole.end - origin)
-            self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
-                             for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
+            self.timeline = result.timeline(self.mesh.stage, "cpu_s")
             self.comm_timeline = [dict(stage=self.mesh.stage, kind=c.args["kind"], group=c.args["group"],
                                        bytes=c.args["bytes"], start=c.start - origin, end=c.end - origin)
                                   for c in step.select("communication")]
