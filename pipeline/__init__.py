@@ -5,7 +5,10 @@
 * ``worker``, ``pipe`` — per-stage worker threads and ``Pipe`` (5.2.2)
 * ``gpt2``             — GPT-2 as a chain of stage-able layers, ``GPT2Pipeline`` (5.2.3)
 * ``schedules``, ``p2p``, ``stage_runner`` — GPipe and 1F1B action lists run across
-  processes with send/recv in the pipeline's group (5.2.4); ``gpt2_stages`` cuts GPT-2
+  processes with send/recv in the pipeline's group (5.2.4); the runner executes the actions,
+  ``stage_messages`` carries its messages, ``stage_measure`` times and counts its steps;
+  ``step`` — one training step of a stage (``pipeline_step``: the schedule, then the tied gradient
+  summed; the 3D step's core too) and the stages gathered back into one model (``gather_stages``); ``gpt2_stages`` cuts GPT-2
   into per-process stages and sums the tied embedding gradient; interleaved 1F1B with
   several chunks per rank (5.2.5) and ZB-H1 with the backward split into B and W (5.2.6)
 * ``partition.linear_partition``, ``gpt2.gpt2_measured_balance`` — stages balanced by
@@ -28,8 +31,9 @@ if torch_installed():  # without torch (modal run on a laptop) only the schedule
     from pipeline.partition import WithDevice, split_module
     from pipeline.pipe import Pipe
     from pipeline.stage_runner import StageRunner, StepResult
+    from pipeline.step import gather_stages, pipeline_step
 
 __all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
            "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
            "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "StageRunner",
-           "StepResult"]
+           "StepResult", "pipeline_step", "gather_stages"]

@@ -9,13 +9,10 @@ send/recv in the ``pp`` group (:mod:`pipeline.p2p`); a neighbour is addressed by
 global rank, ``dist.get_global_rank(pp_group, s ± 1)``.
 
 **When messages travel.** A step's :meth:`send` does not send at once, and :meth:`recv` does not
-wait: the runner gathers every rank's action list, lays them out on a common clock of unit steps
-(:func:`pipeline.metrics.communication_plan`) and, between actions, carries out the batches of
-that plan — every message leaves in one batch with the other messages of its step, and the rank
-that consumes it receives it in its batch of the same step. That lock-step is what makes the
-pipeline safe under NCCL's point-to-point rules (docs/architecture.md, "Point-to-point under
-NCCL's rules"); a send that posted at once, followed by a blocking receive from the same
-neighbour, would wait forever on GPUs where both neighbours do it. Gradients accumulate in the
+wait: the runner's messaging (:class:`pipeline.stage_messages.StageMessages`) carries every message
+in lock-step with the neighbour's, in the batches of a communication plan of every rank's action list
+— what makes the pipeline safe under NCCL's point-to-point rules (docs/architecture.md,
+"Point-to-point under NCCL's rules"). Gradients accumulate in the
 stage's parameters over the micro-batches, exactly as in single-process training of the
 same micro-batches, so the optimizer step after :meth:`run` is the same.
 
@@ -25,11 +22,9 @@ runner a list of ``v`` modules; chunk ``c`` of the rank at stage ``s`` is virtua
 Before each step the runner makes that chunk current: :attr:`stage`, :attr:`is_first`,
 :attr:`is_last` and :attr:`in_flight` then refer to it, and :meth:`send` / :meth:`recv`
 address the neighbouring *virtual* stage (stage ``s ± 1`` taken modulo ``p``: the last
-rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Messages are named by what consumes
-them — ``("F", i, s)``, the input of micro-batch ``i`` on virtual stage ``s``; ``("B", i, s)``, the
-gradient of that stage's output — and matched by their order in the plan's batches (NCCL has no
-tags), so the activations and gradients of several chunks that travel between the same two ranks
-cannot be mixed up.
+rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Messages name the virtual stage that
+consumes them (:mod:`pipeline.stage_messages`), so the activations and gradients of several chunks
+that travel between the same two ranks cannot be mixed up.
 
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
@@ -42,81 +37,26 @@ need the gradient of its output), so ``W`` costs about a whole backward here; to
 that. :meth:`run` raises if a weight gradient is still pending at its end: the
 optimizer step that follows would miss it.
 
-The runner also measures what the notebook draws: the start and end of every forward
-and backward (seconds since a common origin, :func:`common_clock_origin`; the time spent waiting
-for a neighbour is not inside these intervals), the micro-batches in flight (forwarded
-but not yet backwarded) and the bytes of activations saved for backward
-(:class:`course.saved_tensors.SavedTensorBytes`). Each forward, backward and weight-gradient step is
-one span of the course's event recorder (:mod:`course.trace`, row ``compute``): the runner's
-``StepResult.events`` are those spans on the origin's scale, and any active recorder gets them too.
-Reading the clock synchronises a GPU before and after every step, which costs the overlap of host and
-device: a runner built with ``timed=False`` (a training mode's, ``three_d.training``) reads it only
-while an event recorder is active — otherwise its steps run untimed and ``StepResult.events`` is empty.
+The runner is three parts: this module executes the action list; :mod:`pipeline.stage_messages`
+sends and receives in the pipeline's group; :mod:`pipeline.stage_measure` measures what the notebook
+draws (each step's span on a common clock, micro-batches in flight, saved activation bytes:
+:class:`StepResult`). A runner built with ``timed=False`` (a training mode's, ``three_d.training``) reads
+the clock only while an event recorder is active.
 
 Source: Narayanan et al. 2021, Megatron-LM, Sec. 2.2 (pipeline schedules) and 4.1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from course import trace
-from course.collectives import global_rank, group_rank, group_size
-from course.measure import cpu_seconds, now, timer_name
-from course.saved_tensors import SavedTensorBytes
-from pipeline.metrics import communication_plan
-from pipeline.p2p import exchange_tensors
+from course.collectives import group_rank, group_size
+from pipeline.stage_measure import StageMeter, StepResult, common_clock_origin
+from pipeline.stage_messages import StageMessages
 
-
-@dataclass
-class StepResult:
-    """What one :meth:`StageRunner.run` measured on one rank.
-
-    Attributes:
-        losses: ``{micro-batch: loss}`` (last stage only; float values of ``loss_fn``).
-        events: ``[(kind, micro-batch, start_s, end_s)]``, kind ``"F"``, ``"B"`` or ``"W"``,
-            seconds since the runner's common time origin (the spans the runner recorded,
-            :mod:`course.trace`); empty for a step run untimed (``StageRunner(timed=False)`` with no
-            recorder active).
-        event_chunks: the chunk of each event (all 0 with one chunk per rank).
-        event_cpu_s: the CPU seconds this process spent in each event (:func:`course.measure.cpu_seconds`,
-            all its threads): the event's cost without the time it waited for a core, which
-            :func:`pipeline.metrics.replay` uses to rebuild the timeline on dedicated cores.
-            On a GPU it counts only the host's share; use the events' wall time there.
-        peak_in_flight: most micro-batches forwarded and not yet backwarded at once.
-        peak_activation_bytes: most bytes of tensors saved for backward at once
-            (parameters excluded; counted by storage, the same measure on every device).
-        timer: the clock of ``events`` (:func:`course.measure.timer_name`).
-    """
-
-    losses: dict = field(default_factory=dict)
-    events: list = field(default_factory=list)
-    event_chunks: list = field(default_factory=list)
-    event_cpu_s: list = field(default_factory=list)
-    peak_in_flight: int = 0
-    peak_activation_bytes: int = 0
-    timer: str = ""
-
-
-def common_clock_origin(device: torch.device, group=None) -> float:
-    """The wall-clock time (:func:`course.measure.now`, seconds) of ``group``'s first rank, taken after
-    a barrier in ``group`` and broadcast to its ranks.
-
-    Every rank measures its events as ``now(device) - origin`` (the clock read after the device's
-    queued work has run, ``StepResult.timer``): on one machine all
-    processes read the same clock, so their timelines line up exactly; across nodes they
-    line up as well as the nodes' clocks are synchronised (NTP: about a millisecond).
-    """
-    if not dist.is_initialized():
-        return now(device)
-    dist.barrier(group=group)
-    origin = torch.tensor([now(device)], dtype=torch.float64, device=device)
-    dist.broadcast(origin, src=global_rank(group, 0), group=group)
-    return float(origin.item())
+__all__ = ["StageRunner", "StepResult", "common_clock_origin"]  # the last two live in pipeline.stage_measure
 
 
 class StageRunner:
@@ -149,7 +89,7 @@ class StageRunner:
 
     def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None,
                  timed: bool = True):
-        self.group, self.timed, self._timing = group, timed, timed
+        self.group = group
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         if not self.chunks:
             raise ValueError("a stage runner needs at least one chunk")
@@ -159,10 +99,23 @@ class StageRunner:
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
-        self._parameters = [p for c in self.chunks for p in c.parameters()]  # not activations
-        self._kind, self._micro = "F", None
-        self._plans: dict = {}
-        self.origin = common_clock_origin(self.device, group)
+        self.messages = StageMessages(group, self.device, self.stage_index, self.n_stages, self.n_chunks)
+        self.meter = StageMeter(self.device, [p for c in self.chunks for p in c.parameters()], self.n_chunks,
+                                timed, group=group)
+
+    @property
+    def timed(self) -> bool:
+        """Whether every step is timed (see the class's ``timed``); settable."""
+        return self.meter.timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self.meter.timed = value
+
+    @property
+    def origin(self) -> float:
+        """The common time origin of the recorded events (:func:`common_clock_origin`, seconds)."""
+        return self.meter.origin
 
     # ---- the current chunk ----------------------------------------------------------------
     @property
@@ -192,17 +145,7 @@ class StageRunner:
         """The current chunk's ``{micro-batch: (input, output)}`` forwarded and not yet backwarded."""
         return self._in_flight[self.chunk or 0]
 
-    # ---- helpers the steps call -------------------------------------------------------
-    def _neighbour(self, stage: int, direction: str) -> int:
-        """The virtual stage that ``stage`` names for the current action; checks it is the right neighbour."""
-        step = 1 if (self._kind == "F") == (direction == "send") else -1
-        expected = self.stage_index + step
-        if stage % self.n_stages != expected % self.n_stages:
-            verb = "sends to" if direction == "send" else "receives from"
-            raise ValueError(f"in a {'forward' if self._kind == 'F' else 'backward'}, stage {self.stage_index} "
-                             f"{verb} stage {expected}, not {stage}")
-        return self.virtual_stage + step
-
+    # ---- messaging (pipeline.stage_messages) ----------------------------------------------
     def send(self, tensor: torch.Tensor, stage: int) -> None:
         """Hand ``tensor`` over to the rank of stage ``stage``: ``stage_index + 1`` in a forward (to the
         next virtual stage), ``stage_index - 1`` in a backward (to the previous one), taken modulo ``p``.
@@ -214,19 +157,7 @@ class StageRunner:
             ValueError: ``tensor`` is None; ``stage`` is not the neighbour the action sends to; nothing
                 follows (the last virtual stage sends nothing forward, the first nothing back).
         """
-        if tensor is None:  # the usual cause: the received activation was not made to require grad
-            raise ValueError(f"stage {self.stage_index} was asked to send None to stage {stage}: in a backward this is "
-                             "the input's .grad, which stays None when the activation received in the forward was "
-                             "not made to require grad — call .requires_grad_() on what recv() returns (see recv)")
-        target = self._neighbour(stage, "send")
-        if not 0 <= target < self.n_chunks * self.n_stages:
-            raise ValueError(f"virtual stage {self.virtual_stage} is the {'last' if self._kind == 'F' else 'first'} "
-                             f"one: its {'forward' if self._kind == 'F' else 'backward'} sends nothing")
-        message = (self._kind, self._micro, target)
-        if target % self.n_stages == self.stage_index:  # the next chunk is on this rank: no communication
-            self._mailbox[message] = tensor.detach()
-        else:
-            self._outbox[message] = tensor
+        self.messages.post(tensor, stage)
 
     def recv(self, stage: int) -> torch.Tensor:
         """The tensor the rank of stage ``stage`` (modulo ``p``) handed over for the current action, on this
@@ -240,41 +171,20 @@ class StageRunner:
             ValueError: ``stage`` is not the neighbour the action receives from, or nothing comes (the
                 first virtual stage receives no input, the last no gradient).
         """
-        self._neighbour(stage, "recv")
-        message = (self._kind, self._micro, self.virtual_stage)
-        if message not in self._mailbox:
-            raise ValueError(f"nothing comes to virtual stage {self.virtual_stage} for {self._kind}{self._micro}: the "
-                             f"{'first' if self._kind == 'F' else 'last'} virtual stage "
-                             f"{'takes its input from the data' if self._kind == 'F' else 'starts from its loss'}")
-        return self._mailbox.pop(message)
+        return self.messages.take(stage)
 
-    def _communicate(self, ops: list[tuple]) -> None:
-        """Carry out one batch of the plan: send what this rank's actions handed over, receive what comes."""
-        sends, sources, names = [], [], []
-        for kind, peer, message in ops:
-            if kind == "send":
-                if message not in self._outbox:
-                    what = "output" if message[0] == "F" else "input's gradient"
-                    raise ValueError(f"{'F' if message[0] == 'F' else 'B'}{message[1]} of this rank should have sent "
-                                     f"its {what} to virtual stage {message[2]} (call send() in the step)")
-                sends.append((self._outbox.pop(message), global_rank(self.group, peer)))
-            else:
-                sources.append(global_rank(self.group, peer))
-                names.append(message)
-        for message, tensor in zip(names, exchange_tensors(sends, sources, self.device, self.group)):
-            self._mailbox[message] = tensor
-
+    # ---- executing ----------------------------------------------------------------------
     def compute_forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """The stage's forward of micro-batch ``i`` (timed); on the last stage, its loss instead."""
-        start = self._start_timer()
-        with SavedTensorBytes(exclude=self._parameters) as saved:  # course.saved_tensors: by storage
+        start = self.meter.start_timer()
+        with self.meter.saved_tensors() as saved:  # course.saved_tensors: by storage, parameters excluded
             y = self.stage(x)
             if self.is_last:
                 y = self.loss_fn(y, self.targets[i])
         self._record("F", i, start)
         if self.is_last:
             self.result.losses[i] = y.detach()  # made floats at the end of run(): no host sync per micro-batch
-        self._activation_bytes[(self.chunk, i)] = saved.activation_bytes
+        self.meter.hold((self.chunk, i), saved.activation_bytes)
         self._inputs[(self.chunk, i)] = x
         return y
 
@@ -285,13 +195,13 @@ class StageRunner:
         gradient: :meth:`compute_input_grad`; the weights wait for :meth:`backward_weight_step`."""
         key = (self.chunk, i)
         x = self._inputs.pop(key)
-        start = self._start_timer()
+        start = self.meter.start_timer()
         if self._split:
             self.compute_input_grad(x, y, grad)
             self._deferred[key] = (y, grad)
         else:
             torch.autograd.backward(y, grad)
-            self._activation_bytes.pop(key, None)
+            self.meter.release(key)
         self._record("B", i, start)
 
     def compute_input_grad(self, x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor | None) -> None:
@@ -314,33 +224,17 @@ class StageRunner:
         key = (self.chunk, i)
         if key not in self._deferred:
             raise ValueError(f"W of micro-batch {i} (chunk {self.chunk}) before its B")
-        start = self._start_timer()
+        start = self.meter.start_timer()
         # BEGIN ASSIGN5_2_6
         y, grad = self._deferred.pop(key)
         params = [p for p in self.stage.parameters() if p.requires_grad]
         torch.autograd.backward(y, grad, inputs=params)
         # END ASSIGN5_2_6
         self._record("W", i, start)
-        self._activation_bytes.pop(key, None)
-
-    def _start_timer(self) -> float | None:
-        """The clock at the start of a step, or None if this step is not timed (no clock read, nothing waited for)."""
-        if not self._timing:
-            return None
-        start = now(self.device)  # course.measure: on a GPU, after the work queued before has run
-        self._cpu_start = cpu_seconds()
-        return start
+        self.meter.release(key)
 
     def _record(self, kind: str, i: int, start: float | None) -> None:
-        if start is None:  # untimed (see timed)
-            return
-        end = now(self.device)  # ... and after this event's kernels have run
-        chunk, cpu = self.chunk or 0, cpu_seconds() - self._cpu_start
-        span = trace.record(f"{kind}{i}" if self.n_chunks == 1 else f"{kind}{i}.{chunk}", "compute", start, end,
-                            kind=kind, micro_batch=i, chunk=chunk, stage=self.virtual_stage, cpu_s=cpu)
-        self.result.events.append((kind, i, span.start - self.origin, span.end - self.origin))
-        self.result.event_chunks.append(chunk)
-        self.result.event_cpu_s.append(cpu)
+        self.meter.record(kind, i, start, self.chunk or 0, self.virtual_stage)
 
     # ---- the two steps of a schedule ------------------------------------------------------
     def forward_step(self, i: int) -> None:
@@ -371,18 +265,6 @@ class StageRunner:
             self.send(x.grad, self.stage_index - 1)
         # END ASSIGN5_2_4
 
-    def _plan(self, actions: list[tuple]) -> dict:
-        """This rank's part of the communication plan of every rank's ``actions`` (gathered in the group)."""
-        if group_size(self.group) == 1:
-            everyone = [list(actions)]
-        else:
-            everyone = [None] * self.n_stages
-            dist.all_gather_object(everyone, list(actions), group=self.group)
-        key = tuple(tuple(map(tuple, a)) for a in everyone)
-        if key not in self._plans:
-            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone])}
-        return self._plans[key][self.stage_index]
-
     def run(self, actions: list[tuple], inputs: list | None = None,
             targets: list | None = None) -> StepResult:
         """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
@@ -408,13 +290,9 @@ class StageRunner:
         self._inputs: dict = {}
         self._deferred: dict = {}
         self._split = any(a[0] == "W" for a in actions)
-        self._activation_bytes: dict = {}
-        self._outbox: dict = {}
-        self._mailbox: dict = {}
-        self._micro = None
-        self.result = StepResult(timer=timer_name(self.device))
-        self._timing = self.timed or trace.active()  # the same for every action of the step
-        plan = self._plan(actions)
+        self.messages.start()
+        self.result = self.meter.start()  # timed or not: the same for every action of the step
+        plan = self.messages.plan(actions)
         batches = sorted(plan["batches"].items())
         try:
             for action, step in zip(actions, plan["steps"]):
@@ -423,8 +301,9 @@ class StageRunner:
                 if not 0 <= chunk < self.n_chunks:
                     raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.n_chunks}")
                 while batches and batches[0][0] < step:  # what earlier steps hand over, before this action
-                    self._communicate(batches.pop(0)[1])
-                self.chunk, self._kind, self._micro = chunk, kind, i
+                    self.messages.communicate(batches.pop(0)[1])
+                self.chunk = chunk
+                self.messages.at(kind, i, self.virtual_stage)
                 if kind == "F":
                     self.forward_step(i)
                 elif kind == "B":
@@ -433,19 +312,15 @@ class StageRunner:
                     self.backward_weight_step(i)
                 else:
                     raise ValueError(f"unknown action {kind!r} (use 'F', 'B' or 'W')")
-                live = sum(len(d) for d in self._in_flight) + len(self._deferred)
-                self.result.peak_in_flight = max(self.result.peak_in_flight, live)
-                self.result.peak_activation_bytes = max(self.result.peak_activation_bytes,
-                                                        sum(self._activation_bytes.values()))
+                self.meter.count(sum(len(d) for d in self._in_flight) + len(self._deferred))
             self.chunk = None
             for _, ops in batches:
-                self._communicate(ops)
+                self.messages.communicate(ops)
         finally:
             self.chunk = None
-        self.result.losses = {i: float(loss) for i, loss in self.result.losses.items()}
+        self.meter.finish()
         if self._deferred:
             raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "
                              "every W must run within the step, before the optimizer step")
-        if self._outbox:
-            raise ValueError(f"messages {sorted(self._outbox)} were sent but no step of the plan carries them")
+        self.messages.check_delivered()
         return self.result

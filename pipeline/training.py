@@ -31,11 +31,16 @@ from torch.utils.data import DataLoader
 from course import trace
 from course.collectives import global_rank
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
+from course.launch import context
 from course.loss import count_target_tokens, lm_loss
+from course.mesh import Mesh
 from course.model import parameter_fingerprint
 from course.task import build_model, prepare_data, worker_env_quiet
-
-from pipeline.schedules import SCHEDULES  # noqa: E402
+from pipeline.gpt2 import GPT2Pipeline, gpt2_measured_balance, stage_devices
+from pipeline.gpt2_stages import TiedGradients, gpt2_chunks, gpt2_stage, named_stage_parameters
+from pipeline.schedules import SCHEDULES, micro_batches_per_round
+from pipeline.stage_runner import StageRunner
+from pipeline.step import gather_stages, pipeline_step
 
 MULTIPROCESS_MODES = tuple(SCHEDULES)  # one process per stage, running that schedule
 SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
@@ -155,8 +160,6 @@ def run_single_process(args) -> list[str]:
 
 
 def _run_single_process(args) -> list[str]:
-    from pipeline.gpt2 import GPT2Pipeline, stage_devices
-
     worker_env_quiet()
     threads = cpu_threads_per_stage(args)
     torch.manual_seed(args.seed)
@@ -182,9 +185,6 @@ class StageTraining(PipelineMode):
     """
 
     def __init__(self, args, data, device, mesh, model, stage, tied):
-        from pipeline.gpt2_stages import TiedGradients
-        from pipeline.stage_runner import StageRunner
-
         super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          show_progress=mesh.is_last_stage)
         self.mesh, self.model, self.stage, self.tied = mesh, model, stage, tied
@@ -209,8 +209,6 @@ class StageTraining(PipelineMode):
         return super().training(epoch)
 
     def train_step(self, batch: dict) -> StepOutcome:
-        from pipeline.schedules import schedule_actions
-
         args, runner = self.args, self.runner
         inputs = list(batch["input_ids"].split(micro_batch_size(args)))
         micro_batches = len(inputs)
@@ -222,17 +220,12 @@ class StageTraining(PipelineMode):
             labels = list(batch["labels"].tensor_split(micro_batches))
         n_target = max(1, count_target_tokens(batch["labels"]))
         targets = [(t.to(self.device), n_target) for t in labels] if runner.is_last else None
-        self.optimizer.zero_grad(set_to_none=True)
-        actions = schedule_actions(self.mode, runner.stage_index, runner.n_stages, micro_batches, runner.n_chunks)
-        result = runner.run(actions,
-                            inputs if runner.is_first else None, targets)
-        self.sync_tied(self.tied)
+        result = pipeline_step(runner, self.mode, micro_batches, inputs, targets, lambda: self.sync_tied(self.tied))
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
         if micro_batches == args.micro_batches or not self.timeline:
-            self.timeline = [dict(stage=runner.stage_index, kind=k, micro_batch=i, start=a, end=b, chunk=c)
-                             for (k, i, a, b), c in zip(result.events, result.event_chunks)]
+            self.timeline = result.timeline(runner.stage_index, "chunk")
         loss = sum(result.losses.values()) if runner.is_last else None
         return StepOutcome(loss, int(batch["attention_mask"].sum()))
 
@@ -245,16 +238,7 @@ class StageTraining(PipelineMode):
     def gather_model(self):
         """Every stage's parameters gathered in the pp group into this rank's full GPT-2 (``self.model``,
         moved to the device); collective over pp. Returns the model."""
-        from pipeline.gpt2_stages import named_stage_parameters
-
-        pieces: list = [None] * self.runner.n_stages
-        dist.all_gather_object(pieces, {k: v.cpu() for k, v in named_stage_parameters(self.model, self.stage).items()},
-                               group=self.mesh.pp_group)
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for piece in pieces:
-                for name, value in piece.items():
-                    params[name].copy_(value)
+        gather_stages(self.model, named_stage_parameters(self.model, self.stage), self.mesh.pp_group)
         return self.model.to(self.device)
 
     def export_state(self) -> dict:
@@ -289,9 +273,6 @@ def run_stage_worker(rank: int, world_size: int, args) -> dict:
     Returns:
         ``{"results": [paths]}``.
     """
-    from course.launch import context
-    from course.mesh import Mesh
-
     worker_env_quiet()
     mesh = Mesh.build(pp=world_size)
     return {"results": run_epochs(stage_training(args, prepare_data(args), context().device, mesh))}
@@ -302,8 +283,6 @@ def stage_training(args, data, device, mesh) -> StageTraining:
     every rank), cut into this rank's stage (or ``args.virtual_stages`` chunks for a schedule that takes
     them), placed by layer count or, with ``args.balance == "auto"``, by measured cost. What
     :func:`run_stage_worker` trains; the parity harness (``project/parity.py``) steps it directly."""
-    from pipeline.gpt2_stages import gpt2_stage
-
     world_size = mesh.dims.pp
     model = build_model(args, data.tokenizer.vocab_size)
     n_virtual = args.virtual_stages
@@ -311,8 +290,6 @@ def stage_training(args, data, device, mesh) -> StageTraining:
     if args.balance == "auto":
         balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
     if SCHEDULES[args.model_parallel_mode].chunks:
-        from pipeline.gpt2_stages import gpt2_chunks
-
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_virtual, balance)
         stage = torch.nn.ModuleList(chunks)
     else:
@@ -326,8 +303,6 @@ def stage_training(args, data, device, mesh) -> StageTraining:
 def valid_interleaved_micro(n_stages: int, micro_batches: int) -> int:
     """The largest number of micro-batches ``<= micro_batches`` that interleaved 1F1B accepts
     (``micro_batches`` itself if valid)."""
-    from pipeline.schedules import micro_batches_per_round
-
     while micro_batches > 1:
         try:
             micro_batches_per_round(n_stages, micro_batches)
@@ -342,8 +317,6 @@ def measured_balance(args, data, model, device, mesh, n_parts: int) -> list[int]
     micro-batch of the first training batch (:func:`pipeline.gpt2.gpt2_measured_balance`), with
     this rank's threads. Every rank of the pp group measures at once, under the load of the run,
     and all get the partition of the per-layer medians."""
-    from pipeline.gpt2 import gpt2_measured_balance
-
     batch = next(iter(train_loader(data, args, 0)))
     sample = batch["input_ids"][:micro_batch_size(args)]
     model.to(device)

@@ -5,11 +5,13 @@ shard) and this dp rank's share of the global batch. One step:
 
 1. the global number of counted target tokens ``N`` (an all-reduce of the local counts in
    the dp group), so each micro-batch loss is ``sum of token losses / (N / dp)``;
-2. the pipeline schedule (``pipeline.one_f_one_b_actions`` or ``pipeline.gpipe_actions``)
-   run by a :class:`pipeline.StageRunner` over the **pp** group: activations go to the same
-   tp rank of the next stage; the stage's tensor-parallel all-reduces stay in its **tp** group;
+2. the pipeline's step (:func:`pipeline.pipeline_step`, the one the pipeline part trains with):
+   the schedule (``pipeline.one_f_one_b_actions`` or ``pipeline.gpipe_actions``) run by a
+   :class:`pipeline.StageRunner` over the **pp** group — activations go to the same tp rank of the
+   next stage; the stage's tensor-parallel all-reduces stay in its **tp** group — then
 3. the tied embedding / LM-head gradient summed between the first and the last stage, in
-   the **embedding** group (Narayanan et al. 2021, Sec. 4.1; Shoeybi et al. 2019);
+   the **embedding** group (Narayanan et al. 2021, Sec. 4.1; Shoeybi et al. 2019):
+   :func:`sum_tied_gradients`, handed to the pipeline's step;
 4. gradients averaged over the **dp** group only (the ranks that hold the same shard of the
    same layers: averaging over the world would mix different layers and shards);
 5. the global gradient norm ``sqrt(sum of squares)`` over the whole model, **each parameter
@@ -126,8 +128,6 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     if input_ids.size(0) % micro_batches:
         raise ValueError(f"--micro_batches {micro_batches} does not divide the per-dp-rank batch of "
                          f"{input_ids.size(0)} rows")
-    for p in stage.parameters():
-        p.grad = None
     dp = group_size(mesh.dp_group)
     # a count, on the host: it travels over the group's gloo back-end (docs/architecture.md, "Devices and back-ends")
     n_target = float(all_reduce(torch.tensor([float(count_targets(labels))], dtype=torch.float64, device="cpu"),
@@ -136,9 +136,9 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     micro = input_ids.size(0) // micro_batches
     inputs = list(input_ids.split(micro))
     targets = [(lab, denominator) for lab in labels.split(micro)]
-    actions = pipeline.schedule_actions(schedule, mesh.stage, mesh.dims.pp, micro_batches)
-    result = runner.run(actions, inputs if stage.is_first else None, targets if stage.is_last else None)
-    sum_tied_gradients(stage, mesh.embedding_group)
+    # the pipeline's step (pipeline.pipeline_step): the schedule over pp, then the tied gradient summed
+    result = pipeline.pipeline_step(runner, schedule, micro_batches, inputs, targets,
+                                    lambda: sum_tied_gradients(stage, mesh.embedding_group))
     average_over_dp(stage, mesh.dp_group)
     norm = global_grad_norm(stage, mesh.tp_group, mesh.pp_group, mesh.tp_rank)
     if max_norm is not None:

@@ -45,12 +45,15 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.utils.data import DataLoader, Subset
 
+import pipeline
 import tensor_parallel
 from course import trace
 from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode
+from course.launch import context
 from course.task import build_model
 from three_d.rank_setup import ThreeDRank, setup_rank
 from three_d.step import three_d_step
@@ -65,8 +68,6 @@ def checkpoint_layout(path) -> dict:
     Raises:
         ValueError: ``path`` is not a checkpoint of a 3D run.
     """
-    import torch.distributed.checkpoint as dcp
-
     layout = {LAYOUT_KEY: torch.zeros(3, dtype=torch.int64, device="cpu")}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
@@ -226,8 +227,7 @@ class ThreeDTraining(TrainingMode):
         if step is not None:
             whole, = step.select("step")
             self.step_span = (whole.start - origin, whole.end - origin)
-            self.timeline = [dict(stage=self.mesh.stage, kind=k, micro_batch=i, start=a, end=b, cpu_s=c)
-                             for (k, i, a, b), c in zip(result.events, result.event_cpu_s)]
+            self.timeline = result.timeline(self.mesh.stage, "cpu_s")
             self.comm_timeline = [dict(stage=self.mesh.stage, kind=c.args["kind"], group=c.args["group"],
                                        bytes=c.args["bytes"], start=c.start - origin, end=c.end - origin)
                                   for c in step.select("communication")]
@@ -251,15 +251,9 @@ class ThreeDTraining(TrainingMode):
         (:class:`tensor_parallel.TensorParallelGPT2`, the one the stage was cut from; moved to the device);
         collective over pp. Returns it."""
         full = self.stage.full_model
-        pieces: list = [None] * self.mesh.dims.pp
-        mine = {name: p.detach().cpu() for name, p in self.stage.named_parameters()}
-        dist.all_gather_object(pieces, mine, group=self.mesh.pp_group)
-        params = dict(full.named_parameters())
-        with torch.no_grad():
-            for piece in pieces:
-                for name, value in piece.items():
-                    if name != "lm_head.weight":  # the tied copy: wte.weight (first stage) is the original
-                        params[name].copy_(value)
+        # the tied copy lm_head.weight is not copied: wte.weight (first stage) is the original
+        pieces = pipeline.gather_stages(full, dict(self.stage.named_parameters()), self.mesh.pp_group,
+                                        skip=("lm_head.weight",))
         head = pieces[-1].get("lm_head.weight")  # how far the tied copies drifted apart (0: kept equal)
         self.tied_difference = 0.0 if head is None else float((head - pieces[0]["wte.weight"]).abs().max())
         return full.to(self.device)
@@ -310,8 +304,6 @@ def three_d_training(args, data, mesh) -> ThreeDTraining:
     Raises:
         ValueError: a mesh of other sizes than ``args.dims``.
     """
-    from course.launch import context
-
     device = context().device
     ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device,
                         scatter_gather=args.scatter_gather, mesh=mesh)
