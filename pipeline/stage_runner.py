@@ -31,6 +31,14 @@ gradient of that stage's output — and matched by their order in the plan's bat
 tags), so the activations and gradients of several chunks that travel between the same two ranks
 cannot be mixed up.
 
+V placement (ZB-V, DualPipeV; :func:`pipeline.schedules.stage_of`): ``StageRunner(..., placement="v")``
+with two chunks per rank; chunk 0 of rank ``s`` is stage ``s``, chunk 1 stage ``2p - 1 - s``. The
+chain runs down the ranks and back up, so rank 0 holds both the first stage (the data) and the last
+(the loss), and the last rank hands stage ``p - 1``'s output to stage ``p`` inside itself. A
+``("BW", i, chunk)`` action is the whole backward (input and weights in one pass) in a list whose other
+backwards are split; a pair ``("F&B", forward, backward)`` runs as its forward, then its backward
+(:func:`pipeline.schedules.flatten_pairs`).
+
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
 ``torch.autograd.grad(output, input, grad, retain_graph=True)`` — the graph is kept — and
@@ -70,6 +78,7 @@ from course.measure import cpu_seconds, now, timer_name
 from course.saved_tensors import SavedTensorBytes
 from pipeline.metrics import communication_plan
 from pipeline.p2p import exchange_tensors
+from pipeline.schedules import flatten_pairs, rank_of, stage_of
 
 
 @dataclass
@@ -131,6 +140,9 @@ class StageRunner:
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
         group: the pipeline's process group (the mesh's ``pp`` group); None: the world.
             This rank's stage is its rank in ``group``, the number of stages its size.
+        placement: where the chunks sit in the chain of stages (:func:`pipeline.schedules.stage_of`):
+            ``"loop"`` (chunk ``c`` is virtual stage ``c * p + stage_index``) or ``"v"`` (two chunks, stages
+            ``stage_index`` and ``2p - 1 - stage_index``).
         timed: time every step (:func:`course.measure.now`: on a GPU, synchronising the device before
             and after it) into ``StepResult.events``. False: only while an event recorder is active
             (:func:`course.trace.active`), so that training without ``--trace`` is not slowed down.
@@ -148,14 +160,19 @@ class StageRunner:
     """
 
     def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None,
-                 timed: bool = True):
+                 timed: bool = True, placement: str = "loop"):
         self.group, self.timed, self._timing = group, timed, timed
+        self.placement = placement
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         if not self.chunks:
             raise ValueError("a stage runner needs at least one chunk")
         self.n_chunks, self.chunk = len(self.chunks), None
         self.stage_index, self.n_stages = group_rank(group), group_size(group)
+        if placement == "v" and self.n_chunks != 2:
+            raise ValueError(f"the V placement runs two chunks per rank (stages r and 2p - 1 - r), got {self.n_chunks}; "
+                             "build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
         self.device = torch.device(device)
+        self._whole = False  # the current backward is a whole one ("BW") in a split list
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
@@ -172,8 +189,15 @@ class StageRunner:
 
     @property
     def virtual_stage(self) -> int:
-        """``chunk * p + stage_index``: the current chunk's place in the chain of ``v * p`` virtual stages."""
-        return (self.chunk or 0) * self.n_stages + self.stage_index
+        """The current chunk's place in the chain of ``v * p`` virtual stages: ``chunk * p + stage_index``, or
+        with the V placement :func:`pipeline.schedules.stage_of`."""
+        return stage_of(self.stage_index, self.chunk or 0, self.n_stages, self.placement)
+
+    @property
+    def last_rank(self) -> int:
+        """The rank (in the group) that holds the last virtual stage, where the loss is computed: ``p - 1``, or
+        0 with the V placement."""
+        return rank_of(self.n_chunks * self.n_stages - 1, self.n_stages, self.placement)
 
     @property
     def is_first(self) -> bool:
@@ -184,7 +208,7 @@ class StageRunner:
     @property
     def is_last(self) -> bool:
         if self.chunk is None:
-            return self.stage_index == self.n_stages - 1
+            return self.stage_index == self.last_rank
         return self.virtual_stage == self.n_chunks * self.n_stages - 1
 
     @property
@@ -223,7 +247,7 @@ class StageRunner:
             raise ValueError(f"virtual stage {self.virtual_stage} is the {'last' if self._kind == 'F' else 'first'} "
                              f"one: its {'forward' if self._kind == 'F' else 'backward'} sends nothing")
         message = (self._kind, self._micro, target)
-        if target % self.n_stages == self.stage_index:  # the next chunk is on this rank: no communication
+        if rank_of(target, self.n_stages, self.placement) == self.stage_index:  # the next chunk is on this rank
             self._mailbox[message] = tensor.detach()
         else:
             self._outbox[message] = tensor
@@ -286,13 +310,13 @@ class StageRunner:
         key = (self.chunk, i)
         x = self._inputs.pop(key)
         start = self._start_timer()
-        if self._split:
+        if self._split and not self._whole:
             self.compute_input_grad(x, y, grad)
             self._deferred[key] = (y, grad)
         else:
             torch.autograd.backward(y, grad)
             self._activation_bytes.pop(key, None)
-        self._record("B", i, start)
+        self._record("BW" if self._whole else "B", i, start)
 
     def compute_input_grad(self, x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor | None) -> None:
         """The gradient of ``y`` (the loss on the last stage, else the output, with ``grad`` its
@@ -380,7 +404,7 @@ class StageRunner:
             dist.all_gather_object(everyone, list(actions), group=self.group)
         key = tuple(tuple(map(tuple, a)) for a in everyone)
         if key not in self._plans:
-            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone])}
+            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone], self.placement)}
         return self._plans[key][self.stage_index]
 
     def run(self, actions: list[tuple], inputs: list | None = None,
@@ -388,7 +412,8 @@ class StageRunner:
         """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
 
         An action is ``(kind, micro-batch)`` or ``(kind, micro-batch, chunk)``; kind ``"F"``,
-        ``"B"`` or ``"W"`` (a list with ``W`` actions splits the backward, see the module docstring).
+        ``"B"``, ``"W"`` (a list with ``W`` actions splits the backward, see the module docstring) or ``"BW"``
+        (a whole backward in such a list); or a pair ``("F&B", forward, backward)``, run forward first.
 
         Args:
             inputs: first stage: the ``m`` micro-batch inputs (e.g. input_ids (mb, seq)).
@@ -400,6 +425,7 @@ class StageRunner:
             ValueError: an unknown action kind or chunk; the first stage without ``inputs``;
                 weight gradients (``W``) missing at the end of the list.
         """
+        actions = flatten_pairs(actions)  # a pair ("F&B", forward, backward) runs as its two actions
         self.chunk = None
         if self.is_first and inputs is None:
             raise ValueError("the first stage needs the micro-batch inputs")
@@ -424,15 +450,16 @@ class StageRunner:
                     raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.n_chunks}")
                 while batches and batches[0][0] < step:  # what earlier steps hand over, before this action
                     self._communicate(batches.pop(0)[1])
-                self.chunk, self._kind, self._micro = chunk, kind, i
+                self.chunk, self._kind, self._micro = chunk, ("B" if kind == "BW" else kind), i
+                self._whole = kind == "BW"
                 if kind == "F":
                     self.forward_step(i)
-                elif kind == "B":
+                elif kind in ("B", "BW"):
                     self.backward_step(i)
                 elif kind == "W":
                     self.backward_weight_step(i)
                 else:
-                    raise ValueError(f"unknown action {kind!r} (use 'F', 'B' or 'W')")
+                    raise ValueError(f"unknown action {kind!r} (use 'F', 'B', 'BW' or 'W')")
                 live = sum(len(d) for d in self._in_flight) + len(self._deferred)
                 self.result.peak_in_flight = max(self.result.peak_in_flight, live)
                 self.result.peak_activation_bytes = max(self.result.peak_activation_bytes,
@@ -441,7 +468,7 @@ class StageRunner:
             for _, ops in batches:
                 self._communicate(ops)
         finally:
-            self.chunk = None
+            self.chunk, self._whole = None, False
         self.result.losses = {i: float(loss) for i, loss in self.result.losses.items()}
         if self._deferred:
             raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "
