@@ -59,18 +59,15 @@ def test_golden_lists_one_rank():
         ("B", 1, 1), ("W", 1, 1), ("B", 1, 0), ("W", 1, 0)]
 
 
-def test_v_placement():
-    for p in (1, 2, 3, 4):
-        for r in range(p):
-            assert [schedules.stage_of(r, c, p, "v") for c in (0, 1)] == [r, 2 * p - 1 - r]
-        assert [schedules.rank_of(s, p, "v") for s in range(2 * p)] == [*range(p), *reversed(range(p))]
-
-
 @pytest.mark.parametrize("schedule,p,m", [("dualpipev", 1, 2), ("dualpipev", 2, 4), ("dualpipev", 3, 7),
                                           ("dualpipev", 4, 8), ("dualpipev", 4, 11), ("zbv", 1, 1), ("zbv", 2, 3),
                                           ("zbv", 3, 8), ("zbv", 4, 5), ("zbv", 4, 9)])
 def test_lists_are_complete_and_ordered(schedule, p, m):
     lists = [GENERATORS[schedule](r, p, m) for r in range(p)]
+    # the V placement the lists run on (course code, pipeline.schedules.stage_of): rank r holds stages r, 2p - 1 - r
+    for r in range(p):
+        assert [schedules.stage_of(r, c, p, "v") for c in (0, 1)] == [r, 2 * p - 1 - r]
+    assert [schedules.rank_of(s, p, "v") for s in range(2 * p)] == [*range(p), *reversed(range(p))]
     for rank, actions in enumerate(lists):
         for action in actions:
             if action[0] == "F&B":
