@@ -69,7 +69,7 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
     norm and LM head; with ``p > 1`` the head gets its own copy of the tied weight, as in
     :func:`gpt2_stage`.
 
-    ``placement="v"`` (ZB-V, DualPipeV; :func:`pipeline.schedules.stage_of`): ``v = 2`` and chunk ``c`` is
+    ``placement="v"`` (ZB-V, DualPipeV; :func:`pipeline.placement.stage_of`): ``v = 2`` and chunk ``c`` is
     virtual stage ``r`` (c = 0) or ``2p - 1 - r`` (c = 1): rank 0 holds the embeddings *and* the head, which
     then keep sharing one weight, registered in both chunks (no copy, ``tied`` is None on every rank).
 
@@ -81,7 +81,7 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
         ValueError: ``virtual_stages`` < 1; more virtual stages than transformer blocks; a
             ``balance`` that does not have ``v * p`` positive entries summing to the layers.
     """
-    from pipeline.schedules import rank_of, stage_of
+    from pipeline.placement import rank_of, stage_of
 
     if virtual_stages < 1:
         raise ValueError(f"need at least one chunk per rank, got {virtual_stages}")

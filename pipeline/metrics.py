@@ -18,6 +18,7 @@ unit time slots for the idealised ones of :func:`simulate`).
 from __future__ import annotations
 
 from course.renames import renamed_keywords
+from pipeline.placement import flatten_pairs, rank_of, stage_of
 
 
 @renamed_keywords(n_micro="micro_batches")
@@ -37,8 +38,6 @@ def peak_in_flight(actions: list[tuple]) -> int:
     ``(kind, micro-batch)`` or, with virtual stages, ``(kind, micro-batch, chunk)`` (each (chunk,
     micro-batch) pair counts once; ``F`` makes it live, ``B`` — or a later ``W`` — ends it; a pair
     ``("F&B", forward, backward)`` counts as its two actions, forward first)."""
-    from pipeline.schedules import flatten_pairs
-
     live, peak = set(), 0
     for action in flatten_pairs(actions):
         key = (action[2] if len(action) > 2 else 0, action[1])
@@ -62,7 +61,7 @@ def simulate(actions: list[list[tuple[str, int]]], t_forward: float = 1.0, t_bac
         actions: ``actions[r]`` is rank r's list (e.g. from
             :func:`pipeline.schedules.all_actions`).
         t_forward, t_backward: duration of one forward / backward (a pair ``("F&B", ...)``: their sum).
-        placement: where the chunks sit (:func:`pipeline.schedules.stage_of`).
+        placement: where the chunks sit (:func:`pipeline.placement.stage_of`).
 
     Returns:
         ``events[r] = [(kind, i, start, end)]`` in the order of ``actions[r]``.
@@ -94,10 +93,8 @@ def _chain(actions: list[list[tuple]], placement: str = "loop"):
     action, the (kind, micro-batch, virtual stage) it waits for, or None)`` — ``F`` on ``s`` after
     ``F`` on ``s - 1``; ``B`` (or a whole backward ``BW``, named ``B`` in the dependencies) on ``s`` after
     ``B`` on ``s + 1`` (on the last virtual stage, after its own ``F``); ``W`` after its own ``B``. Chunk
-    ``c`` of rank ``r`` is virtual stage :func:`pipeline.schedules.stage_of` ``(r, c, p, placement)``
+    ``c`` of rank ``r`` is virtual stage :func:`pipeline.placement.stage_of` ``(r, c, p, placement)``
     (``c * p + r`` for ``"loop"``)."""
-    from pipeline.schedules import flatten_pairs, stage_of
-
     p = len(actions)
     n_virtual = p * (1 + max((a[2] for acts in actions for a in flatten_pairs(acts) if len(a) > 2), default=0))
 
@@ -121,7 +118,7 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
     stage ``s`` after ``F(i)`` on ``s - 1``; ``B`` on ``s`` after ``B(i)`` on ``s + 1`` (on the
     last virtual stage, after its own ``F(i)``); ``W`` after its own ``B(i)``. With ``v``
     chunks per rank, chunk ``c`` of rank ``r`` is virtual stage ``c * p + r`` (``placement="loop"``;
-    ``"v"``: see :func:`pipeline.schedules.stage_of`). A pair ``("F&B", forward, backward)`` (DualPipeV)
+    ``"v"``: see :func:`pipeline.placement.stage_of`). A pair ``("F&B", forward, backward)`` (DualPipeV)
     is one action: it starts once both its inputs exist and both its parts end together, its duration
     after it (DualPipe's ``F&B``, the two overlapped). A hand-over between ranks costs ``latency`` seconds
     (0: free, as in the theory; see :func:`handover_latencies` to measure it).
@@ -135,7 +132,7 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
     Args:
         actions: ``actions[r]``: rank r's ``(kind, micro-batch)`` or ``(kind, micro-batch, chunk)``.
         durations: ``durations[r][k]``: seconds of ``actions[r][k]``.
-        placement: where the chunks sit (:func:`pipeline.schedules.stage_of`).
+        placement: where the chunks sit (:func:`pipeline.placement.stage_of`).
 
     Returns:
         ``events[r] = [(kind, i, start, end)]`` in the order of ``actions[r]`` (a pair's event:
@@ -144,8 +141,6 @@ def replay(actions: list[list[tuple]], durations: list[list[float]], latency: fl
     Raises:
         ValueError: a rank's durations do not match its actions; the lists deadlock.
     """
-    from pipeline.schedules import rank_of
-
     p, dependency = _chain(actions, placement)
     if len(durations) != p or any(len(d) != len(a) for d, a in zip(durations, actions)):
         raise ValueError("durations[r] must give one duration per action of rank r")
@@ -231,8 +226,6 @@ def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]], pl
         actions, events: the ranks' action lists and the measured ``(kind, i, start, end)``
             events of one step, in the same order.
     """
-    from pipeline.schedules import rank_of
-
     p, dependency = _chain(actions, placement)
     end_of = {}
     for r in range(p):
@@ -265,7 +258,7 @@ def communication_plan(actions: list[list[tuple]], placement: str = "loop") -> l
     Args:
         actions: ``actions[r]``, rank r's list (same form as :func:`replay`; a pair ``("F&B", ...)`` is laid
             out as its two actions, forward first, the order a runner executes them in).
-        placement: where the chunks sit (:func:`pipeline.schedules.stage_of`); a hand-over between two
+        placement: where the chunks sit (:func:`pipeline.placement.stage_of`); a hand-over between two
             chunks of one rank (the bottom of a V) is no message.
 
     Returns:
@@ -276,8 +269,6 @@ def communication_plan(actions: list[list[tuple]], placement: str = "loop") -> l
     Raises:
         ValueError: the lists deadlock.
     """
-    from pipeline.schedules import flatten_pairs, rank_of
-
     actions = [flatten_pairs(acts) for acts in actions]
     p, dependency = _chain(actions, placement)
     n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))

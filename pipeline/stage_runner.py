@@ -31,13 +31,13 @@ gradient of that stage's output — and matched by their order in the plan's bat
 tags), so the activations and gradients of several chunks that travel between the same two ranks
 cannot be mixed up.
 
-V placement (ZB-V, DualPipeV; :func:`pipeline.schedules.stage_of`): ``StageRunner(..., placement="v")``
+V placement (ZB-V, DualPipeV; :func:`pipeline.placement.stage_of`): ``StageRunner(..., placement="v")``
 with two chunks per rank; chunk 0 of rank ``s`` is stage ``s``, chunk 1 stage ``2p - 1 - s``. The
 chain runs down the ranks and back up, so rank 0 holds both the first stage (the data) and the last
 (the loss), and the last rank hands stage ``p - 1``'s output to stage ``p`` inside itself. A
 ``("BW", i, chunk)`` action is the whole backward (input and weights in one pass) in a list whose other
 backwards are split; a pair ``("F&B", forward, backward)`` runs as its forward, then its backward
-(:func:`pipeline.schedules.flatten_pairs`).
+(:func:`pipeline.placement.flatten_pairs`).
 
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
@@ -78,7 +78,7 @@ from course.measure import cpu_seconds, now, timer_name
 from course.saved_tensors import SavedTensorBytes
 from pipeline.metrics import communication_plan
 from pipeline.p2p import exchange_tensors
-from pipeline.schedules import flatten_pairs, rank_of, stage_of
+from pipeline.placement import flatten_pairs, rank_of, stage_of
 
 
 @dataclass
@@ -140,7 +140,7 @@ class StageRunner:
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
         group: the pipeline's process group (the mesh's ``pp`` group); None: the world.
             This rank's stage is its rank in ``group``, the number of stages its size.
-        placement: where the chunks sit in the chain of stages (:func:`pipeline.schedules.stage_of`):
+        placement: where the chunks sit in the chain of stages (:func:`pipeline.placement.stage_of`):
             ``"loop"`` (chunk ``c`` is virtual stage ``c * p + stage_index``) or ``"v"`` (two chunks, stages
             ``stage_index`` and ``2p - 1 - stage_index``).
         timed: time every step (:func:`course.measure.now`: on a GPU, synchronising the device before
@@ -190,7 +190,7 @@ class StageRunner:
     @property
     def virtual_stage(self) -> int:
         """The current chunk's place in the chain of ``v * p`` virtual stages: ``chunk * p + stage_index``, or
-        with the V placement :func:`pipeline.schedules.stage_of`."""
+        with the V placement :func:`pipeline.placement.stage_of`."""
         return stage_of(self.stage_index, self.chunk or 0, self.n_stages, self.placement)
 
     @property
