@@ -59,7 +59,8 @@ def gpt2_stage(model, stage: int, n_stages: int,
 
 @renamed_keywords(n_chunks="virtual_stages")
 def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
-                balance: list[int] | None = None, placement: str = "loop") -> tuple[list[nn.Sequential], nn.Parameter | None]:
+                balance: list[int] | None = None,
+                placement: str = "loop") -> tuple[list[nn.Sequential], nn.Parameter | None]:
     """The ``virtual_stages`` model chunks of rank ``stage`` for interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2).
 
     The chain :func:`pipeline.gpt2.gpt2_layers` is cut into ``v * p`` contiguous virtual

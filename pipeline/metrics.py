@@ -236,7 +236,8 @@ def handover_latencies(actions: list[list[tuple]], events: list[list[tuple]], pl
         previous_end = None
         for action, event in zip(actions[r], events[r]):
             dep = dependency(action, r)[1]
-            if dep is not None and rank_of(dep[2], p, placement) != r and (previous_end is None or event[2] > previous_end):
+            waited = previous_end is None or event[2] > previous_end
+            if dep is not None and rank_of(dep[2], p, placement) != r and waited:
                 gaps.append(event[2] - end_of[dep])
             previous_end = event[3]
     return gaps

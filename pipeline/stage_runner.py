@@ -153,7 +153,8 @@ class StageRunner:
         chunks, n_chunks: this rank's modules and their number ``v``.
         chunk: the chunk of the action being run (None outside :meth:`run`).
         is_first, is_last: the current chunk is the first / last virtual stage; outside
-            :meth:`run`, this rank holds it (``s == 0``, ``s == p - 1``).
+            :meth:`run`, this rank holds it (``s == 0``; ``s == last_rank``: ``p - 1``, or 0 with the V placement).
+        placement, last_rank: where the chunks sit; the rank holding the last virtual stage (the loss).
 
     The constructor is collective in ``group`` (every stage must build its runner): it sets
     the common time origin of the recorded events (:func:`common_clock_origin`).
@@ -169,8 +170,8 @@ class StageRunner:
         self.n_chunks, self.chunk = len(self.chunks), None
         self.stage_index, self.n_stages = group_rank(group), group_size(group)
         if placement == "v" and self.n_chunks != 2:
-            raise ValueError(f"the V placement runs two chunks per rank (stages r and 2p - 1 - r), got {self.n_chunks}; "
-                             "build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
+            raise ValueError(f"the V placement runs two chunks per rank (stages r and 2p - 1 - r), got "
+                             f"{self.n_chunks}; build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
         self.device = torch.device(device)
         self._whole = False  # the current backward is a whole one ("BW") in a split list
         if self.is_last and loss_fn is None:
