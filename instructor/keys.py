@@ -49,6 +49,8 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_2_4", "multi-process pipeline with GPipe and 1F1B schedules", PP, 10, ("a5_2_3",)),  # rendezvous: GPT-2
     Key("a5_2_5", "interleaved 1F1B: virtual stages, Megatron's action order", PP, 10, ("a5_2_3", "a5_2_4")),
     Key("a5_2_6", "zero-bubble ZB-H1: backward split into input and weight gradients", PP, 10, ("a5_2_3", "a5_2_4")),
+    Key("a5_2_7", "V-shaped schedules: DualPipeV (paired forward and backward) and ZB-V", PP, 10,
+        ("a5_2_3", "a5_2_4", "a5_2_6")),
     Key("a5_3_1", "Megatron conjugate operators f and g, scatter/gather", TP, 10),
     Key("a5_3_2", "ColumnParallelLinear, RowParallelLinear", TP, 10, ("a5_3_1",)),
     Key("a5_3_3", "VocabParallelEmbedding and vocab-parallel cross-entropy", TP, 10, ("a5_3_1",)),

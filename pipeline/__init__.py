@@ -10,7 +10,9 @@
   ``step`` — one training step of a stage (``pipeline_step``: the schedule, then the tied gradient
   summed; the 3D step's core too) and the stages gathered back into one model (``gather_stages``); ``gpt2_stages`` cuts GPT-2
   into per-process stages and sums the tied embedding gradient; interleaved 1F1B with
-  several chunks per rank (5.2.5) and ZB-H1 with the backward split into B and W (5.2.6)
+  several chunks per rank (5.2.5) and ZB-H1 with the backward split into B and W (5.2.6);
+  the V-shaped ZB-V and DualPipeV (two stages per rank, ``stage_of``; DualPipeV pairs the forward of
+  one micro-batch with the backward of another) (5.2.7)
 * ``partition.linear_partition``, ``gpt2.gpt2_measured_balance`` — stages balanced by
   measured layer cost (``--balance auto``)
 * ``training``         — the training modes of ``project/run_pipeline.py``
@@ -23,8 +25,9 @@ See notebooks/02_pipeline_parallel.ipynb.
 from course.environment import torch_installed
 from pipeline.clock_cycles import clock_cycles
 from pipeline.metrics import bubble_fraction, peak_in_flight
-from pipeline.schedules import (SCHEDULES, Schedule, all_actions, get_schedule, gpipe_actions, interleaved_1f1b_actions,
-                                one_f_one_b_actions, schedule_actions, zb_h1_actions)
+from pipeline.schedules import (SCHEDULES, Schedule, all_actions, dualpipev_actions, flatten_pairs, get_schedule,
+                                gpipe_actions, interleaved_1f1b_actions, one_f_one_b_actions, rank_of, schedule_actions,
+                                stage_of, zb_h1_actions, zbv_actions)
 
 if torch_installed():  # without torch (modal run on a laptop) only the schedules' arithmetic above loads
     from pipeline.gpt2 import gpt2_balance
@@ -34,6 +37,7 @@ if torch_installed():  # without torch (modal run on a laptop) only the schedule
     from pipeline.step import gather_stages, pipeline_step
 
 __all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
-           "one_f_one_b_actions", "zb_h1_actions", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
+           "one_f_one_b_actions", "zb_h1_actions", "zbv_actions", "dualpipev_actions", "stage_of", "rank_of",
+           "flatten_pairs", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
            "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "StageRunner",
            "StepResult", "pipeline_step", "gather_stages"]

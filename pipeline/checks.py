@@ -78,3 +78,34 @@ def check_activation_ratio(answer) -> bool:
     return _report("GPipe / 1F1B activations on rank 0", answer,
                    peak_in_flight_formula("gpipe", 0, 4, 16) / peak_in_flight_formula("1f1b", 0, 4, 16),
                    "GPipe holds all m micro-batches when the backwards start; 1F1B's rank r holds at most p - r")
+
+
+def dualpipev_bubble_units(n_devices: int, f: float = 1.0, b: float = 1.0, w: float = 1.0,
+                           pair: float | None = None) -> float:
+    """The idle time per device of DualPipeV on ``n_devices`` ranks (DeepSeek-V3 technical report, Sec. 3.2.1,
+    Table 2; the DualPipe README's table for DualPipeV): ``(PP/2 - 1)(F&B + B - 3W)``, where *PP* is the number of
+    **stages**, ``2 x n_devices``; ``B`` is the whole backward ``b + w`` (``b``: input gradient) and ``F&B`` the
+    paired forward and backward (default ``f + b + w``: run one after the other, as this course's runner does).
+    Exact (the largest idle time of any rank in the replay, tests/pipeline/test_dualpipe.py) when ``f = b = w``."""
+    whole = b + w
+    pair = f + whole if pair is None else pair
+    return (n_devices - 1) * (pair + whole - 3 * w)
+
+
+def one_f_one_b_bubble_units(n_devices: int, f: float = 1.0, whole_backward: float = 2.0) -> float:
+    """1F1B's idle time per device on ``n_devices`` devices, one stage each: ``(PP - 1)(F + B)``."""
+    return (n_devices - 1) * (f + whole_backward)
+
+
+def check_dualpipev(bubble, one_f_one_b, activations) -> bool:
+    """Exercise 6: GPT-2 cut into PP = 8 stages. DualPipeV runs them on 4 devices (two stages each), 1F1B on 8.
+    With F, B (input gradient) and W of one unit each for a stage, the whole backward 2 and the pair F&B run as
+    F + the whole backward (3): (a) how many units does each DualPipeV device idle, (b) each 1F1B device, and
+    (c) how many stage-micro-batches of activations does a DualPipeV device hold at its peak?"""
+    ok = _report("DualPipeV idle units per device", bubble, dualpipev_bubble_units(4),
+                 "(PP/2 - 1)(F&B + B - 3W) with PP the number of stages (8), B the whole backward (2), F&B = 3")
+    ok &= _report("1F1B idle units per device", one_f_one_b, one_f_one_b_bubble_units(8),
+                  "(PP - 1)(F + B) on PP = 8 devices, B the whole backward (2)")
+    ok &= _report("DualPipeV peak activations per device", activations, 2 * 4 + 1,
+                  "PP + 1: the DualPipe README's table (stages, not devices); peak_in_flight of a rank's list")
+    return bool(ok)

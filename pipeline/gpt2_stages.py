@@ -59,7 +59,8 @@ def gpt2_stage(model, stage: int, n_stages: int,
 
 @renamed_keywords(n_chunks="virtual_stages")
 def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
-                balance: list[int] | None = None) -> tuple[list[nn.Sequential], nn.Parameter | None]:
+                balance: list[int] | None = None,
+                placement: str = "loop") -> tuple[list[nn.Sequential], nn.Parameter | None]:
     """The ``virtual_stages`` model chunks of rank ``stage`` for interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2).
 
     The chain :func:`pipeline.gpt2.gpt2_layers` is cut into ``v * p`` contiguous virtual
@@ -69,6 +70,10 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
     norm and LM head; with ``p > 1`` the head gets its own copy of the tied weight, as in
     :func:`gpt2_stage`.
 
+    ``placement="v"`` (ZB-V, DualPipeV; :func:`pipeline.placement.stage_of`): ``v = 2`` and chunk ``c`` is
+    virtual stage ``r`` (c = 0) or ``2p - 1 - r`` (c = 1): rank 0 holds the embeddings *and* the head, which
+    then keep sharing one weight, registered in both chunks (no copy, ``tied`` is None on every rank).
+
     Returns:
         ``(chunks, tied)``: this rank's ``v`` ``nn.Sequential`` chunks and its copy of the
         tied weight (vocab, n_embd) or None.
@@ -77,8 +82,12 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
         ValueError: ``virtual_stages`` < 1; more virtual stages than transformer blocks; a
             ``balance`` that does not have ``v * p`` positive entries summing to the layers.
     """
+    from pipeline.placement import rank_of, stage_of
+
     if virtual_stages < 1:
         raise ValueError(f"need at least one chunk per rank, got {virtual_stages}")
+    if placement == "v" and virtual_stages != 2:
+        raise ValueError(f"the V placement holds two chunks per rank, got virtual_stages={virtual_stages}")
     layers = list(gpt2_layers(model))
     n_virtual = virtual_stages * n_stages
     if balance is None:
@@ -88,10 +97,15 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
                          f"{len(layers)} layers in all")
     starts = [sum(balance[:k]) for k in range(n_virtual)]
     chunks = [nn.Sequential(*layers[starts[v]:starts[v] + balance[v]])
-              for v in (c * n_stages + stage for c in range(virtual_stages))]
+              for v in (stage_of(stage, c, n_stages, placement) for c in range(virtual_stages))]
     tied = None
     head = layers[-1]
-    if n_stages > 1 and isinstance(head, GPT2Head) and head.weight is None:
+    if placement == "v" and stage == 0 and isinstance(head, GPT2Head) and head.weight is None:
+        # rank 0 holds the embeddings (chunk 0) and the head (chunk 1): the head registers the one tied weight as
+        # its own parameter too, so that a split backward's W of chunk 1 (over chunk 1's parameters) takes the
+        # head's share of its gradient; the rank's optimizer sees it once (parameters are deduplicated)
+        head.weight, head._tied_head = head.head_weight(), None
+    if rank_of(n_virtual - 1, n_stages, placement) != 0 and isinstance(head, GPT2Head) and head.weight is None:
         if stage == 0:
             tied = layers[0].wte.weight
         elif stage == n_stages - 1:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from course.collectives import global_rank, group_size
 from pipeline.metrics import communication_plan
+from pipeline.placement import rank_of
 from pipeline.p2p import exchange_tensors
 
 
@@ -36,14 +37,16 @@ class StageMessages:
             this group's ranks; messages travel to their global ranks (:func:`course.collectives.global_rank`).
         device: this rank's device; received tensors are put there (NCCL: CUDA).
         stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
-        n_chunks: this rank's chunks ``v`` (virtual stages ``c * p + s``).
+        n_chunks: this rank's chunks ``v`` (virtual stages ``c * p + s``; with the V placement ``s`` and ``2p - 1 - s``).
+        placement: ``"loop"`` or ``"v"`` (:func:`pipeline.placement.stage_of`): which rank holds a virtual stage.
 
     Before each action the runner names it with :meth:`at`; :meth:`post` and :meth:`take` then address
     the neighbouring virtual stage of that action. :meth:`start` empties the boxes for a step.
     """
 
-    def __init__(self, group, device: torch.device, stage_index: int, n_stages: int, n_chunks: int):
-        self.group, self.device = group, device
+    def __init__(self, group, device: torch.device, stage_index: int, n_stages: int, n_chunks: int,
+                 placement: str = "loop"):
+        self.group, self.device, self.placement = group, device, placement
         self.stage_index, self.n_stages, self.n_chunks = stage_index, n_stages, n_chunks
         self._plans: dict = {}
         self.start()
@@ -85,7 +88,7 @@ class StageMessages:
             raise ValueError(f"virtual stage {self.virtual_stage} is the {'last' if self._kind == 'F' else 'first'} "
                              f"one: its {'forward' if self._kind == 'F' else 'backward'} sends nothing")
         message = (self._kind, self._micro, target)
-        if target % self.n_stages == self.stage_index:  # the next chunk is on this rank: no communication
+        if rank_of(target, self.n_stages, self.placement) == self.stage_index:  # the next chunk is on this rank: no communication
             self._mailbox[message] = tensor.detach()
         else:
             self._outbox[message] = tensor
@@ -136,7 +139,7 @@ class StageMessages:
             dist.all_gather_object(everyone, list(actions), group=self.group)
         key = tuple(tuple(map(tuple, a)) for a in everyone)
         if key not in self._plans:
-            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone])}
+            self._plans = {key: communication_plan([list(map(tuple, a)) for a in everyone], self.placement)}
         return self._plans[key][self.stage_index]
 
     def check_delivered(self) -> None:

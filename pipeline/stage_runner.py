@@ -26,6 +26,14 @@ rank's chunk ``c`` feeds the first rank's chunk ``c + 1``). Messages name the vi
 consumes them (:mod:`pipeline.stage_messages`), so the activations and gradients of several chunks
 that travel between the same two ranks cannot be mixed up.
 
+V placement (ZB-V, DualPipeV; :func:`pipeline.placement.stage_of`): ``StageRunner(..., placement="v")``
+with two chunks per rank; chunk 0 of rank ``s`` is stage ``s``, chunk 1 stage ``2p - 1 - s``. The
+chain runs down the ranks and back up, so rank 0 holds both the first stage (the data) and the last
+(the loss), and the last rank hands stage ``p - 1``'s output to stage ``p`` inside itself. A
+``("BW", i, chunk)`` action is the whole backward (input and weights in one pass) in a list whose other
+backwards are split; a pair ``("F&B", forward, backward)`` runs as its forward, then its backward
+(:func:`pipeline.placement.flatten_pairs`).
+
 Split backward (ZB-H1, Qi et al. 2024, Sec. 2): if an action list contains ``("W", i)``
 actions, ``("B", i)`` computes only the gradient with respect to the stage's input,
 ``torch.autograd.grad(output, input, grad, retain_graph=True)`` — the graph is kept — and
@@ -55,6 +63,7 @@ from torch import nn
 from course.collectives import group_rank, group_size
 from pipeline.stage_measure import StageMeter, StepResult, common_clock_origin
 from pipeline.stage_messages import StageMessages
+from pipeline.placement import flatten_pairs, rank_of, stage_of
 
 __all__ = ["StageRunner", "StepResult", "common_clock_origin"]  # the last two live in pipeline.stage_measure
 
@@ -71,6 +80,9 @@ class StageRunner:
             share of the batch loss (e.g. its mean loss divided by the number of micro-batches).
         group: the pipeline's process group (the mesh's ``pp`` group); None: the world.
             This rank's stage is its rank in ``group``, the number of stages its size.
+        placement: where the chunks sit in the chain of stages (:func:`pipeline.placement.stage_of`):
+            ``"loop"`` (chunk ``c`` is virtual stage ``c * p + stage_index``) or ``"v"`` (two chunks, stages
+            ``stage_index`` and ``2p - 1 - stage_index``).
         timed: time every step (:func:`course.measure.now`: on a GPU, synchronising the device before
             and after it) into ``StepResult.events``. False: only while an event recorder is active
             (:func:`course.trace.active`), so that training without ``--trace`` is not slowed down.
@@ -81,25 +93,31 @@ class StageRunner:
         chunks, n_chunks: this rank's modules and their number ``v``.
         chunk: the chunk of the action being run (None outside :meth:`run`).
         is_first, is_last: the current chunk is the first / last virtual stage; outside
-            :meth:`run`, this rank holds it (``s == 0``, ``s == p - 1``).
+            :meth:`run`, this rank holds it (``s == 0``; ``s == last_rank``: ``p - 1``, or 0 with the V placement).
+        placement, last_rank: where the chunks sit; the rank holding the last virtual stage (the loss).
 
     The constructor is collective in ``group`` (every stage must build its runner): it sets
     the common time origin of the recorded events (:func:`common_clock_origin`).
     """
 
     def __init__(self, stage: nn.Module, device: torch.device, loss_fn: Callable | None = None, group=None,
-                 timed: bool = True):
+                 timed: bool = True, placement: str = "loop"):
         self.group = group
+        self.placement = placement
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         if not self.chunks:
             raise ValueError("a stage runner needs at least one chunk")
         self.n_chunks, self.chunk = len(self.chunks), None
         self.stage_index, self.n_stages = group_rank(group), group_size(group)
+        if placement == "v" and self.n_chunks != 2:
+            raise ValueError(f"the V placement runs two chunks per rank (stages r and 2p - 1 - r), got "
+                             f"{self.n_chunks}; build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
         self.device = torch.device(device)
+        self._whole = False  # the current backward is a whole one ("BW") in a split list
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
-        self.messages = StageMessages(group, self.device, self.stage_index, self.n_stages, self.n_chunks)
+        self.messages = StageMessages(group, self.device, self.stage_index, self.n_stages, self.n_chunks, placement)
         self.meter = StageMeter(self.device, [p for c in self.chunks for p in c.parameters()], self.n_chunks,
                                 timed, group=group)
 
@@ -125,8 +143,15 @@ class StageRunner:
 
     @property
     def virtual_stage(self) -> int:
-        """``chunk * p + stage_index``: the current chunk's place in the chain of ``v * p`` virtual stages."""
-        return (self.chunk or 0) * self.n_stages + self.stage_index
+        """The current chunk's place in the chain of ``v * p`` virtual stages: ``chunk * p + stage_index``, or
+        with the V placement :func:`pipeline.placement.stage_of`."""
+        return stage_of(self.stage_index, self.chunk or 0, self.n_stages, self.placement)
+
+    @property
+    def last_rank(self) -> int:
+        """The rank (in the group) that holds the last virtual stage, where the loss is computed: ``p - 1``, or
+        0 with the V placement."""
+        return rank_of(self.n_chunks * self.n_stages - 1, self.n_stages, self.placement)
 
     @property
     def is_first(self) -> bool:
@@ -137,7 +162,7 @@ class StageRunner:
     @property
     def is_last(self) -> bool:
         if self.chunk is None:
-            return self.stage_index == self.n_stages - 1
+            return self.stage_index == self.last_rank
         return self.virtual_stage == self.n_chunks * self.n_stages - 1
 
     @property
@@ -196,13 +221,13 @@ class StageRunner:
         key = (self.chunk, i)
         x = self._inputs.pop(key)
         start = self.meter.start_timer()
-        if self._split:
+        if self._split and not self._whole:
             self.compute_input_grad(x, y, grad)
             self._deferred[key] = (y, grad)
         else:
             torch.autograd.backward(y, grad)
             self.meter.release(key)
-        self._record("B", i, start)
+        self._record("BW" if self._whole else "B", i, start)
 
     def compute_input_grad(self, x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor | None) -> None:
         """The gradient of ``y`` (the loss on the last stage, else the output, with ``grad`` its
@@ -270,7 +295,8 @@ class StageRunner:
         """Run ``actions`` (e.g. ``one_f_one_b_actions(stage_index, p, m)``) for one batch.
 
         An action is ``(kind, micro-batch)`` or ``(kind, micro-batch, chunk)``; kind ``"F"``,
-        ``"B"`` or ``"W"`` (a list with ``W`` actions splits the backward, see the module docstring).
+        ``"B"``, ``"W"`` (a list with ``W`` actions splits the backward, see the module docstring) or ``"BW"``
+        (a whole backward in such a list); or a pair ``("F&B", forward, backward)``, run forward first.
 
         Args:
             inputs: first stage: the ``m`` micro-batch inputs (e.g. input_ids (mb, seq)).
@@ -282,6 +308,7 @@ class StageRunner:
             ValueError: an unknown action kind or chunk; the first stage without ``inputs``;
                 weight gradients (``W``) missing at the end of the list.
         """
+        actions = flatten_pairs(actions)  # a pair ("F&B", forward, backward) runs as its two actions
         self.chunk = None
         if self.is_first and inputs is None:
             raise ValueError("the first stage needs the micro-batch inputs")
@@ -303,21 +330,22 @@ class StageRunner:
                 while batches and batches[0][0] < step:  # what earlier steps hand over, before this action
                     self.messages.communicate(batches.pop(0)[1])
                 self.chunk = chunk
-                self.messages.at(kind, i, self.virtual_stage)
+                self.messages.at("B" if kind == "BW" else kind, i, self.virtual_stage)
+                self._whole = kind == "BW"
                 if kind == "F":
                     self.forward_step(i)
-                elif kind == "B":
+                elif kind in ("B", "BW"):
                     self.backward_step(i)
                 elif kind == "W":
                     self.backward_weight_step(i)
                 else:
-                    raise ValueError(f"unknown action {kind!r} (use 'F', 'B' or 'W')")
+                    raise ValueError(f"unknown action {kind!r} (use 'F', 'B', 'BW' or 'W')")
                 self.meter.count(sum(len(d) for d in self._in_flight) + len(self._deferred))
             self.chunk = None
             for _, ops in batches:
                 self.messages.communicate(ops)
         finally:
-            self.chunk = None
+            self.chunk, self._whole = None, False
         self.meter.finish()
         if self._deferred:
             raise ValueError(f"the weight gradients (W) of {sorted(self._deferred)} (chunk, micro-batch) never ran: "

@@ -8,7 +8,7 @@ Modes (``--model_parallel_mode``):
 * ``pipeline_parallel`` — the same stages, the batch cut into ``--micro_batches`` micro-batches
   that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
   thread per stage. One process.
-* a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``:
+* a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
   :data:`pipeline.schedules.SCHEDULES`) — one process per stage, activations and gradients sent
   between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
   the schedule (:mod:`pipeline.stage_runner`). :func:`run_stage_worker` runs on every rank.
@@ -192,7 +192,8 @@ class StageTraining(PipelineMode):
         self.sync_tied = TiedGradients(mesh.embedding_group)
         self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
         self.runner = StageRunner(stage, device, group=mesh.pp_group,
-                                  loss_fn=lambda logits, t: lm_loss(logits, t[0], reduction="sum") / t[1])
+                                  loss_fn=lambda logits, t: lm_loss(logits, t[0], reduction="sum") / t[1],
+                                  placement=SCHEDULES[self.mode].placement)
 
     def train_mode(self):
         self.stage.train()
@@ -218,9 +219,17 @@ class StageTraining(PipelineMode):
             micro_batches = valid_interleaved_micro(runner.n_stages, micro_batches)
             inputs = list(batch["input_ids"].tensor_split(micro_batches))
             labels = list(batch["labels"].tensor_split(micro_batches))
+        schedule = self.mode
+        if self.mode == "dualpipev" and micro_batches < 2 * runner.n_stages:  # a short last batch
+            if len(batch["input_ids"]) >= 2 * runner.n_stages:  # DualPipeV takes at least 2p micro-batches
+                micro_batches = 2 * runner.n_stages
+                inputs = list(batch["input_ids"].tensor_split(micro_batches))
+                labels = list(batch["labels"].tensor_split(micro_batches))
+            else:  # fewer rows than stages: ZB-V, on the same V placement, takes any number
+                schedule = "zbv"
         n_target = max(1, count_target_tokens(batch["labels"]))
         targets = [(t.to(self.device), n_target) for t in labels] if runner.is_last else None
-        result = pipeline_step(runner, self.mode, micro_batches, inputs, targets, lambda: self.sync_tied(self.tied))
+        result = pipeline_step(runner, schedule, micro_batches, inputs, targets, lambda: self.sync_tied(self.tied))
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
@@ -232,7 +241,7 @@ class StageTraining(PipelineMode):
     def batch_losses(self, losses):
         box = [losses]
         group = self.mesh.pp_group
-        dist.broadcast_object_list(box, src=global_rank(group, self.runner.n_stages - 1), group=group)
+        dist.broadcast_object_list(box, src=global_rank(group, self.runner.last_rank), group=group)
         return box[0]
 
     def gather_model(self):
@@ -289,8 +298,10 @@ def stage_training(args, data, device, mesh) -> StageTraining:
     balance = None
     if args.balance == "auto":
         balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
-    if SCHEDULES[args.model_parallel_mode].chunks:
-        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_virtual, balance)
+    entry = SCHEDULES[args.model_parallel_mode]
+    if entry.chunks or entry.placement == "v":
+        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, entry.chunks_per_rank(n_virtual), balance,
+                                   placement=entry.placement)
         stage = torch.nn.ModuleList(chunks)
     else:
         stage, tied = gpt2_stage(model, mesh.stage, world_size, balance)

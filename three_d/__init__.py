@@ -14,6 +14,13 @@ from three_d.mesh_arithmetic import coordinates, group_ranks
 
 # The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES). Here, not in
 # three_d.step, so that the configuration's choices load without torch (modal run on a laptop).
-SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks)
+SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks and s.placement == "loop")
+# The V-shaped schedules (two stages per rank, rank r holding stages r and 2p - 1 - r): the 3D step builds one
+# tensor-parallel stage per rank, so it refuses them with a message (V_SCHEDULE_MESSAGE) rather than run them wrong.
+V_SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if s.placement == "v")
+V_SCHEDULE_MESSAGE = ("--schedule {name} places two stages on every rank in a V (stages r and 2p - 1 - r), and the 3D "
+                      "step builds one tensor-parallel stage per rank: run {name} with project/run_pipeline.py "
+                      "--model_parallel_mode {name} (pipeline parallelism alone), or use --schedule zb-h1 here (the "
+                      "split backward on one stage per rank)")
 
-__all__ = ["coordinates", "group_ranks", "SCHEDULES"]
+__all__ = ["coordinates", "group_ranks", "SCHEDULES", "V_SCHEDULES"]

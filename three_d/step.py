@@ -37,7 +37,7 @@ import torch
 import pipeline
 from course.collectives import all_reduce, group_size
 from course.renames import renamed_keywords
-from three_d import SCHEDULES  # the schedules a 3D step runs
+from three_d import SCHEDULES, V_SCHEDULE_MESSAGE, V_SCHEDULES  # the schedules a 3D step runs
 
 
 def count_targets(labels: torch.Tensor) -> int:
@@ -123,6 +123,8 @@ def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Ten
     Raises:
         ValueError: an unknown schedule; ``micro_batches`` not dividing the local batch.
     """
+    if schedule in V_SCHEDULES:
+        raise ValueError(V_SCHEDULE_MESSAGE.format(name=schedule))
     if schedule not in SCHEDULES:
         raise ValueError(f"--schedule {schedule!r} is unknown; choose one of {sorted(SCHEDULES)}")
     if input_ids.size(0) % micro_batches:

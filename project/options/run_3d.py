@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.config import ConfigError, RunConfig, option
-from three_d import SCHEDULES
+from three_d import SCHEDULES, V_SCHEDULE_MESSAGE, V_SCHEDULES
 
 THREE_D = "3D parallelism"
 
@@ -23,13 +23,16 @@ class ThreeDConfig(RunConfig):
     pp: int | None = option(4, "pipeline stages", group="mesh")
     tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
     micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
-    schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D, choices=SCHEDULES)
+    schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D,
+                           choices=(*SCHEDULES, *V_SCHEDULES))
     scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
                                          "group", group=THREE_D)
     max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
 
     def check(self) -> None:
         super().check()
+        if self.schedule in V_SCHEDULES:
+            raise ConfigError(V_SCHEDULE_MESSAGE.format(name=self.schedule))
         if self.batch_size % (self.dp * self.micro_batches):
             raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} x --micro_batches "
                               f"{self.micro_batches}: every dp rank gets batch_size / dp rows cut into micro_batches "

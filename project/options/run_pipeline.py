@@ -54,8 +54,8 @@ class PipelineConfig(RunConfig):
         if self.pp is None and not self.multiprocess:
             self.pp = devices or 2  # stage s on device s, all in this process
         if self.virtual_stages is None:
-            self.virtual_stages = 2 if SCHEDULES.get(self.model_parallel_mode) and \
-                SCHEDULES[self.model_parallel_mode].chunks else 1
+            entry = SCHEDULES.get(self.model_parallel_mode)
+            self.virtual_stages = entry.chunks_per_rank(2) if entry else 1
         super().resolve(devices, here=here)
 
     def check(self) -> None:
@@ -72,7 +72,17 @@ class PipelineConfig(RunConfig):
                               f"{self.micro_batches}: every micro-batch must have batch_size // micro_batches rows; "
                               f"try --batch_size {self.batch_size // self.micro_batches * self.micro_batches}")
         chunks = self.multiprocess and SCHEDULES[self.model_parallel_mode].chunks
-        if self.virtual_stages != 1 and not chunks:
+        v_shaped = self.multiprocess and SCHEDULES[self.model_parallel_mode].placement == "v"
+        if v_shaped:
+            if self.virtual_stages != 2:
+                raise ConfigError(f"--model_parallel_mode {self.model_parallel_mode} places two stages on every "
+                                  f"process in a V (stages r and 2p - 1 - r); drop --virtual_stages "
+                                  f"{self.virtual_stages} or set it to 2")
+            if self.model_parallel_mode == "dualpipev" and self.micro_batches < 2 * self.pp:
+                raise ConfigError(f"--micro_batches {self.micro_batches}: DualPipeV needs at least as many "
+                                  f"micro-batches as its 2 x --pp = {2 * self.pp} stages; use --micro_batches >= "
+                                  f"{2 * self.pp} (or --model_parallel_mode zbv, which takes any number)")
+        elif self.virtual_stages != 1 and not chunks:
             raise ConfigError(f"--virtual_stages {self.virtual_stages}: more than one model chunk per process only "
                               "with --model_parallel_mode interleaved")
         if self.balance == "auto" and not self.multiprocess:

@@ -86,3 +86,22 @@ def test_context_parallel_script_stops_on_indivisible_heads_with_a_message(capsy
               "--workdir", str(tmp_path)])
     assert stop.value.code == 2
     assert "4 heads are not divisible by 3" in capsys.readouterr().err
+
+
+def test_the_v_schedules_are_refused_where_they_cannot_run():
+    """The 3D step builds one tensor-parallel stage per rank: it refuses ZB-V and DualPipeV naming what to use; the
+    pipeline script refuses DualPipeV with fewer micro-batches than its 2 x pp stages and a V with other than two
+    chunks per process, before any process starts."""
+    from course.config import ConfigError
+
+    for name in ("dualpipev", "zbv"):
+        with pytest.raises(ConfigError, match=f"--schedule {name} places two stages on every rank.*run_pipeline.py "
+                                              f"--model_parallel_mode {name}.*--schedule zb-h1"):
+            ThreeDConfig.for_test(dp=1, pp=2, tp=1, micro_batches=4, batch_size=8, schedule=name, device="cpu")
+    with pytest.raises(ConfigError, match=r"DualPipeV needs at least as many micro-batches as its 2 x --pp = 6 stages"):
+        PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=3, micro_batches=4, batch_size=8, device="cpu")
+    with pytest.raises(ConfigError, match="drop --virtual_stages 3 or set it to 2"):
+        PipelineConfig.for_test(model_parallel_mode="zbv", pp=2, virtual_stages=3, micro_batches=4, batch_size=8,
+                                device="cpu")
+    config = PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
+    assert config.virtual_stages == 2

@@ -168,7 +168,7 @@ def test_bad_choices_are_refused_by_the_scripts_parser():
     with pytest.raises(ValueError, match=r"argument --zero: invalid choice: 5 \(choose from 0, 1, 2, 3\)"):
         ms.make_request(zero=5)
     with pytest.raises(ValueError, match=r"--schedule: invalid choice: 'interleaved' \(choose from 'gpipe', '1f1b', "
-                                         r"'zb-h1'\)"):
+                                         r"'zb-h1', 'zbv', 'dualpipev'\)"):
         ms.make_request(mode="3d", world_size=8, schedule="interleaved")
     with pytest.raises(ValueError, match=r"--attention: invalid choice: 'flash'"):
         ms.make_request(mode="cp", attention="flash")

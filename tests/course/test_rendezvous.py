@@ -10,7 +10,9 @@ operations of one ``batch_isend_irecv`` start together. Under it:
   while plain gloo runs both without complaint;
 * the ring and the recursive-doubling all-reduce finish at p = 2, 3 and 4 (a5_4_1);
 * every pipeline schedule finishes and equals one process: GPipe and 1F1B at p = 4 (a5_2_4),
-  interleaved 1F1B at p = 2 with v = 2 (a5_2_5), ZB-H1 at p = 4 (a5_2_6);
+  interleaved 1F1B at p = 2 with v = 2 (a5_2_5), ZB-H1 at p = 4 (a5_2_6), DualPipeV and ZB-V on the V
+  placement at p = 2 (a5_2_7: activations and gradients go both ways between the ranks, and the last rank hands
+  stage p - 1's output to stage p inside itself);
 * the 3D step finishes and equals one process at (dp, pp, tp) = (1, 2, 2) with 1F1B and
   (2, 2, 1) with GPipe (a5_6_3);
 * making a group is collective and its name must meet on every member: a group made by only some
@@ -97,6 +99,16 @@ def test_zero_bubble_rendezvous(nccl_rules):
     """ZB-H1 at p = 4 under NCCL's rules: it finishes and equals one process."""
     out = launch(support.schedules_worker, 4, ["zb-h1"], 1, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     support.check_equal_to_single_process({r: res[0] for r, res in out.items()}, 4, "zb-h1")
+
+
+@pytest.mark.a5_2_7
+def test_v_schedules_rendezvous(nccl_rules):
+    """DualPipeV (paired forward and backward) and ZB-V at p = 2 under NCCL's rules: they finish and equal one
+    process (p = 3 and 4: tests/pipeline/test_run_script_rendezvous.py)."""
+    out = launch(support.schedules_worker, 2, ["dualpipev", "zbv"], 1, device="cpu", timeout=200,
+                 collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
+    for i, schedule in enumerate(["dualpipev", "zbv"]):
+        support.check_equal_to_single_process({r: res[i] for r, res in out.items()}, 2, schedule)
 
 
 @pytest.mark.a5_6_3

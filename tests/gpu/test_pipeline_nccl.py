@@ -19,6 +19,19 @@ def test_schedule_on_nccl_equals_gloo(schedule, n_chunks, world_size):
         assert_same(nccl[rank]["losses"], gloo[rank]["losses"], f"{schedule} rank {rank} losses")
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv"])
+def test_v_schedule_on_nccl_equals_gloo(schedule, world_size):
+    """The V placement (a5_2_7) on NCCL: rank 0 feeds the data and computes the loss, the last rank hands stage
+    p - 1's output to stage p on its own GPU (world size 1: every hand-over is local)."""
+    nccl, gloo = on_nccl_and_gloo(pipeline_worker, world_size, schedule, 2)
+    for rank in range(world_size):
+        assert nccl[rank]["events"] == gloo[rank]["events"] > 0
+        assert_same(nccl[rank]["grads"], gloo[rank]["grads"], f"{schedule} rank {rank} gradients")
+        assert_same(nccl[rank]["losses"], gloo[rank]["losses"], f"{schedule} rank {rank} losses")
+    assert nccl[0]["losses"], "rank 0 holds the last stage"
+
+
 def test_schedule_benchmark_costs_layers_on_the_gpu():
     """``--balance auto --device cuda`` costs the layers on the GPU (the model's parameters there while they are
     timed, with the synchronised clock) and gives a partition of the chain; the replay source is the device."""

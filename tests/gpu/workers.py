@@ -92,14 +92,16 @@ def pipeline_worker(rank: int, world_size: int, schedule: str, n_chunks: int) ->
 
     from course.mesh import Mesh
     from pipeline.gpt2_stages import TiedGradients, gpt2_chunks
-    from pipeline.schedules import schedule_actions
+    from pipeline.schedules import SCHEDULES, schedule_actions
     from pipeline.stage_runner import StageRunner
 
     _quiet()
     device = _device()
     mesh = Mesh.build(pp=world_size)
+    placement = SCHEDULES[schedule].placement  # "v": two chunks, rank 0 holds the first and the last stage
+    n_chunks = SCHEDULES[schedule].chunks_per_rank(n_chunks)
     model = gpt2(n_layer=2 * world_size * n_chunks)
-    chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_chunks)
+    chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_chunks, placement=placement)
     m = 2 * world_size
     ids = tokens(2 * m)
     inputs, targets = list(ids.split(2)), [t.to(device) for t in tokens(2 * m, seed=2).split(2)]
@@ -107,9 +109,10 @@ def pipeline_worker(rank: int, world_size: int, schedule: str, n_chunks: int) ->
     def loss_fn(logits, target):
         return F.cross_entropy(logits.flatten(0, 1), target.flatten()) / m
 
-    runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=mesh.pp_group)
+    runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=mesh.pp_group,
+                         placement=placement)
     result = runner.run(schedule_actions(schedule, mesh.stage, world_size, m, n_chunks),
-                        inputs if mesh.is_first_stage else None, targets if mesh.is_last_stage else None)
+                        inputs if runner.is_first else None, targets if runner.is_last else None)
     TiedGradients(mesh.embedding_group)(tied)
     held = {id(p) for c in chunks for p in c.parameters()}
     return {"grads": {n: p.grad.detach().cpu() for n, p in model.named_parameters()

@@ -270,7 +270,83 @@ def _quantized_values_summed(original):
     return quantized_reduce_scatter
 
 
+# ---- a5_2_7: the V-shaped schedules ----------------------------------------------------------------------------
+# Each is the reference's list changed in one place (or another schedule's list): what a plausible wrong
+# generator writes.
+
+def _v_on_the_interleaved_placement(original):
+    def actions(rank, n_stages, micro_batches):
+        from pipeline.schedules import interleaved_1f1b_actions
+
+        return interleaved_1f1b_actions(rank, n_stages, micro_batches, 2)  # chunk c read as stage c * p + rank
+    return actions
+
+
+def _w_before_its_b(original):
+    def actions(rank, n_stages, micro_batches):
+        out = list(original(rank, n_stages, micro_batches))
+        for n, action in enumerate(out):
+            if action[0] == "B" and ("W",) + action[1:] in out:
+                out.remove(("W",) + action[1:])
+                out.insert(n, ("W",) + action[1:])  # the first split backward's W moved before it
+                break
+        return out
+    return actions
+
+
+def _pairs_unpaired(original):
+    def actions(rank, n_stages, micro_batches):
+        from pipeline.schedules import flatten_pairs
+
+        return flatten_pairs(original(rank, n_stages, micro_batches))  # same order, no F&B pairs
+    return actions
+
+
+def _warm_up_one_longer(original):
+    def actions(rank, n_stages, micro_batches):
+        out = list(original(rank, n_stages, micro_batches))
+        first_f1 = next(n for n, a in enumerate(out) if a[0] == "F" and a[2] == 1)
+        later_f0 = next((n for n, a in enumerate(out) if n > first_f1 and a[0] == "F" and a[2] == 0), None)
+        if later_f0 is not None:
+            out.insert(first_f1, out.pop(later_f0))  # one more chunk-0 forward before the first chunk-1 forward
+        return out
+    return actions
+
+
+def _zb_h1_on_each_chunk(original):
+    def actions(rank, n_stages, micro_batches):
+        from pipeline.schedules import zb_h1_actions
+
+        one = zb_h1_actions(rank, n_stages, micro_batches)
+        return [(k, i, 0) for k, i in one] + [(k, i, 1) for k, i in one]  # ZB-H1's order reused, chunk after chunk
+    return actions
+
+
 PLANTED: dict[str, Planted] = {
+    "v schedule on the interleaved placement": Planted(
+        "a5_2_7", "DualPipeV written as interleaved 1F1B with 2 chunks (chunk c on stage c * p + rank, not the V)",
+        ("pipeline.schedules:dualpipev_actions",), _v_on_the_interleaved_placement),
+    "zbv on the interleaved placement": Planted(
+        "a5_2_7", "ZB-V written as interleaved 1F1B with 2 chunks", ("pipeline.schedules:zbv_actions",),
+        _v_on_the_interleaved_placement),
+    "dualpipev W before its B": Planted(
+        "a5_2_7", "a weight gradient issued before its input gradient", ("pipeline.schedules:dualpipev_actions",),
+        _w_before_its_b),
+    "zbv W before its B": Planted(
+        "a5_2_7", "a weight gradient issued before its input gradient", ("pipeline.schedules:zbv_actions",),
+        _w_before_its_b),
+    "dualpipev without pairs": Planted(
+        "a5_2_7", "the forward and backward of the steady state issued one after the other, not paired",
+        ("pipeline.schedules:dualpipev_actions",), _pairs_unpaired),
+    "dualpipev warm-up one longer": Planted(
+        "a5_2_7", "one chunk-0 forward too many before the first chunk-1 forward (off-by-one warm-up)",
+        ("pipeline.schedules:dualpipev_actions",), _warm_up_one_longer),
+    "zbv warm-up one longer": Planted(
+        "a5_2_7", "one chunk-0 forward too many before the first chunk-1 forward (off-by-one warm-up)",
+        ("pipeline.schedules:zbv_actions",), _warm_up_one_longer),
+    "zbv reuses ZB-H1's order": Planted(
+        "a5_2_7", "ZB-H1's order run on chunk 0, then again on chunk 1", ("pipeline.schedules:zbv_actions",),
+        _zb_h1_on_each_chunk),
     "ulysses without scale": Planted(
         "a5_7_3", "Ulysses attention that never passes scale to the local attention",
         ("context_parallel:ulysses_attention", "context_parallel.ulysses:ulysses_attention"), _ulysses_without_scale),

@@ -160,3 +160,29 @@ def test_every_planted_solution_is_run_here():
     text = open(__file__, encoding="utf-8").read()
     for name, planted in PLANTED.items():
         assert f'"{name}"' in text or f'planted_for("{planted.key}")' in text, f"{name} is planted but never run"
+
+
+def _fails(call) -> bool:
+    try:
+        call()
+    except (AssertionError, ValueError, pytest.fail.Exception):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name", planted_for("a5_2_7"))
+def test_wrong_v_schedules_are_rejected(name):
+    """Every planted DualPipeV / ZB-V generator differs from torch's lists; those that break the order of a
+    micro-batch's actions (a W before its B, ZB-H1's order per chunk on the wrong placement) fail the structure
+    check as well."""
+    from tests.pipeline import test_dualpipe as graded
+
+    schedule = "zbv" if name.startswith("zbv") else "dualpipev"
+    structure_cases = [c for c in (("dualpipev", 2, 4), ("dualpipev", 3, 7), ("zbv", 2, 3), ("zbv", 4, 9))
+                       if c[0] == schedule]
+    with plant(name):
+        assert any(_fails(lambda p=p: graded.test_action_lists_equal_torch(schedule, p)) for p in (1, 2, 3, 4)), \
+            f"{name}: the lists passed the comparison with torch's"
+        structure = [_fails(lambda c=c: graded.test_lists_are_complete_and_ordered(*c)) for c in structure_cases]
+    if "W before its B" in name or "interleaved placement" in name:
+        assert all(structure), f"{name}: the structure check let it through: {structure}"

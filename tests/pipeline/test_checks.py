@@ -49,3 +49,24 @@ def test_checks_accept_the_right_answers_only(capsys):
     assert not checks.check_activation_ratio(None)
     out = capsys.readouterr().out
     assert "right" in out and "not yet" in out
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.needs_solution  # calls reference code the student release stubs
+def test_dualpipev_formulas_match_the_replayed_lists(p):
+    from pipeline.metrics import replay_by_kind
+
+    for m in (2 * p, 3 * p):
+        lists = all_actions("dualpipev", p, m)
+        events = replay_by_kind(lists, {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0, "F&B": 3.0}, placement="v")
+        span = max(e[3] for ev in events for e in ev)
+        assert max(span - sum(e[3] - e[2] for e in ev) for ev in events) == checks.dualpipev_bubble_units(p)
+        assert max(peak_in_flight(a) for a in lists) == 2 * p + 1
+        one_f_one_b = simulate(all_actions("1f1b", 2 * p, m), t_forward=1, t_backward=2)
+        assert max(e[3] for ev in one_f_one_b for e in ev) - 3 * m == checks.one_f_one_b_bubble_units(2 * p)
+
+
+def test_dualpipev_check_accepts_the_right_answers_only(capsys):
+    assert checks.check_dualpipev(6, 21, 9)
+    assert not checks.check_dualpipev(3, 21, 9)
+    assert not checks.check_dualpipev(6, 21, 5)

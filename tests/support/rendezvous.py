@@ -200,17 +200,20 @@ def run_script(main, workdir, prefix: str, world: int, *argv) -> list[dict]:
     return results
 
 
-def schedule_cases_worker(rank: int, world_size: int, cases: list, n_layer: int) -> list:
+def schedule_cases_worker(rank: int, world_size: int, cases: list, n_layer: int, micro_sizes: list | None = None
+                          ) -> list:
     """:func:`tests.support.pipeline.gpt2_schedule_worker` for each ``(schedule, chunks per rank)`` of ``cases``,
-    on its tiny GPT-2 with ``n_layer`` blocks (interleaved at p = 3 with 2 chunks needs 6 virtual stages)."""
+    on its tiny GPT-2 with ``n_layer`` blocks (interleaved at p = 3 with 2 chunks needs 6 virtual stages) and, if
+    given, ``micro_sizes`` for its micro-batches (DualPipeV needs at least 2p of them)."""
     from course.task import worker_env_quiet
     from tests.support import pipeline
 
     worker_env_quiet()
     torch.set_num_threads(1)
-    saved = pipeline.N_LAYER
+    saved = pipeline.N_LAYER, pipeline.MICRO_SIZES
     pipeline.N_LAYER = n_layer  # a pooled rank runs other tests afterwards: put it back in any case
+    pipeline.MICRO_SIZES = list(micro_sizes or pipeline.MICRO_SIZES)
     try:
         return [pipeline.gpt2_schedule_worker(rank, world_size, schedule, chunks) for schedule, chunks in cases]
     finally:
-        pipeline.N_LAYER = saved
+        pipeline.N_LAYER, pipeline.MICRO_SIZES = saved
