@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -148,3 +149,35 @@ def run_planted(name: str, run_dir: str | Path, collective_timeout: float = 4.0,
         if rules:
             del os.environ[nccl_rules.ENV], os.environ[nccl_rules.TIMEOUT_ENV]
     return None
+
+
+def launcher_report(failure) -> str:
+    """The launcher's account of a failed run (a :class:`course.launch.RankFailure`) in short: its first line, the
+    lines that say where each rank waited, and the line naming the dumps — with this machine's folders left out."""
+    root = str(Path(__file__).resolve().parent.parent) + os.sep
+    if failure is None:
+        return "the run ended normally"
+    lines = str(failure).splitlines()
+    keep = [lines[0]] + [ln for ln in lines[1:] if ln.startswith(("  rank ", "flight recorder:", "Where each rank"))
+                         or ln.startswith("rank(s) ")]
+    text = "\n".join(keep).replace(root, "")
+    if ":" in keep[0] and not keep[0].rstrip().endswith(":"):
+        return text
+    error = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception): ", ln)), "")
+    error = error.replace(root, "").split(". ")[0]  # the error's first sentence
+    return text.replace(keep[0], keep[0] + " " + error, 1)
+
+
+def fr_trace_summary(run_dir: str | Path, timeout: float = 120.0) -> str:
+    """What torch's analyser (``python -m torch.distributed.flight_recorder.fr_trace``, alias ``torchfrtrace``) says of
+    the torch-format dumps of a recorded run (``run_dir/torch``): its lines about the collectives it could not
+    match, without the stack traces (which hold this machine's folders)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(Path(run_dir) / "torch")],
+                         capture_output=True, text=True, timeout=timeout)
+    keep = ("Not all ranks", "Collective ", "group info", "collective:", "missing ranks", "input sizes", "expected ranks",
+            "error msg", "Culprit", "sequence number")
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip().startswith(keep)]
+    return "\n".join(lines) if lines else "fr_trace found every collective joined by all of its ranks"

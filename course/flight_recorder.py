@@ -25,7 +25,7 @@ What is added here (docs/architecture.md, "The flight recorder"):
   ranks and descriptions from ``torch.distributed``.
 * :func:`load_records` — every rank's dump as :class:`Record` s in the order the rank posted them.
 
-Source: PyTorch, "Flight Recorder for debugging stuck jobs" (docs/source/distributed.md) and
+Source: PyTorch's tutorial "Flight Recorder for Debugging Stuck Jobs" (pytorch.org/tutorials) and
 ``torch/distributed/flight_recorder/components/types.py`` (the fields, ``Op``'s names ``send a->b``/``recv b<-a``).
 """
 from __future__ import annotations
