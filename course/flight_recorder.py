@@ -23,6 +23,9 @@ What is added here (docs/architecture.md, "The flight recorder"):
   own recorder.
 * **the groups' members.** Gloo leaves the dump's ``pg_config`` empty; each rank writes its groups' global
   ranks and descriptions from ``torch.distributed``.
+* **two recorders on GPUs.** A ``cpu:gloo,cuda:nccl`` group (the course's on GPUs) records its host-tensor
+  operations in gloo's recorder and its CUDA ones in NCCL's, each numbering the group's collectives on its own;
+  both are dumped, NCCL's under the group name ``<group>:nccl``.
 * :func:`load_records` — every rank's dump as :class:`Record` s in the order the rank posted them.
 
 Source: PyTorch's tutorial "Flight Recorder for Debugging Stuck Jobs" (pytorch.org/tutorials) and
@@ -163,8 +166,8 @@ def records_of(dump: dict) -> list[Record]:
     rank, config = int(dump["rank"]), dump.get("pg_config", {})
     out = []
     for index, e in enumerate(dump["entries"]):
-        name, desc = e["process_group"]
-        ranks = tuple(json.loads(config.get(name, {}).get("ranks", "[]")))
+        name, desc = e["process_group"]  # NCCL's records: "<group>:nccl" (see RECORDERS)
+        ranks = tuple(json.loads(config.get(name.split(":")[0], {}).get("ranks", "[]")))
         backend, _, text = e["profiling_name"].partition(":")
         parts = text.split(" ")
         op, peer = parts[0], None
@@ -202,9 +205,20 @@ def load_records(run_dir: str | Path) -> dict[int, list[Record]]:
 
 # ---- recording in a rank -------------------------------------------------------------------------------------
 
-def _torch_dump() -> dict:
-    """This process's flight-recorder buffer as torch writes it (with the Python stacks)."""
-    return pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
+# Torch keeps one recorder per kind of back-end event (FlightRecorder<EventType>): gloo's (host tensors, read by
+# _dump_fr_trace) and, in CUDA builds, NCCL's (CUDA tensors, _dump_nccl_trace). Each numbers the collectives of a
+# group on its own — a "cpu:gloo,cuda:nccl" group has two sequences (seen on torch 2.11 + an H100: gloo's
+# default_pg 1, 2, 3 and NCCL's 1, 2 in one process) —, so NCCL's records are kept under "<group>:nccl".
+RECORDERS = {"gloo": "_dump_fr_trace", "nccl": "_dump_nccl_trace"}
+
+
+def _torch_dump(recorder: str = "gloo") -> dict:
+    """This process's flight-recorder buffer of one back-end as torch writes it (with the Python stacks); an empty
+    one where torch has no such recorder (NCCL's in a CPU build)."""
+    dump = getattr(torch._C._distributed_c10d, RECORDERS[recorder], None)
+    if dump is None:
+        return {"entries": []}
+    return pickle.loads(dump(True, True, False))
 
 
 def _group_table() -> dict[str, dict[str, str]]:
@@ -337,14 +351,15 @@ class Recording:
     run_dir: Path
     rank: int
     world_size: int
-    start: int = 0
+    start: dict = field(default_factory=dict)
     p2p: _P2PLog = field(default_factory=_P2PLog)
     previous_sigterm: Any = None
 
     def __enter__(self) -> "Recording":
         Path(self.run_dir, TORCH_DUMPS).mkdir(parents=True, exist_ok=True)
-        ids = [e["record_id"] for e in _torch_dump().get("entries", [])]
-        self.start = max(ids) + 1 if ids else 0  # the records of earlier runs in this process stay out
+        for recorder in RECORDERS:  # the records of earlier runs in this process stay out
+            ids = [e["record_id"] for e in _torch_dump(recorder).get("entries", [])]
+            self.start[recorder] = max(ids) + 1 if ids else 0
         self.p2p.install()
         # The launcher stops the ranks still running once one has failed (SIGTERM, then SIGKILL 5 s later): a rank
         # that waits in Python code (the NCCL-rules emulator) then leaves through __exit__ and dumps. A rank blocked
@@ -352,10 +367,13 @@ class Recording:
         self.previous_sigterm = signal.signal(signal.SIGTERM, _stopped)
         return self
 
-    def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGTERM, self.previous_sigterm or signal.SIG_DFL)
+    def __exit__(self, kind, value, traceback) -> None:
+        previous = self.previous_sigterm
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         self.p2p.uninstall()
         dump_records(self.run_dir, self.rank, self.world_size, self.start, self.p2p.entries)
+        if isinstance(value, StoppedByLauncher) and callable(previous):
+            previous(signal.SIGTERM, None)  # under torchrun: leave quietly, as course.launch makes a stopped rank do
 
 
 class StoppedByLauncher(RuntimeError):
@@ -366,33 +384,43 @@ def _stopped(signum, frame):
     raise StoppedByLauncher("stopped by the launcher (SIGTERM) after another rank failed")
 
 
-def dump_records(run_dir: str | Path, rank: int, world_size: int, since: int = 0,
+def dump_records(run_dir: str | Path, rank: int, world_size: int, since: dict | None = None,
                  p2p_entries: list[dict] | None = None) -> Path:
-    """Write this rank's flight-recorder records with ``record_id >= since`` (and ``p2p_entries``, merged in the
-    order they were posted) to ``run_dir/rank<rank>.json`` and ``run_dir/torch/rank_<rank>``; returns the first.
-    Files are written to a temporary name and renamed."""
-    run_dir = Path(run_dir)
-    raw = _torch_dump()
-    entries = [dict(e, source="torch") for e in raw.get("entries", []) if e["record_id"] >= since]
+    """Write this rank's flight-recorder records — of each back-end's recorder, those with ``record_id >=
+    since[recorder]`` (default 0), and ``p2p_entries``, merged in the order they were posted — to
+    ``run_dir/rank<rank>.json``, and torch's own records to ``run_dir/torch/rank_<rank>`` (gloo's) and
+    ``run_dir/torch_nccl/rank_<rank>`` (NCCL's, where there are any); returns the first path. Files are written to
+    a temporary name and renamed."""
+    run_dir, since = Path(run_dir), since or {}
     config = _group_table()
-    # torch's analyser gets torch's own records only: it pairs point-to-point entries by NCCL's numbering
-    # (collective_seq_id, op_id, coalesced groups), which the sends and receives added here do not follow
-    torch_form = {"version": raw.get("version", "2.10"), "comm_lib_version": raw.get("comm_lib_version", ""),
-                  "pg_config": config, "pg_status": raw.get("pg_status", {}), "entries": copy.deepcopy(entries)}
+    entries, version, status = [], "2.10", {}
+    for recorder in RECORDERS:
+        raw = _torch_dump(recorder)
+        kept = [dict(e, source=f"torch:{recorder}") for e in raw.get("entries", [])
+                if e["record_id"] >= since.get(recorder, 0)]
+        version, status = raw.get("version", version), raw.get("pg_status", status)
+        # torch's analyser gets torch's own records only, one back-end per folder: it pairs point-to-point entries by
+        # NCCL's numbering (collective_seq_id, op_id, coalesced groups), which the sends and receives added here do
+        # not follow, and one group's two sequences would collide
+        if kept or recorder == "gloo":
+            folder = run_dir / (TORCH_DUMPS if recorder == "gloo" else f"{TORCH_DUMPS}_{recorder}")
+            folder.mkdir(parents=True, exist_ok=True)
+            _write(folder / f"rank_{rank}", pickle.dumps({
+                "version": version, "comm_lib_version": raw.get("comm_lib_version", ""), "pg_config": config,
+                "pg_status": status, "entries": copy.deepcopy(kept)}))
+        if recorder != "gloo":
+            for e in kept:
+                e["process_group"] = [f"{e['process_group'][0]}:{recorder}", e["process_group"][1]]
+        entries += kept
     entries += [dict(e) for e in (p2p_entries or [])]
     entries.sort(key=lambda e: e["time_created_ns"])  # one thread, one clock: the order the rank posted them
     for i, e in enumerate(entries):
         e["record_id"] = i
-    course_entries = []
-    for e in entries:
         frames = e.pop("frames", [])
         e["where"] = _where([dict(f, filename=_short_path(f["filename"])) for f in frames])
-        course_entries.append(e)
-    course_form = {"rank": rank, "world_size": world_size, "version": torch_form["version"],
-                   "buffer_size": buffer_size(), "pg_config": config, "entries": course_entries}
+    course_form = {"rank": rank, "world_size": world_size, "version": version, "buffer_size": buffer_size(),
+                   "pg_config": config, "entries": entries}
     _write(run_dir / f"rank{rank}.json", json.dumps(course_form, indent=1, sort_keys=True).encode())
-    (run_dir / TORCH_DUMPS).mkdir(parents=True, exist_ok=True)
-    _write(run_dir / TORCH_DUMPS / f"rank_{rank}", pickle.dumps(torch_form))
     return run_dir / f"rank{rank}.json"
 
 

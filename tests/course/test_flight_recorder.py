@@ -69,3 +69,23 @@ def test_recording_puts_torch_distributed_back_as_it_was():
     assert dist.isend.__name__ == "isend"  # the NCCL-rules emulator tells a batch's sends by this name
     log.uninstall()
     assert {name: getattr(dist, name) for name in before} == before and c10d._check_op is check
+
+
+def test_a_mixed_groups_gloo_and_nccl_records_are_two_sequences(tmp_path, monkeypatch):
+    # a "cpu:gloo,cuda:nccl" group numbers its host-tensor and its CUDA collectives apart (two recorders; seen on an
+    # H100 with torch 2.11): both #1s must not be lined up together
+    def entry(rid, name, seq, t):
+        return {"record_id": rid, "process_group": ["0", "default_pg"], "profiling_name": name, "is_p2p": False,
+                "collective_seq_id": seq, "p2p_seq_id": 0, "input_sizes": [[4]], "input_dtypes": ["Float"],
+                "output_sizes": [[4]], "output_dtypes": ["Float"], "time_created_ns": t, "state": "completed",
+                "frames": [{"name": "step", "filename": "train.py", "line": 7}]}
+    dumps = {"gloo": {"version": "2.10", "entries": [entry(0, "gloo:all_reduce", 1, 10), entry(1, "gloo:broadcast", 2, 30)]},
+             "nccl": {"version": "2.10", "entries": [entry(0, "nccl:all_reduce", 1, 20)]}}
+    monkeypatch.setattr(fr, "_torch_dump", lambda recorder="gloo": dumps[recorder])
+    monkeypatch.setattr(fr, "_group_table", lambda: {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}})
+    fr.dump_records(tmp_path, 0, 2)
+    records = fr.load_records(tmp_path)[0]
+    assert [(r.group, r.seq, r.op, r.group_ranks, r.where) for r in records] == [
+        ("0", 1, "all_reduce", (0, 1), "train.py:7 in step"), ("0:nccl", 1, "all_reduce", (0, 1), "train.py:7 in step"),
+        ("0", 2, "broadcast", (0, 1), "train.py:7 in step")]
+    assert (tmp_path / "torch" / "rank_0").is_file() and (tmp_path / "torch_nccl" / "rank_0").is_file()
