@@ -164,7 +164,7 @@ def launcher_report(failure) -> str:
     if ":" in keep[0] and not keep[0].rstrip().endswith(":"):
         return text
     error = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception): ", ln)), "")
-    error = error.replace(root, "").split(". ")[0]  # the error's first sentence
+    error = re.sub(r"\[/[^\]]*\]\s*", "", error.replace(root, "")).split(". ")[0]  # first sentence, no gloo source
     return text.replace(keep[0], keep[0] + " " + error, 1)
 
 
