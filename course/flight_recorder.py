@@ -254,6 +254,12 @@ class _P2PLog:
             self.inside = False
 
     def note(self, kind: str, tensor, peer, group, group_peer) -> None:
+        try:
+            self._note(kind, tensor, peer, group, group_peer)
+        except (RuntimeError, ValueError, TypeError, KeyError):
+            pass  # a call torch will refuse (a peer outside the group, ...): torch's own error is the one to see
+
+    def _note(self, kind: str, tensor, peer, group, group_peer) -> None:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
             return  # CUDA tensors travel over NCCL, whose own recorder writes them
         group = c10d._group_or_default_group(group)
@@ -298,9 +304,9 @@ class _P2PLog:
             for p in p2p_op_list:
                 kind = "send" if getattr(p.op, "__name__", "") == "isend" else "recv"
                 log.note(kind, p.tensor, p.peer, p.group, getattr(p, "group_peer", None))
-                inner = copy.copy(p)
-                inner.op = original["isend"] if kind == "send" else original["irecv"]
-                ops.append(inner)
+                op = original["isend"] if kind == "send" else original["irecv"]
+                ops.append(dist.P2POp(op, p.tensor, p.peer, p.group, p.tag) if p.peer is not None
+                           else dist.P2POp(op, p.tensor, None, p.group, p.tag, group_peer=p.group_peer))
             log.inside = True
             try:
                 return original["batch_isend_irecv"](ops)
@@ -309,22 +315,20 @@ class _P2PLog:
 
         replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv,
                         "batch_isend_irecv": batch_isend_irecv}
-        for name, function in replacements.items():
-            function.__wrapped__ = original[name]
+        for name, function in replacements.items():  # torch.distributed's names only: torch's own code compares
+            function.__wrapped__ = original[name]     # ops with distributed_c10d's isend/irecv (batch_isend_irecv)
             setattr(dist, name, function)
-            setattr(c10d, name, function)
         self.original["_check_op"] = c10d._check_op
         check = self.original["_check_op"]
 
-        def check_op(op):  # P2POp checks its op against isend/irecv: accept these and the ones they wrap
-            return check(original["isend"] if op is isend else original["irecv"] if op is irecv else op)
+        def check_op(op):  # P2POp checks its op against the module's isend/irecv: accept these and the ones they wrap
+            if op not in (isend, irecv, original["isend"], original["irecv"]):
+                check(op)
         c10d._check_op = check_op
 
     def uninstall(self) -> None:
         for name, function in self.original.items():
-            setattr(c10d, name, function)
-            if not name.startswith("_"):
-                setattr(dist, name, function)
+            setattr(c10d if name.startswith("_") else dist, name, function)
         self.original = {}
 
 

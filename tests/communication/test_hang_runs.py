@@ -109,6 +109,25 @@ def test_a_step_that_does_not_hang_leaves_dumps_that_agree(tmp_path):
     assert [r.where.split(":")[0] for r in sends] == ["communication/hang_workers.py"] * 4
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rules", [False, True], ids=["gloo", "nccl-rules"])
+def test_a_batch_of_sends_and_receives_is_recorded_once_each_and_still_runs(rules, tmp_path, monkeypatch):
+    from course import nccl_rules
+    from course.flight_recorder import launch_recorded
+    from tests.support.hang_fixtures import swap_in_one_batch
+
+    if rules:  # the emulator replaces torch's batch_isend_irecv; the recorder wraps it
+        monkeypatch.setenv(nccl_rules.ENV, "1")
+        monkeypatch.setenv(nccl_rules.TIMEOUT_ENV, str(COLLECTIVE_TIMEOUT))
+    out = launch_recorded(swap_in_one_batch, 2, run_dir=tmp_path / "run", device="cpu", timeout=120,
+                          collective_timeout=COLLECTIVE_TIMEOUT)
+    assert out == {0: [1.0] * 3, 1: [0.0] * 3}
+    records = load_records(tmp_path / "run")
+    for rank in (0, 1):
+        assert [(r.op, r.peer, r.sizes) for r in records[rank]] == [("send", 1 - rank, ((3,),)),
+                                                                     ("recv", 1 - rank, ((3,),))], records[rank]
+
+
 @pytest.mark.needs_solution
 def test_the_command_line_prints_the_diagnosis(capsys):
     from tests.support.hang_fixtures import FOLDER

@@ -19,6 +19,20 @@ FOLDER = Path(__file__).resolve().parent.parent / "communication" / "hang_dumps"
 CASES = ["early_stop", "receive_first", "wrong_group", "crossed_sizes", "mystery_metrics", "healthy_step"]
 
 
+def swap_in_one_batch(rank: int, world_size: int) -> list:
+    """Two ranks swap a tensor in one ``batch_isend_irecv`` (a worker for test_hang_runs.py): what the rank received."""
+    import torch
+    import torch.distributed as dist
+
+    inbox = torch.empty(3)
+    peer = 1 - rank
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(rank)), peer, group=dist.group.WORLD),
+           dist.P2POp(dist.irecv, inbox, peer, group=dist.group.WORLD)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return inbox.tolist()
+
+
 def write_fixtures(folder: Path = FOLDER, cases: list[str] = CASES) -> None:
     from communication.hang_workers import run_planted
 
