@@ -60,3 +60,24 @@ def check_two_point_fit(alpha_us, bandwidth_gb_s) -> bool:
     ok_b = _report("1/beta (GB/s)", bandwidth_gb_s, 1 / beta / 1e9,
                    "the slope is 2(p-1)/p x beta: divide it by 1.5, then invert")
     return ok_a and ok_b
+
+
+def check_hidden_hang(rank, seq, op, extra_metric) -> bool:
+    """Exercise of notebooks/10_debugging_hangs.ipynb: ``communication.hang_workers.mystery_metrics`` hangs on 2
+    ranks. Which rank never posted the collective the other waits in, what is that collective's sequence number
+    in the world group and its operation, and which metric's all-reduce is the one too many?
+
+    Worked out from the code: rank 0 averages the metrics ``bleu, loss, tokens`` (sorted), rank 1 only ``loss,
+    tokens`` (only rank 0 decodes): rank 0 posts 3 all-reduces, rank 1 two, so collective #3 (rank 0's ``tokens``)
+    is never posted by rank 1 — and the all-reduce too many is ``bleu``'s, which shifted every later one by one."""
+    def word(x):
+        return None if x is None else (str(x).strip().lower().removeprefix("gloo:"),)
+
+    ok_rank = report("the rank that never posted it", rank, 1,
+                     "the divergence's 'posted nothing here' rank: the rank with fewer records in the world group")
+    ok_seq = report("its sequence number in the world group", seq, 3,
+                    "the collective #n of the divergence, counted per group from 1 (not a place in a list)")
+    ok_op = report("the operation", word(op), ("all_reduce",), "the divergence's operation, e.g. all_reduce")
+    ok_metric = report("the all-reduce too many (metric)", word(extra_metric), ("bleu",),
+                       "compare the metric names each rank loops over: which one does only one rank have?")
+    return ok_rank and ok_seq and ok_op and ok_metric

@@ -497,6 +497,9 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
                     head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
                             f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
                             f"raised")
+                elif outputs:  # the peers it waited for had returned: they skipped the collective
+                    head = (f"rank(s) {sorted(outputs)} had already returned when rank {rank} timed out waiting "
+                            f"in a collective (or lost its peer in it): they never posted it; rank {rank} raised")
                 report = "\n" + hang_report(where) if where else ""
                 report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
                                   for r, v in sorted(waited.items()))

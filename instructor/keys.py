@@ -38,6 +38,7 @@ MEM = "notebooks/05_memory.ipynb"
 THREE_D = "notebooks/06_3d_parallelism.ipynb"
 CP = "notebooks/07_context_parallelism.ipynb"
 MOE = "notebooks/08_mixture_of_experts.ipynb"
+HANGS = "notebooks/10_debugging_hangs.ipynb"
 
 KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_1_1", "dataset partitioning: Partition, DataPartitioner, partition_dataset", DP, 10),
@@ -59,6 +60,7 @@ KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_4_1", "ring all-reduce and recursive doubling from send/recv", COMM, 10),
     Key("a5_4_2", "bucketed gradient all-reduce overlapped with the backward pass", COMM, 10),
     Key("a5_4_3", "top-k gradient compression with error feedback", COMM, 10),
+    Key("a5_4_4", "the first divergence of a hung run from its flight-recorder dumps", HANGS, 10),
     Key("a5_5_1", "ZeRO-1: optimizer state sharded over dp (flat padded buffer, slice step, all-gather)", MEM, 10),
     Key("a5_5_2", "ZeRO-2: gradients reduce-scattered, each rank keeps its slice", MEM, 10, ("a5_5_1",)),
     Key("a5_5_3", "ZeRO-3 / FSDP: parameters sharded, gathered per block in forward and backward", MEM, 10, ("a5_5_1",)),

@@ -30,3 +30,24 @@ def test_gpt2_allreduce():
 @pytest.mark.parametrize("alpha, bw, ok", [(20, 50, True), (120, 50, False), (20, 33.3, False), (20, 75, False)])
 def test_two_point_fit(alpha, bw, ok):
     assert checks.check_two_point_fit(alpha, bw) is ok
+
+
+def test_hidden_hang(capsys):
+    assert checks.check_hidden_hang(1, 3, "all_reduce", "bleu")
+    assert checks.check_hidden_hang(1, 3, "gloo:all_reduce", " BLEU ")
+    assert not checks.check_hidden_hang(0, 3, "all_reduce", "bleu")       # the rank that waits, not the one missing
+    assert not checks.check_hidden_hang(1, 2, "all_reduce", "bleu")       # a place in rank 1's list, not the seq
+    assert not checks.check_hidden_hang(1, 3, "all_reduce", "tokens")     # the collective rank 0 waits in, not the extra
+    assert not checks.check_hidden_hang(None, None, None, None)
+    assert "hint" in capsys.readouterr().out
+
+
+@pytest.mark.needs_solution  # the analysis is assignment 5.4.4's
+def test_hidden_hang_answer_is_what_the_analysis_of_its_recorded_dumps_names():
+    from communication.hang_lab import first_divergences
+    from course.flight_recorder import load_records
+    from tests.support.hang_fixtures import FOLDER
+
+    (d,) = first_divergences(load_records(FOLDER / "mystery_metrics"))
+    assert (d.ranks, d.seq, d.op) == ((1,), 3, "all_reduce")
+    assert checks.check_hidden_hang(d.ranks[0], d.seq, d.op, "bleu")

@@ -322,6 +322,62 @@ def _zb_h1_on_each_chunk(original):
     return actions
 
 
+# ---- a5_4_4: the first divergence of a hung run -----------------------------------------------------------------
+
+def _divergences(align="seq", pick="first", p2p="pairs", members="group", compare="signature"):
+    """An analysis of flight-recorder records with one thing wrong: records lined up by their place in each rank's
+    list of the group (``align="position"``) or by seq across every group (``"ignore_group"``); the last divergence
+    of a group (``pick="last"``); sends and receives lined up by ``p2p_seq_id`` like collectives (``p2p="seq"``);
+    every rank counted as a member of every group (``members="all"``); operations compared by name only."""
+    def make(original):
+        from communication.hang_lab import Divergence
+
+        def first_divergences(records):
+            found, groups, lists = [], {}, {}
+            for rank, recs in records.items():
+                for rec in recs:
+                    groups.setdefault(rec.group, rec)
+                    if rec.is_p2p and p2p == "pairs":
+                        continue
+                    key = "all" if align == "ignore_group" else (rec.group, rec.is_p2p)
+                    lists.setdefault(key, {}).setdefault(rank, []).append(rec)
+            for key, by_rank in lists.items():
+                first = next(iter(by_rank.values()))[0]
+                ranks = (sorted(records) if members == "all" or align == "ignore_group"
+                         else [m for m in first.group_ranks if m in records])
+                keyed = {m: (dict(enumerate(by_rank.get(m, []))) if align == "position"
+                             else {r.seq: r for r in by_rank.get(m, [])}) for m in ranks}
+                hits = []
+                for s in sorted({s for m in ranks for s in keyed[m]}):
+                    posted = {m: keyed[m].get(s) for m in ranks}
+                    names = {(r.op if compare == "op" else r.signature) for r in posted.values() if r is not None}
+                    if None in posted.values() or len(names) > 1:
+                        seq = next(r.seq for r in posted.values() if r is not None)
+                        hits.append(Divergence(first.group, first.group_desc, seq, posted))
+                if hits:
+                    found.append(hits[0] if pick == "first" else hits[-1])
+            if p2p == "pairs":
+                messages = {}
+                for rank, recs in records.items():
+                    for rec in recs:
+                        if rec.is_p2p:
+                            k = (rec.group, rank, rec.peer) if rec.op == "send" else (rec.group, rec.peer, rank)
+                            messages.setdefault(k, ([], []))[0 if rec.op == "send" else 1].append(rec)
+                for (group, src, dst), (sends, recvs) in messages.items():
+                    if src not in records or dst not in records:
+                        continue
+                    for k in range(max(len(sends), len(recvs))):
+                        a = sends[k] if k < len(sends) else None
+                        b = recvs[k] if k < len(recvs) else None
+                        if a is None or b is None or (a.sizes, a.dtypes) != (b.sizes, b.dtypes):
+                            found.append(Divergence(group, groups[group].group_desc, k + 1, {src: a, dst: b},
+                                                    (src, dst)))
+                            break
+            return found
+        return first_divergences
+    return make
+
+
 PLANTED: dict[str, Planted] = {
     "v schedule on the interleaved placement": Planted(
         "a5_2_7", "DualPipeV written as interleaved 1F1B with 2 chunks (chunk c on stage c * p + rank, not the V)",
@@ -347,6 +403,24 @@ PLANTED: dict[str, Planted] = {
     "zbv reuses ZB-H1's order": Planted(
         "a5_2_7", "ZB-H1's order run on chunk 0, then again on chunk 1", ("pipeline.schedules:zbv_actions",),
         _zb_h1_on_each_chunk),
+    "divergences by place in the list": Planted(
+        "a5_4_4", "each group's records lined up by their place in a rank's list instead of their seq",
+        ("communication.hang_lab:first_divergences",), _divergences(align="position")),
+    "divergences ignoring the group": Planted(
+        "a5_4_4", "every collective of a rank lined up by seq, whatever its group",
+        ("communication.hang_lab:first_divergences",), _divergences(align="ignore_group")),
+    "the last divergence": Planted(
+        "a5_4_4", "the last seq at which a group's ranks disagree instead of the first",
+        ("communication.hang_lab:first_divergences",), _divergences(pick="last")),
+    "sends and receives lined up like collectives": Planted(
+        "a5_4_4", "point-to-point records lined up by p2p_seq_id among the group's ranks, as if collectives",
+        ("communication.hang_lab:first_divergences",), _divergences(p2p="seq")),
+    "every rank a member of every group": Planted(
+        "a5_4_4", "a rank that is no member of a group counted as missing from its collectives",
+        ("communication.hang_lab:first_divergences",), _divergences(members="all")),
+    "collectives compared by name": Planted(
+        "a5_4_4", "collectives compared by operation name only, not sizes and dtypes",
+        ("communication.hang_lab:first_divergences",), _divergences(compare="op")),
     "ulysses without scale": Planted(
         "a5_7_3", "Ulysses attention that never passes scale to the local attention",
         ("context_parallel:ulysses_attention", "context_parallel.ulysses:ulysses_attention"), _ulysses_without_scale),

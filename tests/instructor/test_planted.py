@@ -156,6 +156,36 @@ def test_wrong_zeropp_steps_are_rejected(name, check, message, monkeypatch):
             test(layout)
 
 
+def hang_analysis_failures() -> dict[str, str]:
+    """Run the graded checks of the hang analysis in this process: {test: first line of its failure}."""
+    from tests.communication import test_hang_analysis as graded
+
+    failures = {}
+    for name in dir(graded):
+        if name.startswith("test_"):
+            try:
+                getattr(graded, name)()
+            except AssertionError as exc:
+                failures[name] = str(exc).splitlines()[0]
+    return failures
+
+
+@pytest.mark.parametrize("name, caught_by", [
+    ("divergences by place in the list", "test_records_lost_from_the_start_of_a_ring_buffer_are_no_divergence"),
+    ("divergences ignoring the group", "test_a_run_that_did_not_hang_has_no_divergence"),
+    ("the last divergence", "test_the_first_divergence_is_reported_not_the_last"),
+    ("sends and receives lined up like collectives", "test_a_run_that_did_not_hang_has_no_divergence"),
+    ("every rank a member of every group", "test_a_run_that_did_not_hang_has_no_divergence"),
+    ("collectives compared by name", "test_a_collective_of_another_size_or_dtype_is_a_divergence"),
+])
+def test_wrong_hang_analyses_are_rejected(name, caught_by):
+    assert PLANTED[name].key == "a5_4_4"
+    assert not hang_analysis_failures(), "the reference must pass"
+    with plant(name):
+        failures = hang_analysis_failures()
+    assert caught_by in failures, f"{name} passed {caught_by}: failures {failures}"
+
+
 def test_every_planted_solution_is_run_here():
     text = open(__file__, encoding="utf-8").read()
     for name, planted in PLANTED.items():
