@@ -79,6 +79,8 @@ NOTEBOOK_TOPICS = {
     "notebooks/07_context_parallelism.ipynb": ("memory", "memory per rank with context parallelism"),
     "notebooks/08_mixture_of_experts.ipynb": ("memory", "memory per rank with expert parallelism"),
     "notebooks/09_plan_a_large_run.ipynb": ("memory", "memory per rank of a thousand-GPU plan"),
+    "notebooks/10_debugging_hangs.ipynb": ("alpha_beta", "how long a healthy collective takes (a timeout far above it "
+                                          "marks a hang)"),
 }
 
 
