@@ -363,6 +363,16 @@ def parser(description: str, *, out: str, device: str = "auto", repeats: int = M
     return p
 
 
+def gpt2_step_options(group) -> None:
+    """Add the options of a benchmark that trains a GPT-2 of its own on random tokens to ``group`` (a parser or an
+    argument group): ``--preset`` (:data:`course.model.PRESETS`), ``--vocab_size``, ``--seq`` (tokens per
+    sequence) and ``--per_rank_batch`` (sequences per rank per step)."""
+    group.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
+    group.add_argument("--vocab_size", type=int, default=5000)
+    group.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    group.add_argument("--per_rank_batch", type=int, default=8, help="sequences per rank per step")
+
+
 def old_name(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
     """Keep ``old`` working as ``new`` (same value) with a note naming ``new`` (:class:`course.config.RunConfig`'s
     former names do the same). ``kwargs``: ``type``/``nargs`` of the new option."""

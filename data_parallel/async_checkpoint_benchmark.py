@@ -107,10 +107,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--world_size", type=int, default=default_world_size(2))
-    parser.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
-    parser.add_argument("--vocab", type=int, default=5000)
-    parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    benchmarking.gpt2_step_options(parser)
     parser.add_argument("--steps", type=int, default=8, help="training steps per run")
     parser.add_argument("--every", type=int, default=2, help="a checkpoint every this many steps")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each way (>= 3)")
@@ -119,6 +116,8 @@ def parse_args(argv=None):
     parser.add_argument("--root", type=Path, default=Path("workdir/async_checkpoint_benchmark"),
                         help="where the checkpoints go while it runs (a new folder, removed at the end)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of the launch (seconds)")
+    benchmarking.old_name(parser, "--vocab", "--vocab_size")
+    benchmarking.old_name(parser, "--batch", "--per_rank_batch")
     args = parser.parse_args(argv)
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")
@@ -132,7 +131,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = {k: getattr(args, k) for k in ("preset", "vocab", "seq", "batch", "steps", "every", "repeats")}
+    cfg = {"preset": args.preset, "vocab": args.vocab_size, "seq": args.seq, "batch": args.per_rank_batch,
+           **{k: getattr(args, k) for k in ("steps", "every", "repeats")}}  # the report's keys as before
     outputs = launch_all(checkpoint_worker, args.world_size, {**cfg, "root": str(args.root)}, device=args.device,
                          timeout=args.timeout)  # every rank has finished writing when it returns
     if not reports_results():

@@ -117,6 +117,37 @@ def check_supported(config) -> None:
                          f"others: python project/plan.py with the same options); drop or reset {', '.join(bad)}")
 
 
+def meta_stage(config):
+    """Inside a :func:`fake_world`, once :func:`check_supported` passes: this rank's mesh of ``config.dims``, its
+    pipeline stage of the GPT-2 (a :class:`three_d.stage.TensorParallelStage` on meta tensors, split over its tp
+    group) and one micro-batch's input ``x`` for it: ``b x s`` token ids on the first stage, else ``b x s x h``
+    fp32 requiring its gradient (``b = batch_size / (dp * micro_batches)``, ``s = model_max_length``).
+
+    Returns:
+        ``(mesh, stage, x)``.
+
+    Raises:
+        ValueError: as :func:`check_supported`.
+    """
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from three_d.stage import TensorParallelStage
+
+    check_supported(config)
+    mesh = Mesh(config.dims, device_type="cpu")
+    with torch.device("meta"):
+        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
+                           dropout=config.dropout)
+    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
+    del model
+    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
+    if stage.is_first:
+        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
+    else:
+        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
+    return mesh, stage, x
+
+
 def build_rank(config, rank: int) -> dict:
     """Inside a :func:`fake_world` of ``config.world_size`` ranks: build rank ``rank``'s mesh, stage and ZeRO
     step for ``config`` (a :class:`project.plan.PlanConfig`), run one micro-batch's forward and backward, the
@@ -136,27 +167,13 @@ def build_rank(config, rank: int) -> dict:
         ValueError: as :func:`check_supported`.
     """
     from course.collectives import CommCounter
-    from course.mesh import Mesh
-    from course.model import build_gpt2
     from memory.training import ShardedStep
-    from three_d.stage import TensorParallelStage
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
 
-    check_supported(config)
-    mesh = Mesh(config.dims, device_type="cpu")
-    with torch.device("meta"):
-        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
-                           dropout=config.dropout)
-    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
-    del model
+    mesh, stage, x = meta_stage(config)
     step = ShardedStep(stage, config.zero, mesh.dp_cp_group, torch.optim.AdamW, blocks=list(stage.h.values()),
                        activation_checkpointing=config.activation_checkpointing, lr=1e-4)
-    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
-    if stage.is_first:
-        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
-    else:
-        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
     tracker = MemTracker()
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
@@ -284,26 +301,12 @@ def activation_peak(config, rank: int) -> dict:
         categories where Activation + Temp peaked (during the backward pass), "op": the operation that made
         that peak}``; bytes.
     """
-    from course.mesh import Mesh
-    from course.model import build_gpt2
     from memory.checkpointing import apply_activation_checkpointing
-    from three_d.stage import TensorParallelStage
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    check_supported(config)
-    mesh = Mesh(config.dims, device_type="cpu")
-    with torch.device("meta"):
-        model = build_gpt2(config.preset, config.vocab_size, n_positions=config.model_max_length,
-                           dropout=config.dropout)
-    stage = TensorParallelStage(model, mesh.stage, config.pp, group=mesh.tp_group)
-    del model
+    mesh, stage, x = meta_stage(config)
     if config.activation_checkpointing:
         apply_activation_checkpointing(list(stage.h.values()))
-    rows, seq = config.batch_size // (config.dp * config.micro_batches), config.model_max_length
-    if stage.is_first:
-        x = torch.zeros(rows, seq, dtype=torch.long, device="meta")
-    else:
-        x = torch.zeros(rows, seq, config.model_shape["n_embd"], device="meta", requires_grad=True)
     tracker = MemTracker()
     tracker.track_external(stage, x)
     watch = _peak_watch(tracker)

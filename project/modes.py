@@ -189,11 +189,17 @@ def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
     save_final_checkpoint(training, mesh)
 
 
+def _placed(c) -> str:
+    """Where and what a run of ranks trains, as every mode's line before the run prints it: its device, backend
+    and model preset."""
+    return f"device={c.device} backend={c.backend} preset={c.preset}"
+
+
 def _describe_dp(c: DataParallelConfig) -> str:
     sync = ("average_gradients" if not uses_grad_sync(c) else f"compression={c.compression}"
             if c.compression != "none" else f"buckets of {c.bucket_mb or 25.0} MB, overlap={c.overlap}")
-    return (f"data parallel: dp={c.dp} device={c.device} backend={c.backend} "
-            f"preset={c.preset} global batch={c.batch_size} ({c.batch_size // c.dp} per rank), "
+    return (f"data parallel: dp={c.dp} {_placed(c)} "
+            f"global batch={c.batch_size} ({c.batch_size // c.dp} per rank), "
             f"gradients: {sync if not c.zero else f'ZeRO-{c.zero}'}"
             f"{f' (HSDP: {c.hsdp} replicas x {c.dp // c.hsdp})' if c.hsdp > 1 else ''}"
             f"{f' (ZeRO++: {c.zeropp})' if c.zeropp else ''}, precision={c.precision}, "
@@ -226,7 +232,7 @@ def _build_tp(config: TensorParallelConfig, data, mesh):
 
 def _describe_tp(c: TensorParallelConfig) -> str:
     return (f"tensor parallel: tp={c.tp} sequence_parallel={c.sequence_parallel} block_types={c.block_types} "
-            f"device={c.device} backend={c.backend} preset={c.preset} batch={c.batch_size}")
+            f"{_placed(c)} batch={c.batch_size}")
 
 
 def _build_3d(config: ThreeDConfig, data, mesh):
@@ -248,8 +254,7 @@ def _build_cp(config: ContextParallelConfig, data, mesh):
 
 def _describe_cp(c: ContextParallelConfig) -> str:
     return (f"context parallel: dp={c.dp} cp={c.cp} attention={c.attention} layout={c.layout} "
-            f"seq_len={c.seq_len} device={c.device} backend={c.backend} preset={c.preset} "
-            f"batch={c.batch_size} sequences")
+            f"seq_len={c.seq_len} {_placed(c)} batch={c.batch_size} sequences")
 
 
 def _build_moe(config: MoERunConfig, data, mesh):
@@ -261,8 +266,7 @@ def _build_moe(config: MoERunConfig, data, mesh):
 def _describe_moe(c: MoERunConfig) -> str:
     kind = "dense" if c.dense else f"{c.num_experts} experts, top-{c.top_k}, capacity factor " \
                                    f"{c.capacity_factor or 'dropless'}"
-    return (f"mixture of experts: dp={c.dp} ep={c.ep} {kind} device={c.device} backend={c.backend} "
-            f"preset={c.preset} batch={c.batch_size}")
+    return f"mixture of experts: dp={c.dp} ep={c.ep} {kind} {_placed(c)} batch={c.batch_size}"
 
 
 PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes

@@ -19,26 +19,16 @@ ranks: ``python project/run_3d.py --dp 1 --pp 4 --tp 2 --checkpoint_every 100`` 
 (``torch.distributed.checkpoint`` reads each stage's layers from wherever they were written;
 see :mod:`three_d.training`). A different ``--tp`` is refused before any process starts.
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.options.run_3d import THREE_D, ThreeDConfig, check_resume_layout  # noqa: E402,F401
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode 3d)
+from project.options.run_3d import ThreeDConfig  # noqa: E402,F401  (imported from here too)
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> ThreeDConfig:
-    """The run's :class:`ThreeDConfig` from the command line (exits with a message on bad input)."""
-    return ThreeDConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("3d")  # this command is project/train.py --mode 3d
 
 if __name__ == "__main__":
     sys.exit(main())

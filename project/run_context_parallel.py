@@ -17,26 +17,16 @@ are measured on single pairs, as in the other modes. Writes
 ``<workdir>/context_parallel_rank{r}_results_epoch{e}.json`` (with the communication per step and
 group) and ``context_parallel_translations_epoch{e}.json``.
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.options.run_context_parallel import CP, ContextParallelConfig  # noqa: E402,F401
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode cp)
+from project.options.run_context_parallel import ContextParallelConfig  # noqa: E402,F401  (imported from here too)
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> ContextParallelConfig:
-    """The run's :class:`ContextParallelConfig` from the command line (exits with a message on bad input)."""
-    return ContextParallelConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("cp")  # this command is project/train.py --mode cp
 
 if __name__ == "__main__":
     sys.exit(main())

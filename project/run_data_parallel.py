@@ -7,27 +7,17 @@ Spawns ``--dp`` processes (gloo on CPU, NCCL with one GPU each), or joins the
 group torchrun made. Writes ``<workdir>/rank{r}_results_epoch{e}.json`` and the scored
 translations ``<workdir>/translations_epoch{e}.json``.
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.modes import grad_sync_factory  # noqa: E402,F401
-from project.options.run_data_parallel import COMM, DataParallelConfig, MEMORY, check_resume_layout  # noqa: E402,F401
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode dp)
+from project.modes import grad_sync_factory  # noqa: E402,F401  (imported from here too)
+from project.options.run_data_parallel import DataParallelConfig  # noqa: E402,F401
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> DataParallelConfig:
-    """The run's :class:`DataParallelConfig` from the command line (exits with a message on bad input)."""
-    return DataParallelConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("dp")  # this command is project/train.py --mode dp
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,26 +14,16 @@ all-to-all), dense gradients are averaged over the dp group and each expert's ov
 did at every step, the collectives per step by group and the parameter counts) and
 ``moe_translations_epoch{e}.json``.
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.options.run_moe import MOE, MoERunConfig  # noqa: E402,F401
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode moe)
+from project.options.run_moe import MoERunConfig  # noqa: E402,F401  (imported from here too)
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> MoERunConfig:
-    """The run's :class:`MoERunConfig` from the command line (exits with a message on bad input)."""
-    return MoERunConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("moe")  # this command is project/train.py --mode moe
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,26 +15,16 @@ chunks per process) and ``zb-h1`` start one process per stage
 ``<workdir>/pipeline_<mode>_rank{r}_results_epoch{e}.json`` (with the per-stage
 timeline) and ``<workdir>/pipeline_<mode>_translations_epoch{e}.json``.
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.options.run_pipeline import MODES, PIPELINE, PipelineConfig, SINGLE_PROCESS  # noqa: E402,F401
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode pipeline)
+from project.options.run_pipeline import PipelineConfig  # noqa: E402,F401  (imported from here too)
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> PipelineConfig:
-    """The run's :class:`PipelineConfig` from the command line (exits with a message on bad input)."""
-    return PipelineConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("pipeline")  # this command is project/train.py --mode pipeline
 
 if __name__ == "__main__":
     sys.exit(main())

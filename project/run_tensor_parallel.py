@@ -12,26 +12,16 @@ Drop (``spd``, an approximation) or per-rank residual streams (``parallel``, a d
 architecture): one name for all layers or one per layer, comma-separated. Writes
 ``<workdir>/tensor_parallel_rank{r}_results_epoch{e}.json`` (with the collectives per step).
 """
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.options.run_tensor_parallel import TensorParallelConfig  # noqa: E402
-from project.train import launch, run  # noqa: E402  (this command is project/train.py --mode tp)
+from project.options.run_tensor_parallel import TensorParallelConfig  # noqa: E402,F401  (imported from here too)
+from project.train import mode_command  # noqa: E402
 
-
-def parse_args(argv=None) -> TensorParallelConfig:
-    """The run's :class:`TensorParallelConfig` from the command line (exits with a message on bad input)."""
-    return TensorParallelConfig.from_command_line(argv)
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv), launch=launch)  # launch: looked up here, so a test can replace it
-
+parse_args, main = mode_command("tp")  # this command is project/train.py --mode tp
 
 if __name__ == "__main__":
     sys.exit(main())

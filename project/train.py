@@ -29,16 +29,15 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
 
 from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
-from project.modes import MODES, mode_of, train_worker  # noqa: E402
+from project.modes import MODES, mode_named, mode_of, train_worker  # noqa: E402
 
 PROG = "train.py"
 
 
-def run(config, *, launch) -> int:
-    """Run a checked configuration of a registered mode (:func:`project.modes.mode_of`): print what runs, start
-    its ranks with ``launch`` (:func:`course.launch.launch`: the callers pass the one their module imported,
-    looked up at the call, so that a test can replace it there) or run it in this process, and print the table of
-    its results.
+def run(config) -> int:
+    """The one tail of every mode: run a checked configuration of a registered mode (:func:`project.modes.mode_of`):
+    print what runs, start its ranks with :func:`course.launch.launch` (looked up in this module at the call, so
+    that a test can replace ``project.train.launch``) or run it in this process, and print the table of its results.
 
     Returns:
         0, or 1 when a rank failed (its error on stderr).
@@ -91,7 +90,29 @@ def parse_args(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv), launch=launch)
+    return run(parse_args(argv))
+
+
+def mode_command(name: str):
+    """``parse_args, main`` of mode ``name``'s documented command ``project/run_*.py`` (:attr:`Mode.script`), which
+    is ``train.py --mode NAME`` without ``--mode``: ``parse_args(argv=None)`` returns the checked configuration
+    (:meth:`course.config.RunConfig.from_command_line`: exits with code 2 and a message on bad input, before any
+    process starts); ``main(argv=None)`` runs it through :func:`run` and returns its exit code.
+
+    Raises:
+        ValueError: no mode is called ``name``.
+    """
+    config = mode_named(name).config
+
+    def parse_args(argv: list[str] | None = None):
+        return config.from_command_line(argv)
+
+    def main(argv: list[str] | None = None) -> int:
+        return run(parse_args(argv))
+
+    parse_args.__annotations__["return"] = config.__name__  # as ``-> ThreeDConfig`` would read
+    parse_args.__doc__ = f"The run's :class:`{config.__name__}` from the command line (exit 2 on bad input)."
+    return parse_args, main
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 import project.run_data_parallel as run_dp
 import project.run_pipeline as run_pipeline
 import project.run_tensor_parallel as run_tp
+import project.train
 from course.data import download_multi30k
 from course.tokenizer import tokenizer_path
 
@@ -18,8 +19,7 @@ from course.tokenizer import tokenizer_path
 def no_launch(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a process was started despite bad input")
-    for script in (run_dp, run_pipeline, run_tp):
-        monkeypatch.setattr(script, "launch", fail)
+    monkeypatch.setattr(project.train, "launch", fail)  # the one launcher of every run script
 
 
 def refused(script, argv, capsys) -> str:

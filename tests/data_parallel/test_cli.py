@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import project.run_data_parallel as script
+import project.train
 from course.data import multi30k_files, resolve_data_dir
 
 SCRIPT = Path(script.__file__)
@@ -15,7 +16,7 @@ SCRIPT = Path(script.__file__)
 def no_launch(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a process was started despite bad input")
-    monkeypatch.setattr(script, "launch", fail)
+    monkeypatch.setattr(project.train, "launch", fail)  # the one launcher of every run script
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -27,8 +27,9 @@ import pytest
 ])
 def test_bad_options_stop_before_any_process_starts(tmp_path, capsys, monkeypatch, argv, message):
     import project.run_moe as run_moe
+    import project.train
 
-    monkeypatch.setattr(run_moe, "launch", lambda *a, **k: pytest.fail("a process was started"))
+    monkeypatch.setattr(project.train, "launch", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(SystemExit) as exit_info:
         run_moe.main(argv + ["--workdir", str(tmp_path)])
     assert exit_info.value.code == 2
