@@ -19,7 +19,7 @@ against a well-kept library's, both run in the same launch on the same machine, 
   (Narayanan et al. 2021, Sec. 2.2.1): at most ``1.05`` in every configuration. A replay, not a timing: the same
   code gives the same number on every machine.
 
-**The protocol** (:mod:`course.benchmarking`, COURSE_DESIGN.md section 7): warm-up steps of both variants, then
+**The protocol** (:mod:`course.benchmarking`; docs/architecture.md, "The benchmark harness"): warm-up steps of both variants, then
 ``repeats`` (>= 3) rounds in which the two take turns (:func:`course.benchmarking.interleaved`), so a change of load
 touches both; the verdict comes from :func:`course.benchmarking.compare` — the median per-repeat ratio and its 95 %
 bootstrap interval. The machine record (:func:`course.benchmarking.machine` before the ranks start,
@@ -35,7 +35,8 @@ computing something else is a ``fail``.
 
 The submission's code runs as the grader runs it (:func:`instructor.submission.grading_tree`: only the key's blocks
 are taken, the block policy is checked, every key the key does not depend on is a stub), in a subprocess with a
-time limit; nothing of the student's runs in this process.
+time limit (``python -m project.performance``, which holds the ranks' work and writes raw numbers); nothing of the
+student's runs in this process, which judges the numbers.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,7 +56,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not measurable here"
 VERDICTS = (PASS, FAIL, NOT_MEASURABLE)
@@ -172,12 +173,8 @@ def points(key: PerfKey, verdict: dict) -> float | None:
     return {PASS: float(key.points), FAIL: 0.0}.get(verdict["verdict"])
 
 
-# ---- what the ranks run (in the submission's grading copy) ----------------------------------------------
+# ---- checks that hold on any machine (the measurement's raw numbers in, a verdict's check out) -------
 
-DP_CONFIG = dict(preset="tiny", vocab_size=2048, seq=64, per_rank_batch=8, steps=2, bucket_mb=0.5, warmup=1,
-                 repeats=5, parity_steps=3, learning_rate=0.05)
-PP_CONFIG = dict(n_layer=4, vocab=2048, seq=64, micro_batch_size=4, micro_batches=8, warmup=1, repeats=5)
-BUBBLE_CONFIGS = ((2, 4), (2, 8), (4, 8), (4, 16))  # (p, m) replayed
 # Parity tolerance (relative, on every loss): at dp = 2 both averages are (a + b) / 2 — the sum of two floats is
 # commutative and the halving exact — so the SGD steps are the same up to the order DDP's C++ reducer and the
 # bucketed reducer copy the same numbers: equal losses. 1e-5 (~80 float32 eps) leaves room for the backward
@@ -188,162 +185,6 @@ DP_PARITY_RTOL = 1e-5
 # gradients differ by where 1/m is applied (torch scales the summed gradient, the runner each micro-batch's
 # loss): m = 8 additions of float32 numbers, ~8 eps = 1e-6 relative; 1e-5 of the largest gradient element.
 PP_PARITY_RTOL = 1e-5
-
-
-def _batch(seed: int, rows: int, seq: int, vocab: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (rows, seq), generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-
-
-def dp_worker(rank: int, world_size: int, cfg: dict) -> dict:
-    """Rank of the ``perf_dp_overlap`` measurement: the submission's :class:`communication.buckets.BucketedReducer`
-    (overlap on) and ``DistributedDataParallel`` with the same ``bucket_mb``, each on its own copy of the same tiny
-    GPT-2 and the same batches (rank r its own rows). First ``parity_steps`` SGD steps of both (losses recorded),
-    then ``warmup`` untimed and ``repeats`` timed rounds of ``steps`` steps, the two variants taking turns
-    (:func:`course.benchmarking.interleaved`, the slowest rank's seconds).
-
-    Returns: ``{"seconds": {"yours": [...], "library": [...]}, "tokens_per_round", "losses": {...}, "n_buckets"}``
-    (every rank the same; the caller reads rank 0's)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from communication.buckets import BucketedReducer
-    from course.benchmarking import interleaved
-    from course.launch import context
-    from course.loss import model_loss
-    from course.model import build_gpt2
-    from course.task import worker_env_quiet
-
-    worker_env_quiet()
-    device = context().device
-    batches = [{k: v.to(device) for k, v in _batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"],
-                                                   cfg["vocab_size"]).items()}
-               for i in range(max(cfg["steps"], cfg["parity_steps"]))]
-
-    def build(name: str):
-        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg["learning_rate"])
-        if name == "library":
-            return model, DistributedDataParallel(model, bucket_cap_mb=cfg["bucket_mb"]), opt, None
-        return model, model, opt, BucketedReducer(model, group=None, bucket_mb=cfg["bucket_mb"], overlap=True)
-
-    launched_in_backward = []
-
-    def step(state, batch) -> float:
-        model, forward, opt, reducer = state
-        opt.zero_grad(set_to_none=True)
-        if reducer is not None:
-            reducer.events.clear()
-            reducer.before_backward()
-        loss = model_loss(forward, batch)
-        loss.backward()
-        if reducer is not None:
-            if reducer.record:  # the reducer's own "launch" events (outside the assignment's blocks), in order
-                launched_in_backward.append(sum(kind == "launch" for _, kind, _ in reducer.events))
-            reducer.finish()
-        opt.step()
-        return float(loss.detach())
-
-    states = {name: build(name) for name in ("yours", "library")}
-    states["yours"][3].record = True  # the parity steps record when each bucket's all-reduce started
-    losses = {name: [step(states[name], batches[i]) for i in range(cfg["parity_steps"])] for name in states}
-    states["yours"][3].record = False
-    gathered = [None] * world_size
-    dist.all_gather_object(gathered, losses, group=None)
-    seconds = interleaved({name: (lambda s=s: [step(s, b) for b in batches[:cfg["steps"]]]) for name, s in states.items()},
-                          cfg["repeats"], cfg["warmup"], device, None)
-    return {"seconds": seconds, "tokens_per_round": cfg["per_rank_batch"] * cfg["seq"] * cfg["steps"] * world_size,
-            "losses": {name: [[g[name][i] for g in gathered] for i in range(cfg["parity_steps"])] for name in states},
-            "n_buckets": len(states["yours"][3].buckets), "launched_in_backward": launched_in_backward}
-
-
-def pp_worker(rank: int, world_size: int, cfg: dict) -> dict:
-    """Rank of the ``perf_1f1b`` measurement: one stage of a tiny GPT-2 (``n_layer`` blocks, dropout 0) run by the
-    submission's :class:`pipeline.stage_runner.StageRunner` with :func:`pipeline.schedules.one_f_one_b_actions`,
-    and by ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``) on the same module and
-    micro-batches. First one step of each for parity (the last stage's per-micro-batch losses, every rank's
-    gradients), then ``warmup`` untimed and ``repeats`` timed steps, taking turns.
-
-    Returns: ``{"seconds": {"yours": [...], "library": [...]}, "losses": {...}, "grad_diff", "grad_scale"}``."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    from course.benchmarking import interleaved
-    from course.launch import context
-    from course.model import build_gpt2
-    from course.task import worker_env_quiet
-    from pipeline.gpt2_stages import gpt2_stage
-    from pipeline.schedules import one_f_one_b_actions
-    from pipeline.stage_runner import StageRunner
-
-    worker_env_quiet()
-    device = context().device
-    m, p = cfg["micro_batches"], world_size
-    model = build_gpt2("tiny", cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0, n_layer=cfg["n_layer"])
-    stage, _ = gpt2_stage(model, rank, p)
-    stage = stage.to(device)
-    g = torch.Generator().manual_seed(1)
-    inputs = [torch.randint(0, cfg["vocab"], (cfg["micro_batch_size"], cfg["seq"]), generator=g) for _ in range(m)]
-    targets = [torch.randint(0, cfg["vocab"], (cfg["micro_batch_size"], cfg["seq"]), generator=g) for _ in range(m)]
-    inputs, targets = [x.to(device) for x in inputs], [t.to(device) for t in targets]
-    first, last = rank == 0, rank == p - 1
-
-    def runner_loss(logits, target):
-        return F.cross_entropy(logits.flatten(0, 1), target.flatten()) / m
-
-    def torch_loss(logits, target):  # Schedule1F1B scales the gradients by 1/m itself
-        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
-
-    runner = StageRunner(stage, device, loss_fn=runner_loss if last else None, group=None)
-    actions = one_f_one_b_actions(rank, p, m)
-    pipe = PipelineStage(stage, rank, p, device, group=None)
-    schedule = Schedule1F1B(pipe, m, loss_fn=torch_loss)
-    whole_in, whole_target = torch.cat(inputs), torch.cat(targets)
-
-    def yours():
-        stage.zero_grad(set_to_none=True)
-        return runner.run(actions, inputs if first else None, targets if last else None).losses
-
-    def library():
-        stage.zero_grad(set_to_none=True)
-        losses = []
-        if first:
-            schedule.step(whole_in)
-        elif last:
-            schedule.step(target=whole_target, losses=losses)
-        else:
-            schedule.step()
-        return {i: float(x.detach()) / m for i, x in enumerate(losses)}
-
-    mine_losses = yours()
-    mine_grads = [q.grad.detach().clone() for q in stage.parameters()]
-    theirs_losses = library()
-    diff = max(float((a - q.grad).abs().max()) for a, q in zip(mine_grads, stage.parameters()))
-    scale = max(float(q.grad.abs().max()) for q in stage.parameters())
-    seconds = interleaved({"yours": yours, "library": library}, cfg["repeats"], cfg["warmup"], device, None)
-    out = {"seconds": seconds, "grad_diff": diff, "grad_scale": scale}
-    if last:
-        out["losses"] = {"yours": [mine_losses[i] for i in sorted(mine_losses)],
-                         "library": [theirs_losses[i] for i in sorted(theirs_losses)]}
-    dist.barrier(group=None)
-    return out
-
-
-def bubble_ratios(configs=BUBBLE_CONFIGS) -> list[dict]:
-    """The submission's 1F1B action lists (:func:`pipeline.schedules.one_f_one_b_actions`) replayed with equal
-    stage costs F = 1, B = 2 (:func:`pipeline.metrics.replay_by_kind`, hand-overs free, as the theory assumes):
-    ``[{"p", "m", "bubble", "theory", "ratio"}]``, one per ``(p, m)`` of ``configs``."""
-    from pipeline.metrics import measured_bubble_fraction, replay_by_kind
-    from pipeline.schedules import SCHEDULES, one_f_one_b_actions
-
-    rows = []
-    for p, m in configs:
-        events = replay_by_kind([one_f_one_b_actions(r, p, m) for r in range(p)], {"F": 1.0, "B": 2.0})
-        bubble, theory = measured_bubble_fraction(events), SCHEDULES["1f1b"].bubble(p, m, 1)
-        rows.append({"p": p, "m": m, "bubble": bubble, "theory": theory, "ratio": bubble / theory})
-    return rows
 
 
 def dp_overlap(launched_in_backward: list[int], n_buckets: int) -> dict:
@@ -382,43 +223,20 @@ def pp_parity(losses: dict, grad_diff: float, grad_scale: float) -> dict:
                       f"Schedule1F1B's (tolerance {PP_PARITY_RTOL:g})"}
 
 
-def measure(name: str, dp_config: dict | None = None, pp_config: dict | None = None) -> dict:
-    """Measure one key in this process's tree (run inside the submission's grading copy): the raw numbers, the
-    parity check and the machine record. Launches 2 ranks for a timed key."""
-    from course.benchmarking import finish, machine
-    from course.launch import launch_all
-
-    key = PERF_KEYS[name]
-    if not key.timed:
-        rows = bubble_ratios()
-        return {"key": name, "machine": finish(machine(busy_ranks=1)), "rows": rows,
-                "ratio": max(r["ratio"] for r in rows)}
-    world = 2
-    info = machine("cpu", busy_ranks=world)  # before the ranks start: the load of other processes
-    if name == "perf_dp_overlap":
-        cfg = {**DP_CONFIG, **(dp_config or {})}
-        out = launch_all(dp_worker, world, cfg, device="cpu", timeout=DEFAULT_TIMEOUT)[0]
-        finish(info)
-        tokens = out["tokens_per_round"]
-        mine = [tokens / s for s in out["seconds"]["yours"]]
-        theirs = [tokens / s for s in out["seconds"]["library"]]
-        return {"key": name, "machine": info, "config": cfg, "unit": "tokens/s", "yours": mine, "library": theirs,
-                "parity": dp_parity(out["losses"]), "overlap": dp_overlap(out["launched_in_backward"], out["n_buckets"])}
-    cfg = {**PP_CONFIG, **(pp_config or {})}
-    per_rank = launch_all(pp_worker, world, cfg, device="cpu", timeout=DEFAULT_TIMEOUT)
-    finish(info)
-    seconds = per_rank[0]["seconds"]
-    return {"key": name, "machine": info, "config": cfg, "unit": "s", "yours": seconds["yours"],
-            "library": seconds["library"],
-            "parity": pp_parity(per_rank[world - 1]["losses"], max(r["grad_diff"] for r in per_rank.values()),
-                                max(r["grad_scale"] for r in per_rank.values()))}
+def checks_of(measured: dict) -> list[dict]:
+    """The checks that hold on any machine, from a measurement's raw numbers: parity (both keys) and, for
+    ``perf_dp_overlap``, the overlap's launch order."""
+    if measured["key"] == "perf_dp_overlap":
+        return [dp_parity(measured["losses"]), dp_overlap(measured["launched_in_backward"], measured["n_buckets"])]
+    return [pp_parity(measured["losses"], measured["grad_diff"], measured["grad_scale"])]
 
 
 def verdict_of(measured: dict) -> dict:
-    """:func:`judge` of one :func:`measure` result; the machine record and the raw numbers kept beside it."""
+    """:func:`judge` of one measurement (``project/performance.py``'s raw numbers); the machine record and the raw
+    numbers kept beside it."""
     key = PERF_KEYS[measured["key"]]
     if key.timed:
-        checks = [measured[c] for c in ("parity", "overlap") if c in measured]
+        checks = checks_of(measured)
         v = judge(key, measured["yours"], measured["library"], conditions=measured["machine"]["conditions"],
                   checks=checks)
         v.update(unit=measured["unit"], yours=measured["yours"], library=measured["library"], checks=checks)
@@ -444,30 +262,40 @@ class PerfResult:
 
 
 def _run_measurement(tree: Path, name: str, timeout: float, out: Path) -> dict:
-    """``python -m instructor.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), bounded by
-    ``timeout``, its processes ended (the grader's :func:`instructor.grade.kill_leftovers`)."""
-    import secrets
-
-    from instructor.grade import RUN_ID_VAR, kill_leftovers
-
-    run_id = secrets.token_hex(8)
+    """``python -m project.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), in a process
+    session of its own bounded by ``timeout``; the whole session is killed when it ends (the launcher's ranks end
+    with their launcher; a rank that does not is in the session too)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMSYS_GRADE"))}
-    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", **{RUN_ID_VAR: run_id})
-    cmd = [sys.executable, "-m", "instructor.performance", "--measure", name, "--out", str(out)]
+    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "project.performance", "--measure", name, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    timed_out = False
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
-        raise RuntimeError(f"the measurement ran past {timeout:.0f} s (a hung rank?)")
+        timed_out = True
+        output = ""
     finally:
-        kill_leftovers(run_id)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if timed_out:
+            proc.communicate()
+    if timed_out:
+        raise RuntimeError(f"the measurement ran past {timeout:.0f} s (a hung rank?)")
     if proc.returncode != 0 or not out.is_file():
         tail = "\n".join((output or "").strip().splitlines()[-15:])
         raise RuntimeError(f"the measurement failed (exit {proc.returncode}):\n{tail}")
     return json.loads(out.read_text())
+
+
+def measure_here(name: str, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """The verdict of ``name`` on this tree's own code, measured in a subprocess (as the grader does, without the
+    copy)."""
+    with tempfile.TemporaryDirectory(prefix="perf_") as tmp:
+        return verdict_of(_run_measurement(ROOT, name, timeout, Path(tmp) / f"{name}.json"))
 
 
 def grade_performance(names: list[str] | None = None, submission: Path | None = None, root: Path = ROOT,
@@ -551,14 +379,7 @@ def main(argv=None) -> int:
                         help=f"performance keys (default: all of {', '.join(PERF_KEYS)})")
     parser.add_argument("--json", default=None, help="write every verdict, ratio, interval and machine record here")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds allowed per key")
-    parser.add_argument("--measure", default=None, choices=list(PERF_KEYS), help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.measure:  # inside the grading copy: measure one key, write the raw numbers
-        from course.results import write_json
-
-        write_json(args.out, measure(args.measure))
-        return 0
     submission = Path(args.submission).resolve() if args.submission else None
     if submission is not None and not submission.is_dir():
         parser.error(f"--submission {submission} is not a folder")
