@@ -10,7 +10,9 @@ The staged tree mirrors the repository, so that links between notebooks and docs
   each for download;
 * ``guides/*.md`` — every other section of the README, one page each (the GPU guidance among them);
 * ``docs/*.md`` — every page of ``docs/``;
-* ``packages/*.md`` — one page per package that holds reference blocks.
+* ``packages/*.md`` — one page per package that holds reference blocks;
+* ``leaderboard.md`` — the performance keys' leaderboard (``website/leaderboard.py``), when ``leaderboard/`` holds
+  entries.
 
 Errors (:class:`SiteError`): a notebook without a course number or title, a key whose notebook is
 not in ``notebooks/``, a README without the sections the landing page shows.
@@ -177,6 +179,12 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
                   "Using the repository": [p.removesuffix(".md") for p in guide_pages],
                   "Guides": [d.removesuffix(".md") for d in docs],
                   "Packages": [assignments.package_page(p).removesuffix(".md") for p in packages]}
+    from website.leaderboard import PAGE, page_markdown  # the leaderboard page, when leaderboard/ has entries
+
+    board = page_markdown(root)
+    if board is not None:
+        (src / PAGE).write_text(links.rewrite(board, PAGE, PAGE), encoding="utf-8")
+        staged.toc["Leaderboard"] = [PAGE.removesuffix(".md")]
     index = (HERE / "landing.md").read_text(encoding="utf-8")
     index = index.replace("{{parts}}", _parts_table(staged, keys, blocks)).replace("{{toctrees}}", _toctrees(staged.toc))
     for prefix, section in landing.items():
