@@ -326,7 +326,17 @@ def grade_performance(names: list[str] | None = None, submission: Path | None = 
                     raise RuntimeError(f"your code for {key.code_of} breaks the block policy, so it was not run:\n{tree}")
                 if isinstance(tree, Exception):
                     raise RuntimeError(f"your code for {key.code_of} could not be taken from the submission: {tree}")
-                v = verdict_of(_run_measurement(tree, name, timeout, Path(tmp) / f"{name}.json"))
+                try:
+                    measured = _run_measurement(tree, name, timeout, Path(tmp) / f"{name}.json")
+                except RuntimeError as first:  # once more: a launch can fail for the machine's sake (a port
+                    # another process took between its choice and the bind: EADDRINUSE); the code's own error repeats
+                    if not quiet:
+                        print(f"  {name}: the measurement failed, trying once more:\n  {str(first)[-300:]}", flush=True)
+                    measured = _run_measurement(tree, name, timeout, Path(tmp) / f"{name}.json")
+                    measured["retried_after"] = str(first)[-2000:]
+                v = verdict_of(measured)
+                if "retried_after" in measured:
+                    v["retried_after"] = measured["retried_after"]
             except RuntimeError as exc:
                 v = failed(key, str(exc))
             results.append(PerfResult(name, key.topic, v["verdict"], points(key, v), key.points,
