@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(ROOT))
 
-from instructor.performance import PERF_KEYS, judge  # noqa: E402
+from instructor.performance import PERF_KEYS, grading_conditions, judge  # noqa: E402
 
 FORMAT = 1
 FOLDER = ROOT / "leaderboard"
@@ -84,16 +84,17 @@ def problems(entry: dict) -> list[str]:
             found.append(f"{name}: no machine record of the harness (missing {', '.join(missing)})")
             continue
         if key.timed:
-            if machine["conditions"] != "quiet":
-                found.append(f"{name}: measured on a {machine['conditions']} machine; only a quiet machine's "
-                             "wall-clock ratios are entered")
+            judged = grading_conditions(machine)
+            if judged != "quiet":
+                found.append(f"{name}: measured on a {judged} machine; only a quiet machine's wall-clock ratios are "
+                             "entered")
             checks = {c.get("name"): c for c in r.get("checks") or []}
             if "parity" not in checks:
                 found.append(f"{name}: no parity check (the submission's losses against the library's)")
             elif not checks["parity"].get("passed"):
                 found.append(f"{name}: the parity check failed ({checks['parity'].get('detail', '')})")
             try:
-                again = judge(key, r["yours"], r["library"], conditions=machine["conditions"],
+                again = judge(key, r["yours"], r["library"], conditions=grading_conditions(machine),
                               checks=list(checks.values()))
             except (KeyError, TypeError, ValueError) as exc:
                 found.append(f"{name}: its per-repeat numbers cannot be judged again ({exc})")

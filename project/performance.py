@@ -28,7 +28,8 @@ TIMEOUT = 300.0  # seconds one launch may take (a few seconds on an idle 2-core 
 
 DP_CONFIG = dict(preset="tiny", vocab_size=2048, seq=64, per_rank_batch=8, steps=2, bucket_mb=0.5, warmup=1,
                  repeats=5, parity_steps=3, learning_rate=0.05)
-PP_CONFIG = dict(n_layer=4, vocab=2048, seq=64, micro_batch_size=4, micro_batches=8, warmup=1, repeats=5)
+PP_CONFIG = dict(n_layer=4, vocab=2048, seq=64, micro_batch_size=4, micro_batches=8, warmup=1, repeats=5,
+                 runner_timed=False)  # untimed actions, as Schedule1F1B runs them (no clock read per action)
 BUBBLE_CONFIGS = ((2, 4), (2, 8), (4, 8), (4, 16))  # (p, m) replayed
 
 
@@ -138,7 +139,8 @@ def pp_worker(rank: int, world_size: int, cfg: dict) -> dict:
     def torch_loss(logits, target):  # Schedule1F1B scales the gradients by 1/m itself
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
-    runner = StageRunner(stage, device, loss_fn=runner_loss if last else None, group=None)
+    runner = StageRunner(stage, device, loss_fn=runner_loss if last else None, group=None,
+                         timed=cfg.get("runner_timed", False))
     actions = one_f_one_b_actions(rank, p, m)
     pipe = PipelineStage(stage, rank, p, device, group=None)
     schedule = Schedule1F1B(pipe, m, loss_fn=torch_loss)

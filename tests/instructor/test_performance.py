@@ -294,3 +294,14 @@ def test_a_failed_launch_is_measured_once_more_and_a_repeated_failure_fails(monk
     monkeypatch.setattr(performance, "_run_measurement", broken)
     result = performance.grade_performance(["perf_bubble"], tmp_path, quiet=True)[0]
     assert result.verdict == FAIL and result.points == 0.0 and len(calls) == 2
+
+
+def test_a_quiet_machine_whose_cores_the_ranks_share_is_not_measurable():
+    from instructor.performance import grading_conditions
+
+    base = {"cores": 2, "usable_cores": 2, "device": "cpu", "busy_ranks": 2, "conditions": "quiet"}
+    assert grading_conditions({**base, "others_running": 0.2, "others_running_after": 0.0}) == "quiet"
+    # the harness's quiet (others <= half the cores), but one more runnable thread takes turns with a rank
+    assert grading_conditions({**base, "others_running": 1.0, "others_running_after": 0.0}) == "loaded"
+    assert grading_conditions({**base, "conditions": "oversubscribed"}) == "oversubscribed"
+    assert grading_conditions({**base, "device": "cuda", "others_running": 1.0}) == "quiet"  # a GPU per rank
