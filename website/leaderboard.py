@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from instructor.leaderboard import EntryError, entries
+from instructor.leaderboard import entries
 from instructor.performance import PERF_KEYS
 
 PAGE = "leaderboard.md"
@@ -25,15 +25,10 @@ def page_markdown(root: Path) -> str | None:
     """The page's Markdown for the course tree ``root``; None when ``root/leaderboard`` holds no entry.
 
     Raises:
-        website.stage.SiteError: an entry is rejected (the build fails, naming it and why).
+        instructor.leaderboard.EntryError: an entry is rejected (the build fails, naming it and why).
     """
     folder = Path(root) / "leaderboard"
-    try:
-        found = entries(folder) if folder.is_dir() else []
-    except EntryError as exc:
-        from website.stage import SiteError
-
-        raise SiteError(f"leaderboard/: {exc}") from None
+    found = entries(folder) if folder.is_dir() else []
     if not found:
         return None
     names = list(PERF_KEYS)

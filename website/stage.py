@@ -179,9 +179,13 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
                   "Using the repository": [p.removesuffix(".md") for p in guide_pages],
                   "Guides": [d.removesuffix(".md") for d in docs],
                   "Packages": [assignments.package_page(p).removesuffix(".md") for p in packages]}
+    from instructor.leaderboard import EntryError
     from website.leaderboard import PAGE, page_markdown  # the leaderboard page, when leaderboard/ has entries
 
-    board = page_markdown(root)
+    try:
+        board = page_markdown(root)
+    except EntryError as exc:
+        raise SiteError(f"leaderboard/: {exc}") from None
     if board is not None:
         (src / PAGE).write_text(links.rewrite(board, PAGE, PAGE), encoding="utf-8")
         staged.toc["Leaderboard"] = [PAGE.removesuffix(".md")]

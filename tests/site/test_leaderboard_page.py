@@ -7,11 +7,12 @@ import shutil
 import pytest
 from bs4 import BeautifulSoup
 
+from instructor.leaderboard import EntryError
 from instructor.performance import PERF_KEYS
 from tests.site.fake_course import FAKE_KEYS
 from website.build import REPO, build
 from website.leaderboard import page_markdown
-from website.stage import SiteError
+from website.stage import SiteError, stage
 
 
 def test_the_page_builds_from_the_committed_entries(demo, tmp_path):
@@ -32,11 +33,15 @@ def test_the_page_builds_from_the_committed_entries(demo, tmp_path):
     assert "leaderboard.html" in nav
 
 
-def test_a_rejected_entry_fails_the_build_and_no_entry_means_no_page(tmp_path):
-    assert page_markdown(tmp_path) is None
-    (tmp_path / "leaderboard").mkdir()
+def test_a_rejected_entry_fails_the_build_and_no_entry_means_no_page(demo, tmp_path):
+    root = tmp_path / "course"
+    shutil.copytree(demo[0], root)
+    assert page_markdown(root) is None
+    (root / "leaderboard").mkdir()
     entry = json.loads((REPO / "leaderboard" / "reference.json").read_text())
     entry["keys"]["perf_1f1b"]["machine"]["conditions"] = "loaded"
-    (tmp_path / "leaderboard" / "reference.json").write_text(json.dumps(entry))
-    with pytest.raises(SiteError, match="loaded"):
-        page_markdown(tmp_path)
+    (root / "leaderboard" / "reference.json").write_text(json.dumps(entry))
+    with pytest.raises(EntryError, match="loaded"):
+        page_markdown(root)
+    with pytest.raises(SiteError, match="(?s)leaderboard/: .*loaded"):
+        stage(root, tmp_path / "src", FAKE_KEYS)
