@@ -45,6 +45,12 @@ withheld and listed for review. The full tracebacks go to ``--log_dir`` (instruc
 ``review.txt`` listing what needs a look. The same text is in the Gradescope ``results.json``
 (``--json``).
 
+**Performance keys** (optional, ``--performance``): after the correctness keys,
+:mod:`instructor.performance` measures the submission's speed as side-by-side ratios against torch's own
+implementations and reports them in a section of their own — pass, fail or "not measurable here" (a loaded
+machine: not graded, not a zero) — with their own points, apart from the correctness total; in Gradescope's
+``results.json`` they are separate tests entries tagged ``performance``.
+
 **Threat model**: docs/grading.md. In short, the walls are the policy, the copy without
 unneeded reference code, the checks after the run and the withheld feedback; the student's
 code still runs with the grader's user rights, so run the grader only inside a throw-away
@@ -365,14 +371,29 @@ def _describe(f: TestFeedback) -> str:
 
 # ---- reports ------------------------------------------------------------------------------------
 
-def gradescope(results: list[KeyResult]) -> dict:
-    """The Gradescope autograder ``results.json`` payload: one test entry per key."""
-    return {
-        "score": round(sum(r.points for r in results), 2),
-        "tests": [{"name": f"{r.key}: {r.topic}", "score": r.points, "max_score": r.max_points,
-                   "output": f"{r.passed}/{r.total} tests passed in {r.seconds:.0f} s\n{r.output}"}
-                  for r in results],
-    }
+def gradescope(results: list[KeyResult], performance: list | None = None) -> dict:
+    """The Gradescope autograder ``results.json`` payload: one test entry per key, then (``performance``: the
+    :class:`instructor.performance.PerfResult` list) one per performance key, tagged ``performance``, with its
+    own ``max_score`` (0 when not measurable here: not graded). ``output`` states the two totals apart."""
+    correct, best = round(sum(r.points for r in results), 2), sum(r.max_points for r in results)
+    tests = [{"name": f"{r.key}: {r.topic}", "score": r.points, "max_score": r.max_points, "tags": ["correctness"],
+              "output": f"{r.passed}/{r.total} tests passed in {r.seconds:.0f} s\n{r.output}"}
+             for r in results]
+    summary = f"Correctness: {correct:g}/{best} points."
+    score = correct
+    if performance is not None:
+        from instructor.performance import gradescope_tests
+
+        extra = gradescope_tests(performance)
+        got = round(sum(t["score"] for t in extra), 2)
+        graded = sum(t["max_score"] for t in extra)
+        unmeasured = [r.key for r in performance if r.points is None]
+        summary += (f" Performance (optional, apart from correctness): {got:g}/{graded} points"
+                    + (f"; not measurable here (a loaded machine, not graded): {', '.join(unmeasured)}" if unmeasured
+                       else "") + ".")
+        tests += extra
+        score = round(correct + got, 2)
+    return {"score": score, "output": summary, "tests": tests}
 
 
 def print_table(results: list[KeyResult]) -> None:
@@ -428,6 +449,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds allowed per key (default {DEFAULT_TIMEOUT:.0f}; every key takes well under a "
                              "minute on 2 CPU cores, docs/grading.md)")
+    parser.add_argument("--performance", action="store_true",
+                        help="also measure the optional performance keys (instructor/performance.py): side-by-side "
+                             "speed ratios, reported apart from the correctness points")
     parser.add_argument("--skip_policy", action="store_true",
                         help="do not check the blocks against the block policy: only to try the grader's other "
                              "walls (tests/instructor/test_grading.py), never to grade")
@@ -445,8 +469,14 @@ def main(argv=None) -> int:
                                                         if args.json else None)
     results = grade(args.keys, submission, args.timeout, log_dir, enforce_policy=not args.skip_policy)
     print_table(results)
+    performance = None
+    if args.performance:
+        from instructor import performance as perf
+
+        performance = perf.grade_performance(None, submission, timeout=args.timeout)
+        perf.print_table(performance)
     if args.json:
-        Path(args.json).write_text(json.dumps(gradescope(results), indent=2))
+        Path(args.json).write_text(json.dumps(gradescope(results, performance), indent=2))
         print(f"wrote {args.json}")
     if log_dir is not None and log_dir.is_dir():
         print(f"full tracebacks (and review.txt, if anything needs a look): {log_dir}")

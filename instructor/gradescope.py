@@ -14,6 +14,8 @@ Upload the zip as a "programming assignment" autograder (Ubuntu base image). It 
   Multi30k files, so grading needs no network.
 
 Students upload their copy of the course (or just the part packages, at their usual paths).
+The performance keys (:mod:`instructor.performance`) are measured after the correctness keys and reported as
+separate tests entries (tag ``performance``, their own ``max_score``); ``GRADE_PERFORMANCE=0`` leaves them out.
 ``AUTOGRADER_ROOT`` (default ``/autograder``), ``GRADE_KEYS`` (a space-separated subset of
 keys) and ``PYTHON`` override the defaults, e.g. to try the bundle locally. The grader's threat
 model is in ``instructor/grade.py``: run it only inside the container Gradescope provides.
@@ -52,7 +54,9 @@ export LLMSYS_DATA_DIR="$ROOT/source/data/multi30k"
 mkdir -p "$ROOT/results"
 KEYS=()
 if [ -n "${GRADE_KEYS:-}" ]; then KEYS=(--keys $GRADE_KEYS); fi
-"$PYTHON" instructor/grade.py --submission "$ROOT/submission" "${KEYS[@]}" \\
+PERF=(--performance)
+if [ "${GRADE_PERFORMANCE:-1}" = "0" ]; then PERF=(); fi
+"$PYTHON" instructor/grade.py --submission "$ROOT/submission" "${KEYS[@]}" "${PERF[@]}" \\
     --json "$ROOT/results/results.json" --log_dir "$ROOT/results/logs"
 """
 

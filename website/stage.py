@@ -13,6 +13,8 @@ The staged tree mirrors the repository, so that links between notebooks and docs
 * ``packages/*.md`` — one page per package that holds reference blocks;
 * ``calculators.md`` — the calculators (memory, bubble, alpha-beta, MFU), their tables emitted from the
   course's Python (``website/calculators.py``).
+* ``leaderboard.md`` — the performance keys' leaderboard (``website/leaderboard.py``), when ``leaderboard/`` holds
+  entries.
 
 Errors (:class:`SiteError`): a notebook without a course number or title, a key whose notebook is
 not in ``notebooks/``, a README without the sections the landing page shows.
@@ -184,6 +186,16 @@ def stage(root: Path, src: Path, keys: dict[str, Key] = KEYS) -> Staged:
         staged.toc["Tools"] = [calculators.stage_page(root, src)]
     except calculators.CalculatorError as exc:
         raise SiteError(str(exc)) from None
+    from instructor.leaderboard import EntryError
+    from website.leaderboard import PAGE, page_markdown  # the leaderboard page, when leaderboard/ has entries
+
+    try:
+        board = page_markdown(root)
+    except EntryError as exc:
+        raise SiteError(f"leaderboard/: {exc}") from None
+    if board is not None:
+        (src / PAGE).write_text(links.rewrite(board, PAGE, PAGE), encoding="utf-8")
+        staged.toc["Leaderboard"] = [PAGE.removesuffix(".md")]
     index = (HERE / "landing.md").read_text(encoding="utf-8")
     index = index.replace("{{parts}}", _parts_table(staged, keys, blocks)).replace("{{toctrees}}", _toctrees(staged.toc))
     for prefix, section in landing.items():
