@@ -23,7 +23,7 @@ def _world():
 def planted_early_stop(rank: int, world_size: int, collective_timeout: float) -> int:
     """Each rank stops training when *its own* loss falls below 0.2 — rank 1's data is easier, so it leaves the loop
     two steps before rank 0 and never posts the gradient all-reduce rank 0 then waits in. Returns the steps run."""
-    grad = torch.ones(8)
+    grad = torch.ones(8, device="cpu")
     steps = 0
     for step in range(4):
         local_loss = (1.0 if rank == 0 else 0.5) / (step + 1)
@@ -38,18 +38,18 @@ def planted_receive_first(rank: int, world_size: int, collective_timeout: float)
     """Two ranks swap a tensor, each receiving before it sends: each waits for a message the other sends only
     after its own receive — crossed orders, a deadlock on every back-end."""
     peer = 1 - rank
-    inbox = torch.empty(4)
-    dist.all_reduce(torch.ones(1), group=_world())  # a collective that matches, before the swap
+    inbox = torch.empty(4, device="cpu")
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())  # a collective that matches, before the swap
     dist.recv(inbox, peer, group=_world())
-    dist.send(torch.full((4,), float(rank)), peer, group=_world())
+    dist.send(torch.full((4,), float(rank), device="cpu"), peer, group=_world())
 
 
 def planted_wrong_group(rank: int, world_size: int, collective_timeout: float) -> None:
     """Three ranks: ranks 0 and 1 form a tensor-parallel group ``tp`` and sum an activation in it, then every rank
     sums a gradient over the world. Rank 1 passes the world group instead of ``tp``."""
     tp = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=collective_timeout), group_desc="tp")
-    x = torch.ones(8)
-    dist.all_reduce(torch.ones(1), group=_world())  # a world collective that matches, before the bug
+    x = torch.ones(8, device="cpu")
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())  # a world collective that matches, before the bug
     if rank in (0, 1):
         group = tp if rank == 0 else _world()  # the bug: rank 1 sums its activation over the world
         dist.all_reduce(x, group=group)
@@ -61,12 +61,12 @@ def planted_crossed_sizes(rank: int, world_size: int, collective_timeout: float)
     embedding (8 numbers) to stage 1, which receives the gradient first. NCCL matches messages by order alone,
     so the first message meets a receive of the wrong size (run under the NCCL rules, :mod:`course.nccl_rules`:
     on plain gloo the wrong size ends a rank with an abort, or fills the buffer halfway without a word)."""
-    dist.all_reduce(torch.ones(1), group=_world())
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())
     if rank == 0:
-        dist.send(torch.ones(4), 1, group=_world())       # activation
-        dist.send(torch.ones(8), 1, group=_world())       # gradient of the tied embedding
+        dist.send(torch.ones(4, device="cpu"), 1, group=_world())       # activation
+        dist.send(torch.ones(8, device="cpu"), 1, group=_world())       # gradient of the tied embedding
     else:
-        gradient, activation = torch.empty(8), torch.empty(4)
+        gradient, activation = torch.empty(8, device="cpu"), torch.empty(4, device="cpu")
         dist.recv(gradient, 0, group=_world())            # the bug: the gradient is received first
         dist.recv(activation, 0, group=_world())
 
@@ -77,25 +77,25 @@ def healthy_step(rank: int, world_size: int, collective_timeout: float) -> None:
     groups in different orders), and a pipeline 0 -> 1 -> 2 and back (so each rank numbers its sends and receives
     its own way)."""
     tp = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=collective_timeout), group_desc="tp")
-    dist.all_reduce(torch.ones(2), group=_world())
-    x = torch.ones(8)
+    dist.all_reduce(torch.ones(2, device="cpu"), group=_world())
+    x = torch.ones(8, device="cpu")
     if rank == 0:
-        pending = dist.all_reduce(torch.ones(4), group=_world(), async_op=True)
+        pending = dist.all_reduce(torch.ones(4, device="cpu"), group=_world(), async_op=True)
         dist.all_reduce(x, group=tp)
         pending.wait()
     elif rank == 1:
         dist.all_reduce(x, group=tp)
-        dist.all_reduce(torch.ones(4), group=_world())
+        dist.all_reduce(torch.ones(4, device="cpu"), group=_world())
     else:
-        dist.all_reduce(torch.ones(4), group=_world())
-    activation, gradient = torch.empty(3), torch.empty(3)
+        dist.all_reduce(torch.ones(4, device="cpu"), group=_world())
+    activation, gradient = torch.empty(3, device="cpu"), torch.empty(3, device="cpu")
     if rank > 0:
         dist.recv(activation, rank - 1, group=_world())
     if rank < world_size - 1:
-        dist.send(torch.ones(3), rank + 1, group=_world())
+        dist.send(torch.ones(3, device="cpu"), rank + 1, group=_world())
         dist.recv(gradient, rank + 1, group=_world())
     if rank > 0:
-        dist.send(torch.ones(3), rank - 1, group=_world())
+        dist.send(torch.ones(3, device="cpu"), rank - 1, group=_world())
     dist.barrier(group=_world())
 
 
@@ -115,7 +115,7 @@ def mystery_metrics(rank: int, world_size: int, collective_timeout: float) -> di
         metrics["bleu"] = 31.5
     averaged = {}
     for name in sorted(metrics):
-        value = torch.tensor([metrics[name]], dtype=torch.float64)
+        value = torch.tensor([metrics[name]], dtype=torch.float64, device="cpu")
         dist.all_reduce(value, group=_world())
         averaged[name] = value.item() / world_size
     return averaged
