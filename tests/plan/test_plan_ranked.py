@@ -19,6 +19,7 @@ def ranking(**values):
     return PlanConfig.for_test(**(dict(preset="llama-7b", hardware="h100", n_devices=1024) | values))
 
 
+@pytest.mark.needs_solution  # the planner replays the schedules' action lists (assignment 5.2.4)
 def test_the_names_of_the_issue_are_accepted(capsys):
     assert main(["--model", "llama-7b", "--gpus", "1024", "--hardware", "h100", "--top", "3"]) == 0
     out, err = capsys.readouterr()
@@ -30,6 +31,7 @@ def test_the_names_of_the_issue_are_accepted(capsys):
         assert dp * pp * tp * cp == 1024 and 32 % tp == 0 and pp <= 32
 
 
+@pytest.mark.needs_solution  # the planner replays the schedules' action lists (assignment 5.2.4)
 def test_every_candidate_is_valid_and_the_ranking_is_predicts():
     config = ranking(top=5)
     assert config.ranking and (config.batch_size, config.model_max_length, config.vocab_size) == (1024, 4096, 32000)

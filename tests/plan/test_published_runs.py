@@ -8,6 +8,9 @@ import pytest
 
 from project.published_runs import MEGATRON_ROWS, NARAYANAN, PLAYBOOK, TORCHTITAN, table
 
+# the planner replays each pipeline schedule's action list (assignment 5.2.4's 1F1B): the release's stub stops it
+pytestmark = pytest.mark.needs_solution
+
 
 @pytest.fixture(scope="module")
 def rows():
