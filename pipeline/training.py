@@ -11,7 +11,8 @@ Modes (``--model_parallel_mode``):
 * a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
   :data:`pipeline.schedules.SCHEDULES`) — one process per stage, activations and gradients sent
   between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
-  the schedule (:mod:`pipeline.stage_runner`). :func:`run_stage_worker` runs on every rank.
+  the schedule (:mod:`pipeline.stage_runner`). Every rank trains :func:`stage_training`'s stage (through
+  ``project/train.py --mode pipeline``).
 
 All modes minimise the same loss — the batch's mean next-token loss on target tokens —
 so with dropout 0 they compute the same updates. The shared epoch runner
@@ -31,9 +32,7 @@ from torch.utils.data import DataLoader
 from course import trace
 from course.collectives import global_rank
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
-from course.launch import context
 from course.loss import count_target_tokens, lm_loss
-from course.mesh import Mesh
 from course.model import parameter_fingerprint
 from course.task import build_model, prepare_data, worker_env_quiet
 from pipeline.gpt2 import GPT2Pipeline, gpt2_measured_balance, stage_devices
@@ -273,25 +272,11 @@ class StageTraining(PipelineMode):
         return f"{self.mode} epoch {epoch} (last stage)"
 
 
-def run_stage_worker(rank: int, world_size: int, args) -> dict:
-    """Rank ``rank`` trains its stage of GPT-2 with the ``args.model_parallel_mode`` schedule.
-
-    The run's mesh is ``pp = world_size`` (one stage per rank). Every rank builds the whole
-    GPT-2 (same seed) and trains only its stage (:class:`StageTraining`).
-
-    Returns:
-        ``{"results": [paths]}``.
-    """
-    worker_env_quiet()
-    mesh = Mesh.build(pp=world_size)
-    return {"results": run_epochs(stage_training(args, prepare_data(args), context().device, mesh))}
-
-
 def stage_training(args, data, device, mesh) -> StageTraining:
     """This rank's :class:`StageTraining` on ``mesh`` (its pp group): the whole GPT-2 built (same seed on
     every rank), cut into this rank's stage (or ``args.virtual_stages`` chunks for a schedule that takes
     them), placed by layer count or, with ``args.balance == "auto"``, by measured cost. What
-    :func:`run_stage_worker` trains; the parity harness (``project/parity.py``) steps it directly."""
+    ``project/train.py --mode pipeline`` trains (:mod:`project.modes`); the parity harness (``project/parity.py``) steps it directly."""
     world_size = mesh.dims.pp
     model = build_model(args, data.tokenizer.vocab_size)
     n_virtual = args.virtual_stages

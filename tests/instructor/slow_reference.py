@@ -17,14 +17,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from course.blocks import find_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 
-# (file, reference line, slow line)
+# (file, the block's marker, reference lines inside that block, slow lines)
 CHANGES = (
-    ("communication/buckets.py", "        if self.overlap:\n            while self.launched",
+    ("communication/buckets.py", "ASSIGN5_4_2", "        if self.overlap:\n            while self.launched",
      "        if False:  # planted: every bucket waits for finish()\n            while self.launched"),
-    ("pipeline/schedules.py", "    # BEGIN ASSIGN5_2_4\n    warmup = min(n_stages - rank - 1, micro_batches)",
-     "    # BEGIN ASSIGN5_2_4\n    warmup = 0  # planted: no warm-up forwards"),
+    ("pipeline/schedules.py", "ASSIGN5_2_4", "    warmup = min(n_stages - rank - 1, micro_batches)\n    actions = [",
+     "    warmup = 0  # planted: no warm-up forwards\n    actions = ["),
 )
 FILES = ("communication/buckets.py", "pipeline/schedules.py", "pipeline/stage_runner.py")
 
@@ -39,12 +41,31 @@ def write(dest: Path, root: Path = ROOT) -> Path:
     for name in FILES:
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / name, dest / name)
-    for name, old, new in CHANGES:
-        text = (dest / name).read_text(encoding="utf-8")
-        if text.count(old) != 1:
-            raise RuntimeError(f"{name}: the reference line {old!r} is not there once; update CHANGES")
-        (dest / name).write_text(text.replace(old, new), encoding="utf-8")
+    for name, marker, old, new in CHANGES:
+        path = dest / name
+        path.write_text(replace_in_block(path.read_text(encoding="utf-8"), marker, old, new, name), encoding="utf-8")
     return dest
+
+
+def block_bodies(text: str, marker: str, where: str) -> list[tuple[int, int]]:
+    """``(first, end)`` line ranges of the bodies of ``marker``'s blocks in ``text`` (the course's one block scanner,
+    :func:`course.blocks.find_blocks`)."""
+    return [(b.begin + 1, b.end) for b in find_blocks(text.split("\n"), where) if b.marker == marker]
+
+
+def replace_in_block(text: str, marker: str, old: str, new: str, where: str) -> str:
+    """``text`` with ``old`` replaced by ``new`` inside the one block of ``marker`` that holds it, once.
+
+    Raises:
+        RuntimeError: ``old`` is not in exactly one place of ``marker``'s blocks (the reference changed: update
+            :data:`CHANGES`).
+    """
+    lines = text.split("\n")
+    spans = [(a, b) for a, b in block_bodies(text, marker, where) if old in "\n".join(lines[a:b])]
+    if len(spans) != 1 or "\n".join(lines[spans[0][0]:spans[0][1]]).count(old) != 1:
+        raise RuntimeError(f"{where}: the reference lines {old!r} are not in one {marker} block once; update CHANGES")
+    a, b = spans[0]
+    return "\n".join(lines[:a] + "\n".join(lines[a:b]).replace(old, new).split("\n") + lines[b:])
 
 
 if __name__ == "__main__":

@@ -100,14 +100,17 @@ def slow_one_f_one_b(rank: int, p: int, m: int) -> list[tuple]:
 
 
 def test_the_slow_references_schedule_is_written_as_planted(tmp_path):
-    from tests.instructor.slow_reference import write
+    from tests.instructor.slow_reference import block_bodies, write
 
     root = write(tmp_path / "slow")
     text = (root / "pipeline" / "schedules.py").read_text()
     assert "warmup = 0  # planted" in text
     assert "if False:  # planted" in (root / "communication" / "buckets.py").read_text()
     namespace: dict = {}
-    body = text.split("# BEGIN ASSIGN5_2_4\n", 2)[2].split("    # END ASSIGN5_2_4")[0]
+    lines = text.split("\n")
+    [(first, end)] = [(a, b) for a, b in block_bodies(text, "ASSIGN5_2_4", "schedules.py")
+                      if "warmup = 0  # planted" in "\n".join(lines[a:b])]
+    body = "\n".join(lines[first:end]) + "\n"
     exec("def f(rank, n_stages, micro_batches):\n" + body, namespace)  # the planted block, as written
     for p, m in ((2, 4), (4, 8)):
         assert [namespace["f"](r, p, m) for r in range(p)] == [slow_one_f_one_b(r, p, m) for r in range(p)]
