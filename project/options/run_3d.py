@@ -43,9 +43,12 @@ class ThreeDConfig(RunConfig):
             raise ConfigError(f"--max_grad_norm must be positive, not {self.max_grad_norm}")
 
     def check_environment(self) -> None:
+        if self.resume is not None:  # first: its message names the --tp or --dp x --pp to resume with
+            try:
+                check_resume_layout(self)
+            except (ValueError, FileNotFoundError) as exc:  # no checkpoint, a damaged one: said as the others are
+                raise exc if isinstance(exc, ConfigError) else ConfigError(str(exc)) from None
         super().check_environment()
-        if self.resume is not None:
-            check_resume_layout(self)
 
 
 

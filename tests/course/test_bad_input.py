@@ -3,7 +3,6 @@ and says what to do (the scripts' ``parse_args``; exit code 2)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections import namedtuple
 
@@ -15,6 +14,7 @@ import project.run_tensor_parallel as run_tp
 import project.train
 from course.data import download_multi30k
 from course.tokenizer import tokenizer_path
+from tests.support.suggestions import suggested_fixes, with_option
 
 
 @pytest.fixture(autouse=True)
@@ -222,29 +222,6 @@ SUGGESTIONS = [
     ("moe", ["--dp", "3", "--batch_size", "30"]),  # one problem: 4 experts over --ep 3
     ("moe", ["--dp", "4", "--ep", "3"]),
 ]
-_SUGGESTED = re.compile(r"(?:try|use|choose) (--\w+|\w+) (?:in \[([\d, ]+)\]|(?:<=|>=) (\S+)|(\S+))")
-
-
-def suggested_fixes(message: str) -> list[tuple[str, str]]:
-    """``(option, value)`` for each concrete fix a message suggests: ``try --x V``, ``use --x <= V``, ``choose --x
-    in [a, b]`` (each of a, b), ``choose cp in [...]``."""
-    fixes = []
-    for match in _SUGGESTED.finditer(message):
-        option = match.group(1) if match.group(1).startswith("--") else f"--{match.group(1)}"
-        values = match.group(2).split(",") if match.group(2) else [match.group(3) or match.group(4)]
-        fixes += [(option, v.strip().rstrip(";.,)")) for v in values if v.strip()]
-    return fixes
-
-
-def _with(argv: list[str], option: str, value: str) -> list[str]:
-    out = list(argv)
-    if option in out:
-        out[out.index(option) + 1] = value
-    else:
-        out += [option, value]
-    return out
-
-
 @pytest.mark.parametrize("mode,argv", SUGGESTIONS, ids=[f"{m}:{' '.join(a)}" for m, a in SUGGESTIONS])
 def test_every_suggested_fix_passes_the_checks(mode, argv, capsys):
     config = project.train.MODES[mode].config
@@ -254,7 +231,7 @@ def test_every_suggested_fix_passes_the_checks(mode, argv, capsys):
     fixes = suggested_fixes(err)
     assert fixes, f"no concrete fix suggested: {err}"
     for option, value in fixes:
-        fixed = _with(argv, option, value)
+        fixed = with_option(argv, option, value)
         try:
             config.from_command_line(fixed, environment=False)
         except SystemExit:

@@ -31,6 +31,7 @@ import project.train
 from course.checkpoint import choose_checkpoint, prune
 from course.checkpoint_manifest import MANIFEST, CheckpointDamaged, verify_checkpoint
 from course.tokenizer import tokenizer_path
+from tests.support.suggestions import suggested_fixes, with_option
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -273,3 +274,14 @@ def test_no_process_of_the_command_outlives_it_by_a_second_under_load(command_li
     assert command_line_resume["code"] == 0 and command_line_resume["loaded"], command_line_resume["log"][-3000:]
     assert not command_line_resume["left"], ("still running 1 s after the command exited (the launcher's fork "
                                              f"server?): {command_line_resume['left']}")
+
+
+@pytest.mark.needs_solution
+@pytest.mark.timeout(300)
+def test_the_3d_resume_layout_error_suggests_a_tp_that_passes_the_checks(checkpoints, tmp_path, capsys, no_launch):
+    workdir, root = _copy(checkpoints, "3d", tmp_path)
+    options = ["--mode", "3d", "--dp", "1", "--pp", "2", "--tp", "2", "--micro_batches", "2", *SMALL, "--workdir",
+               str(workdir), "--resume", "latest"]
+    err = _refused(options, capsys)
+    assert suggested_fixes(err) == [("--tp", "1")], err  # written at tp 1: "resume with --tp 1"
+    project.train.parse_args(with_option(options, "--tp", "1"))
