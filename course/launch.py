@@ -539,17 +539,30 @@ def cause_of_failure(errors: dict[int, str], deaths: list[int], exitcodes: dict[
     raise ValueError("no error and no death to find a cause in")
 
 
-def _settle(procs, results, outputs: dict, errors: dict, deaths: list, grace: float = 1.0) -> None:
+# A peer's connection closed under a rank: the peer's process ended (or left its group) — its death, if it died, is
+# on its way to the launcher (the fork server reports it), so the launcher waits a little longer for it.
+_CONNECTION_LOST = re.compile(r"closed by (remote )?peer|reset by (remote )?peer|broken pipe|got 0 bytes|"
+                              r"failed to recv|remote process exit|remote peer|connection closure", re.I)
+
+
+def _settle(procs, results, outputs: dict, errors: dict, deaths: list, grace: float = 1.0,
+            lost_grace: float = 5.0) -> None:
     """After a first failure, gather the others for up to ``grace`` seconds, in the order they come (into ``errors``
     and ``deaths``, in place), until every rank has returned, reported or ended: a killed rank's peers report a lost
-    connection at about the time it is seen to die, and which came first is what names the cause."""
-    end = time.monotonic() + grace
+    connection at about the time it is seen to die, and which came first is what names the cause. While every error
+    is a closed connection and no death is seen yet, up to ``lost_grace`` seconds (a loaded machine's fork server
+    may take that long to report the death that closed it)."""
+    start = time.monotonic()
     while True:
         for r, p in enumerate(procs):
             if r not in outputs and r not in errors and r not in deaths and not p.is_alive() and \
                     p.exitcode not in (0, None):
                 deaths.append(r)
-        if all(r in outputs or r in errors or r in deaths for r in range(len(procs))) or time.monotonic() > end:
+        if all(r in outputs or r in errors or r in deaths for r in range(len(procs))):
+            return
+        waited = time.monotonic() - start
+        peer_closed = errors and not deaths and all(_CONNECTION_LOST.search(v) for v in errors.values())
+        if waited > (lost_grace if peer_closed else grace):
             return
         try:
             other, status, value = results.get(timeout=0.05)
