@@ -270,7 +270,8 @@ def teardown_worker() -> None:
 # What the fork server imports once for every rank it starts (:func:`process_context`): torch and
 # transformers' GPT-2 (course.model builds it), the largest imports a rank makes — about 4 s of CPU
 # each, which on a laptop's few cores was most of a short run (8 ranks on 2 cores: ~15 s before the
-# first step). Third-party modules only: the server's ``sys.path`` is Python's default (Python 3.11's
+# first step) — and datasets (course.data loads the corpus through it: 1.2 s of CPU per rank, most of a
+# rank's data preparation; it reads its HF_* settings once, in the server). Third-party modules only: the server's ``sys.path`` is Python's default (Python 3.11's
 # fork server does not take the caller's), so the course's own modules are imported in each rank, from
 # the caller's tree. A name that fails to import is skipped (the rank imports it when it needs it).
 RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh",
