@@ -351,7 +351,9 @@ def parser(description: str, *, out: str, device: str = "auto", repeats: int = M
     """A benchmark's command line with the options every benchmark shares (group "measurement"):
     ``--device``, ``--repeats``, ``--warmup``, ``--out`` and, with ``timeout``, ``--timeout``. The
     benchmark adds its own; mesh sizes and micro-batches take :class:`course.config.RunConfig`'s names."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from course.cli import OptionParser
+
+    p = OptionParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("measurement")
     g.add_argument("--device", default=device, choices=("auto", "cpu", "cuda"),
                    help="auto: one GPU per rank with NCCL when there are enough, else the CPU with gloo")
@@ -385,11 +387,16 @@ def old_name(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> N
                         **{k: v for k, v in kwargs.items() if v is not None})
 
 
-def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> argparse.Namespace:
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int, *,
+          out_folder: bool = False) -> argparse.Namespace:
     """Check the shared options before any process starts (exits through ``parser.error`` with what to
     change): ``--repeats`` >= :data:`MIN_REPEATS`, ``--warmup`` >= 0, ``--device`` resolved for
-    ``world_size`` ranks (:func:`course.launch.resolve_device_backend`)."""
+    ``world_size`` ranks (:func:`course.launch.resolve_device_backend`), ``--out`` writable (a file; with
+    ``out_folder`` a folder: :func:`course.output_paths.require_writable_output`)."""
     from course.launch import resolve_device_backend
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, getattr(args, "out", None), "--out", folder=out_folder)
 
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be >= {MIN_REPEATS} timed repeats (a median and a spread need three points), "

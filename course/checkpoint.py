@@ -14,15 +14,18 @@ a metadata file). What goes in is the mode's :meth:`course.epoch_runner.Training
 
 A checkpoint is written to ``step....tmp`` and renamed when every rank has finished, and the
 ``latest`` file (the name of the newest complete checkpoint) is replaced atomically, so a crash
-mid-save never leaves a broken checkpoint where a good one was. The two newest are kept.
+mid-save never leaves a broken checkpoint where a good one was. Before the rename rank 0 writes the folder's
+``manifest.json`` (every file's size and SHA-256, :mod:`course.checkpoint_manifest`), and every resume checks the
+files against it first: a damaged checkpoint is named, never loaded. The ``--keep_checkpoints`` newest (default
+:data:`KEEP`) are kept, so an intact step survives one damaged later.
 
 **Asynchronous checkpoints** (``--async_checkpoint``, :func:`save_checkpoint_async`): every rank copies
 its state to host memory (``torch.distributed.checkpoint.async_save``'s staging: the copy is what gets
 written, so the next steps may change the weights at once) and a background thread writes the files
 while training goes on; the ranks coordinate the write over a gloo group of their own
 (:func:`checkpoint_group`), never over a group the training steps use from the main thread. The
-checkpoint is committed — ``step....tmp`` renamed, ``latest`` replaced — by rank 0 only once its
-write has completed, which is after every rank's files and the ``.metadata`` file are on disk (DCP's
+checkpoint is committed — its manifest written (by a thread of rank 0's, not holding training up),
+``step....tmp`` renamed, ``latest`` replaced — by rank 0 only once its write has completed, which is after every rank's files and the ``.metadata`` file are on disk (DCP's
 coordinator gathers every rank's write results before it writes the metadata, then tells every rank).
 So ``latest`` names a complete checkpoint at every moment: a run killed while a save is in flight
 resumes from the one before. One save is in flight at a time (the next waits for it), and a run waits
@@ -40,13 +43,17 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-LATEST = "latest"
-KEEP = 2
+from course.checkpoint_manifest import (LATEST, MANIFEST, ResumePoint, check_intact, newest_intact_point, step_of,
+                                        write_manifest)
+
+KEEP = 2  # checkpoints kept by default (--keep_checkpoints)
 
 
 def checkpoint_root(workdir, results_prefix: str = "") -> Path:
@@ -104,24 +111,39 @@ def saved_world_size(path: Path) -> int:
 
 def resolve_resume(resume: str | None, root: Path) -> Path | None:
     """Where to resume from: ``--resume latest`` / a folder; after a restart, the latest checkpoint
-    if there is one; else None (a fresh start).
+    if there is one; else None (a fresh start). Every checkpoint is verified against its manifest first
+    (:func:`choose_checkpoint`, which also says which damaged ones were skipped).
 
     Raises:
         FileNotFoundError: ``--resume`` names no complete checkpoint (with what to do).
+        course.checkpoint_manifest.CheckpointDamaged: ``--resume DIR`` names a damaged checkpoint, or every
+            checkpoint ``--resume latest`` could take is damaged (naming the file, the step, the newest intact one).
+    """
+    return choose_checkpoint(resume, root).path
+
+
+def choose_checkpoint(resume: str | None, root: Path) -> ResumePoint:
+    """:func:`resolve_resume`, with the damaged checkpoints that ``--resume latest`` or a restart skipped (newest
+    first), for the run to say so.
+
+    Raises:
+        FileNotFoundError, course.checkpoint_manifest.CheckpointDamaged: as :func:`resolve_resume`.
     """
     if resume is None:
-        return latest_checkpoint(root) if restart_count() > 0 else None
+        return newest_intact_point(root) if restart_count() > 0 else ResumePoint(None, [])
     if resume == LATEST:
-        found = latest_checkpoint(root)
-        if found is None:
+        point = newest_intact_point(root)
+        if point.path is None and point.skipped:
+            raise point.skipped[0].with_intact(Path(root), None)
+        if point.path is None:
             raise FileNotFoundError(f"--resume latest: no checkpoint in {root}; run with --checkpoint_every N first, "
                                     "or leave --resume out to start afresh")
-        return found
+        return point
     path = Path(resume)
-    if not (path / ".metadata").is_file():
+    if not (path / ".metadata").is_file() and not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"--resume {resume} is not a checkpoint folder (no .metadata in it); give a "
                                 f"step... folder under {root}, or 'latest'")
-    return path
+    return ResumePoint(check_intact(path), [])
 
 
 def _barrier(group) -> None:
@@ -163,21 +185,33 @@ def _begin(root: Path, step: int, rank: int, group) -> tuple[Path, Path]:
     return final, tmp
 
 
-def _commit(root: Path, tmp: Path, final: Path) -> None:
-    """Rank 0, once every rank's files and the metadata are written: ``tmp`` -> ``final``, ``latest`` ->
-    ``final`` (each an atomic rename), and all but the :data:`KEEP` newest complete checkpoints removed."""
+def _commit(root: Path, tmp: Path, final: Path, keep: int = KEEP) -> None:
+    """Rank 0, once every rank's files, the metadata and the manifest are written: ``tmp`` -> ``final``, ``latest``
+    -> ``final`` (each an atomic rename), and all but the ``keep`` newest complete checkpoints up to ``final``
+    removed (:func:`prune`)."""
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     pointer = Path(root) / f"{LATEST}.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, Path(root) / LATEST)
-    done = sorted(p for p in Path(root).glob("step*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in done[:-KEEP]:
+    prune(root, final, keep)
+
+
+def prune(root: Path, newest: Path, keep: int = KEEP) -> list[Path]:
+    """Remove the committed checkpoints of ``root`` older than the ``keep`` newest up to ``newest`` (the one just
+    committed); a later step's folder (left by an earlier run in the same folder) is left alone. Returns what was
+    removed."""
+    from course.checkpoint_manifest import committed_checkpoints
+
+    mine = [p for p in committed_checkpoints(root) if step_of(p) <= step_of(newest)]
+    for old in mine[keep:]:
         shutil.rmtree(old, ignore_errors=True)
+    return mine[keep:]
 
 
-def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=None) -> Path:
-    """Write ``state`` as checkpoint ``step`` (collective over ``group``, the run's world).
+def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=None, keep: int = KEEP) -> Path:
+    """Write ``state`` as checkpoint ``step`` (collective over ``group``, the run's world); rank 0 writes its
+    manifest and commits it, keeping the ``keep`` newest.
 
     Returns:
         The checkpoint folder.
@@ -189,7 +223,8 @@ def save_checkpoint(root: Path, step: int, state: dict, *, rank: int = 0, group=
              no_dist=not dist.is_initialized())
     _barrier(group)
     if rank == 0:
-        _commit(root, tmp, final)
+        write_manifest(tmp, step)
+        _commit(root, tmp, final, keep)
     _barrier(group)
     return final
 
@@ -224,17 +259,19 @@ class PendingCheckpoint:
         final: the folder the checkpoint will have once committed.
     """
 
-    def __init__(self, root: Path, tmp: Path, final: Path, future, rank: int, group=None):
+    def __init__(self, root: Path, tmp: Path, final: Path, future, rank: int, group=None, keep: int = KEEP):
         self.root, self.tmp, self.final, self.future, self.rank = Path(root), tmp, final, future, rank
-        self.group = group
+        self.group, self.keep = group, keep
         self.committed = False
+        if rank == 0:  # the manifest: written by a thread once the files are, so that training goes on meanwhile
+            self.future = _then_manifest(future, tmp, step_of(final))
 
     def _finish(self) -> Path:
-        self.future.result()  # raises what the background write raised
+        self.future.result()  # raises what the background write (or the manifest) raised
         if not self.committed:
             self.committed = True
             if self.rank == 0:
-                _commit(self.root, self.tmp, self.final)
+                _commit(self.root, self.tmp, self.final, self.keep)
         return self.final
 
     def poll(self) -> bool:
@@ -255,8 +292,25 @@ class PendingCheckpoint:
         return self.final
 
 
+def _then_manifest(written: Future, folder: Path, step: int) -> Future:
+    """A future that completes once ``written`` has and a thread has then written ``folder``'s manifest
+    (:func:`course.checkpoint_manifest.write_manifest`); it raises what either raised."""
+    sealed: Future = Future()
+
+    def seal():
+        try:
+            written.result()
+            write_manifest(folder, step)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the save
+            sealed.set_exception(exc)
+        else:
+            sealed.set_result(None)
+    threading.Thread(target=seal, daemon=True, name="checkpoint-manifest").start()
+    return sealed
+
+
 def save_checkpoint_async(root: Path, step: int, state: dict, *, rank: int = 0, group=None,
-                          save_group=None) -> PendingCheckpoint:
+                          save_group=None, keep: int = KEEP) -> PendingCheckpoint:
     """Start writing ``state`` as checkpoint ``step`` and return once it is staged (copied to host memory):
     the files are written by a background thread while the caller goes on training
     (``torch.distributed.checkpoint.async_save``). Collective over ``group`` (the run's world; a barrier
@@ -272,7 +326,7 @@ def save_checkpoint_async(root: Path, step: int, state: dict, *, rank: int = 0, 
     final, tmp = _begin(root, step, rank, group)
     future = dcp.async_save(state, storage_writer=_storage_writer(tmp), process_group=save_group,
                             no_dist=not dist.is_initialized())
-    return PendingCheckpoint(root, tmp, final, future, rank, group)
+    return PendingCheckpoint(root, tmp, final, future, rank, group, keep)
 
 
 def load_checkpoint(path: Path, state: dict, *, group=None) -> dict:
@@ -340,15 +394,20 @@ def estimate_bytes(n_parameters: int, bytes_per_parameter: int = 4 + 8) -> int:
     return n_parameters * bytes_per_parameter
 
 
-def check_free_space(workdir, n_parameters: int) -> None:
-    """Refuse to start when ``workdir`` cannot hold the checkpoints the run keeps (two, plus one being written).
+def check_free_space(workdir, n_parameters: int, keep: int = KEEP) -> None:
+    """Refuse to start when ``workdir`` cannot hold the checkpoints the run keeps (``keep``, plus one being
+    written).
 
     Raises:
         ValueError: naming the space needed and free.
     """
-    need = (KEEP + 1) * estimate_bytes(n_parameters)
-    free = shutil.disk_usage(Path(workdir)).free
+    need = (keep + 1) * estimate_bytes(n_parameters)
+    folder = Path(workdir)
+    while not folder.exists() and folder != folder.parent:  # the folder is made when the run starts
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
     if free < need:
         raise ValueError(f"--workdir {workdir} has {free / 1e9:.2f} GB free, but the checkpoints of this run need "
-                         f"{need / 1e9:.2f} GB ({KEEP + 1} x {estimate_bytes(n_parameters) / 1e9:.2f} GB); free some "
-                         "space, choose another --workdir, or checkpoint less (leave out --checkpoint_every)")
+                         f"{need / 1e9:.2f} GB ({keep + 1} x {estimate_bytes(n_parameters) / 1e9:.2f} GB); free some "
+                         "space, choose another --workdir, keep fewer (--keep_checkpoints), or checkpoint less "
+                         "(leave out --checkpoint_every)")

@@ -33,7 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from course.cli import OptionParser
 from course.dims import ParallelDims
+from course.output_paths import check_folder_writable
 from course.environment import in_torchrun
 from course.model import PRESETS, default_preset
 
@@ -153,6 +155,9 @@ class RunConfig:
     async_checkpoint: bool = option(False, "write each checkpoint in the background (torch.distributed.checkpoint."
                                            "async_save) while the next steps run; 'latest' names it once its files "
                                            "are complete", group="checkpoints and restarts")
+    keep_checkpoints: int = option(2, "checkpoints kept (the newest; older ones are removed as new ones are "
+                                      "committed): more keep an intact step to resume from if a newer one is damaged",
+                                   group="checkpoints and restarts", metavar="K")
     export_hf: str | None = option(None, "after training, write the model and tokenizer as a Hugging Face GPT-2 "
                                          "folder (GPT2LMHeadModel.from_pretrained(DIR))",
                                    group="checkpoints and restarts", metavar="DIR")
@@ -173,8 +178,8 @@ class RunConfig:
     def parser(cls, prog: str | None = None) -> argparse.ArgumentParser:
         """The command line made from the fields (``--help`` lists them by group); ``prog``: the command its
         usage and errors name (default: the script's file name)."""
-        parser = argparse.ArgumentParser(prog=prog, description=cls.description,
-                                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        parser = OptionParser(prog=prog, description=cls.description,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         groups: dict[str, argparse._ArgumentGroup] = {}
         for f in dataclasses.fields(cls):
             meta = f.metadata
@@ -303,6 +308,11 @@ class RunConfig:
             raise ConfigError(f"--vocab_size must be >= 300 for a byte-level BPE, not {self.vocab_size}")
         if self.max_val_batches is not None and self.max_val_batches < 1:
             raise ConfigError(f"--max_val_batches must be >= 1, not {self.max_val_batches}")
+        if not self.timeout > 0:  # also refuses nan
+            raise ConfigError(f"--timeout must be > 0 seconds (the wall-clock limit of the whole run), not "
+                              f"{self.timeout}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"--keep_checkpoints must be >= 1 (checkpoints kept), not {self.keep_checkpoints}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"--checkpoint_every must be >= 1 (optimizer steps), not {self.checkpoint_every}")
         if self.max_restarts < 0:
@@ -359,8 +369,10 @@ class RunConfig:
             if not in_torchrun() or os.environ.get("RANK") == "0":  # under torchrun, one process checks
                 check_workdir(self.workdir, self.results_prefix, self.overwrite, resuming=self.resume is not None)
                 check_measurement_files(self)
+                from course.checkpoint import checkpoint_root
+
                 if self.resume is not None:
-                    from course.checkpoint import checkpoint_root, resolve_resume, saved_world_size
+                    from course.checkpoint import resolve_resume, saved_world_size
 
                     found = resolve_resume(self.resume, checkpoint_root(self.workdir, self.results_prefix))
                     try:
@@ -378,7 +390,9 @@ class RunConfig:
                     from course.model import estimate_parameters
 
                     check_free_space(self.workdir, estimate_parameters(self.preset, self.vocab_size,
-                                                                       self.model_max_length))
+                                                                       self.model_max_length), self.keep_checkpoints)
+                    check_folder_writable(checkpoint_root(self.workdir, self.results_prefix),
+                                          f"--workdir {self.workdir}: its checkpoints folder")
         except (DataNotFoundError, ValueError, FileNotFoundError) as exc:
             raise ConfigError(str(exc)) from None
 
@@ -390,25 +404,19 @@ def check_export_folder(folder, overwrite: bool) -> None:
     Raises:
         ValueError: naming what to change.
     """
-    import tempfile
     from pathlib import Path
 
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
         raise ValueError(f"--export_hf {folder} already exists and is not empty; pass --overwrite to replace it at the "
                          "end of the run, or choose another folder")
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder.parent, prefix=".write_check_"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--export_hf {folder}: its folder cannot be written to ({exc.strerror or exc}); choose "
-                         "another") from None
+    check_folder_writable(folder.parent, f"--export_hf {folder}: its folder")
 
 
 def check_measurement_files(config: RunConfig) -> None:
     """Before any process starts: ``--trace FILE`` can be written and replaces no file, and ``--profile`` replaces
-    no profile of this mode in ``--workdir``, unless ``--overwrite`` (which deletes the old profiles).
+    no profile of this mode in ``--workdir``, unless ``--overwrite`` (the old profiles are replaced when the run
+    has succeeded, :func:`course.results.publish_results`).
 
     Raises:
         ValueError: naming the file and what to change.
@@ -421,49 +429,30 @@ def check_measurement_files(config: RunConfig) -> None:
             raise ValueError(f"--trace {path} is a folder; give a file name, e.g. --trace {path / 'trace.json'}")
         if path.exists() and not config.overwrite:
             raise ValueError(f"--trace {path} already exists; pass --overwrite to replace it, or choose another file")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ValueError(f"--trace {path}: its folder cannot be created ({exc.strerror or exc})") from None
-        if not os.access(path.parent, os.W_OK):
-            raise ValueError(f"--trace {path}: its folder {path.parent} cannot be written to; choose another file")
+        check_folder_writable(path.parent, f"--trace {path}: its folder")
     if config.profile:
         existing = sorted(Path(config.workdir).glob(f"{config.results_prefix}rank*_torch_profile.json"))
         if existing and not config.overwrite:
             raise ValueError(f"--workdir {config.workdir} already holds profiles of this mode ({existing[0].name}); pass "
                              "--overwrite to replace them, or choose another --workdir")
-        for old in existing:
-            os.remove(old)
 
 
 def check_workdir(workdir, results_prefix: str, overwrite: bool, resuming: bool = False) -> None:
     """Check, before any process starts, that results can be written to ``workdir`` and that
-    none would be silently replaced.
+    none would be silently replaced. Nothing is created or removed here: the old results stay until the new run
+    has succeeded (:func:`course.results.publish_results` then replaces them).
 
     Raises:
         ValueError: the folder cannot be created or written to; or it already holds results
             files ``{results_prefix}rank*_results_epoch*.json`` and neither ``overwrite`` (they
-            are deleted) nor ``resuming`` (they are kept: the run continues) is set.
+            are replaced when the run succeeds) nor ``resuming`` (they are kept: the run continues) is set.
     """
-    import os
-    import tempfile
     from pathlib import Path
 
     folder = Path(workdir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--workdir {folder} cannot be written to ({exc.strerror or exc}); choose a folder you can "
-                         "write to, or fix its permissions") from None
+    check_folder_writable(folder, "--workdir")
     existing = sorted(p.name for p in folder.glob(f"{results_prefix}rank*_results_epoch*.json"))
-    if resuming:
-        return  # a resumed run continues in its own folder: its results are expected there
-    if existing and not overwrite:
+    if existing and not overwrite and not resuming:
         raise ValueError(f"--workdir {folder} already holds results of this mode ({existing[0]}"
                          f"{f' and {len(existing) - 1} more' if len(existing) > 1 else ''}); pass --overwrite to replace "
-                         "them, or choose another --workdir")
-    if existing:
-        for name in existing:
-            os.remove(folder / name)
+                         "them once this run has succeeded, or choose another --workdir")

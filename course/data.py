@@ -27,6 +27,7 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 # split name -> file stem in the Multi30k repository
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
 MULTI30K_LANGS = ("de", "en")
+DATA_DIR_ENV = "LLMSYS_DATA_DIR"  # the folder of the Multi30k files, when --data_dir is not given
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -47,8 +48,8 @@ def candidate_dirs(data_dir: str | os.PathLike | None = None) -> list[Path]:
     found = []
     if data_dir:
         found.append(Path(data_dir))
-    if os.environ.get("LLMSYS_DATA_DIR"):
-        found.append(Path(os.environ["LLMSYS_DATA_DIR"]))
+    if os.environ.get(DATA_DIR_ENV):
+        found.append(Path(os.environ[DATA_DIR_ENV]))
     found.append(REPO_ROOT / "data" / "multi30k")
     found.append(REPO_ROOT.parent / "shared" / "data" / "multi30k")
     return found
@@ -63,7 +64,7 @@ def download_multi30k(target: Path, base_url: str = MULTI30K_URL, timeout: float
     Raises:
         OSError: a file could not be fetched.
     """
-    created = not target.exists()
+    created = [p for p in [target, *target.parents] if not p.exists()]  # the folders this call makes
     target.mkdir(parents=True, exist_ok=True)
     try:
         for name in multi30k_files():
@@ -78,8 +79,9 @@ def download_multi30k(target: Path, base_url: str = MULTI30K_URL, timeout: float
             finally:
                 tmp.unlink(missing_ok=True)
     except OSError:
-        if created and not any(target.iterdir()):
-            target.rmdir()  # a failed download leaves no empty folder that a later run would take for the corpus
+        for folder in created:  # a failed download leaves no empty folder (data/multi30k, data/) behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     return target
 
@@ -88,9 +90,9 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None, download: bool =
                      base_url: str = MULTI30K_URL) -> Path:
     """The first folder of :func:`candidate_dirs` that holds every Multi30k file.
 
-    An explicit ``data_dir`` that lacks the files is an error (it is not silently
-    skipped). Without one, the files are downloaded into ``data/multi30k`` when no
-    folder has them.
+    An explicit ``data_dir``, or ``$LLMSYS_DATA_DIR`` without one, that lacks the files is an
+    error naming it (it is not silently passed over for another copy). Without either, the files
+    are downloaded into ``data/multi30k`` when no folder has them.
 
     Raises:
         DataNotFoundError: with the folders tried and what to do.
@@ -101,6 +103,12 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None, download: bool =
             return Path(data_dir)
         raise DataNotFoundError(f"--data_dir {data_dir} does not hold the Multi30k files ({needed}). "
                                 "Point it at a folder that does, or leave it out to use the default locations.")
+    chosen = os.environ.get(DATA_DIR_ENV)
+    if chosen:  # asked for by name, like --data_dir: never passed over for another copy
+        if _complete(Path(chosen)):
+            return Path(chosen)
+        raise DataNotFoundError(f"${DATA_DIR_ENV}={chosen} does not hold the Multi30k files ({needed}). Point "
+                                f"{DATA_DIR_ENV} at a folder that does, or unset it to use the default locations.")
     tried = candidate_dirs()
     for folder in tried:
         if _complete(folder):

@@ -47,8 +47,8 @@ class ParallelDims:
                 raise ValueError(f"--{name} must be a whole number >= 1, not {value!r}")
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"--ep {self.ep} does not divide dp x cp = {self.dp} x {self.cp} = {self.dp * self.cp} "
-                             "(expert-parallel groups are made of the dp x cp ranks of a stage); choose an ep that "
-                             "divides it")
+                             "(expert-parallel groups are made of the dp x cp ranks of a stage); choose --ep in "
+                             f"{_divisors(self.dp * self.cp)}")
 
     @property
     def world_size(self) -> int:
@@ -87,9 +87,10 @@ class ParallelDims:
                              f"sizes whose product is {world_size}")
         if n_head is not None and n_head % self.tp:
             raise ValueError(f"--tp {self.tp} does not divide the {n_head} attention heads (attention is split by "
-                             f"heads); choose a tp that divides {n_head}")
+                             f"heads); choose --tp in {_divisors(n_head, n_inner)}")
         if n_inner is not None and n_inner % self.tp:
-            raise ValueError(f"--tp {self.tp} does not divide the MLP width {n_inner}; choose a tp that divides it")
+            raise ValueError(f"--tp {self.tp} does not divide the MLP width {n_inner}; choose --tp in "
+                             f"{_divisors(n_head, n_inner)}")
         if n_layer is not None and self.pp > n_layer:
             raise ValueError(f"--pp {self.pp} is more than the {n_layer} transformer blocks (every stage needs at "
                              f"least one); use --pp <= {n_layer} or a bigger --preset")
@@ -153,3 +154,9 @@ class ParallelDims:
 
         return {"ep": [at(edp_rank * self.ep + e) for e in range(self.ep)],
                 "edp": [at(d * self.ep + ep_rank) for d in range(self.dp * self.cp // self.ep)]}
+
+
+def _divisors(*sizes: int | None) -> list[int]:
+    """The numbers that divide every given size (tensor-parallel degrees that split them all), at most 64."""
+    known = [n for n in sizes if n]
+    return [d for d in range(1, min([64, *known]) + 1) if all(n % d == 0 for n in known)]

@@ -9,7 +9,8 @@ way, epoch after epoch:
 3. evaluate: validation loss, greedy translations and corpus BLEU, the work shared out over
    a group of ranks if the mode says so (:meth:`TrainingMode.evaluation`),
 4. write one results file per rank (:func:`course.results.write_results`) and the scored
-   translations.
+   translations — into the run's own staging folder, moved into the work directory by rank 0 once every rank
+   has finished (:func:`course.results.publish_results`): a failed run replaces no results.
 
 What differs between modes — how a batch is cut up, what one step does, which groups
 communicate — lives in the part's ``training.py`` as a :class:`TrainingMode` subclass;
@@ -36,7 +37,7 @@ from course.collectives import group_rank, group_size
 from course.decoding import corpus_bleu, translate
 from course.loss import count_target_tokens, lm_loss, model_loss
 from course.measure import MemoryMeter, now, timer_name
-from course.results import write_json, write_results
+from course.results import prepare_staging, publish_results, staging_dir, write_json, write_results
 
 
 def to_device(batch: dict, device) -> dict:
@@ -337,6 +338,7 @@ class _Checkpoints:
         self.wait_seconds: list[float] = []  # async: each end-of-epoch wait for the save still in flight
         self.load_seconds: float | None = None
         self.resumed_world_size: int | None = None
+        self.keep = mode.args.keep_checkpoints
         self.asynchronous = bool(self.every) and bool(getattr(mode.args, "async_checkpoint", False))
         self.save_group = checkpoint_group(mode.world_group) if self.asynchronous else None
         self.pending = None  # async: the course.checkpoint.PendingCheckpoint in flight
@@ -365,9 +367,11 @@ class _Checkpoints:
                     if self.pending is not None:
                         self.pending.wait()  # one save in flight at a time
                     self.pending = save_checkpoint_async(self.root, global_step, state, rank=self.mode.rank,
-                                                         group=self.mode.world_group, save_group=self.save_group)
+                                                         group=self.mode.world_group, save_group=self.save_group,
+                                                         keep=self.keep)
                 else:
-                    save_checkpoint(self.root, global_step, state, rank=self.mode.rank, group=self.mode.world_group)
+                    save_checkpoint(self.root, global_step, state, rank=self.mode.rank, group=self.mode.world_group,
+                                    keep=self.keep)
                 self.save_seconds.append(now(self.mode.device) - began)
 
     def finish(self) -> None:
@@ -394,6 +398,40 @@ class _Checkpoints:
             found["resumed_from_world_size"] = self.resumed_world_size
         return found
 
+    resuming = False  # whether this run continues from a checkpoint (set by resume)
+
+    def resume_point(self) -> Path | None:
+        """The checkpoint to resume from (None: a fresh start), chosen and verified against its manifest by rank 0
+        alone (:func:`course.checkpoint.choose_checkpoint`) before any rank loads, and handed to the others: every
+        rank loads the same checkpoint, and a damaged one stops every rank with the same message. Rank 0 says which
+        damaged checkpoints it skipped (``--resume latest``, a restart).
+
+        Raises:
+            ValueError, FileNotFoundError: no checkpoint to resume, or a damaged one (naming the file, the step and
+                the newest intact checkpoint), on every rank.
+        """
+        from course.checkpoint import choose_checkpoint
+
+        decision: list = [None]
+        if self.mode.rank == 0:
+            try:
+                point = choose_checkpoint(self.mode.args.resume, self.root)
+                decision[0] = ("ok", None if point.path is None else str(point.path))
+                for damaged in point.skipped:
+                    print(f"{damaged.path} (step {damaged.step}) is damaged: {damaged.file} {damaged.problem}; "
+                          "skipped", flush=True)
+                if point.path is None and point.skipped:
+                    print("no intact checkpoint is left: starting afresh", flush=True)
+            except (ValueError, FileNotFoundError) as exc:
+                decision[0] = ("error", str(exc))
+        group = self.mode.world_group
+        if dist.is_initialized() and group is not None and dist.get_world_size(group) > 1:
+            dist.broadcast_object_list(decision, src=0, group=group)  # pickled: over the group's gloo back-end
+        status, value = decision[0]
+        if status == "error":
+            raise ValueError(value)
+        return None if value is None else Path(value)
+
     def resume(self) -> tuple[int, int, dict | None, Callable | None]:
         """``(epoch, global step, this rank's done-so-far of that epoch, restore-RNG callback)`` from the
         checkpoint to resume from; ``(0, 0, None, None)`` for a fresh start.
@@ -402,9 +440,10 @@ class _Checkpoints:
         ``r`` of this run takes entry ``r % W`` (its own when the world size is the same). Whether the
         mode's model and optimizer state load at another world size is the mode's business
         (:meth:`TrainingMode.load_checkpoint_state`; the run scripts refuse what their mode cannot)."""
-        from course.checkpoint import load_checkpoint, resolve_resume, saved_world_size, set_rng_state
+        from course.checkpoint import load_checkpoint, saved_world_size, set_rng_state
 
-        path = resolve_resume(self.mode.args.resume, self.root)
+        path = self.resume_point()
+        self.resuming = path is not None
         if path is None:
             return 0, 0, None, None
         rank = self.mode.rank
@@ -439,23 +478,27 @@ def run_epochs(mode: TrainingMode) -> list[str]:
     it continues from one (:mod:`course.checkpoint`). With ``args.trace`` every rank records its spans
     (:mod:`course.trace`; the last ``args.trace_steps`` steps) and rank 0 writes the run's trace there;
     with ``args.profile`` every rank writes a torch.profiler trace of a few steps of its first epoch
-    (:mod:`course.profiler`).
+    (:mod:`course.profiler`). Every file is written into the run's staging folder and moved into ``<workdir>`` by
+    rank 0 once every rank has finished (:func:`course.results.publish_results`): the results in ``<workdir>``
+    are a whole succeeded run's, never part of a failed one's.
 
     Returns:
-        The results files this rank wrote.
+        The results files this rank wrote (their paths in ``<workdir>``, where they are once this returns).
     """
     args = mode.args
     recorder = trace.Recorder(mode.device, max_steps=args.trace_steps) if args.trace else None
     with trace.recording(recorder) if recorder is not None else contextlib.nullcontext():
-        written = _run_epochs(mode)
+        written, resuming = _run_epochs(mode)
     if recorder is not None:
         from course.profiler import profile_path
 
-        profile = profile_path(args.workdir, mode.results_prefix, mode.rank) if args.profile else None
+        profile = profile_path(staging_dir(args.workdir, mode.results_prefix), mode.results_prefix,
+                               mode.rank) if args.profile else None
         found = trace.write_run_trace(recorder, args.trace, rank=mode.rank, name=mode.trace_name(),
                                       group=mode.world_group, profile=profile)
         if found is not None:
             print(f"trace: {found} (chrome://tracing or https://ui.perfetto.dev)", flush=True)
+    _publish(mode, resuming)
     return written
 
 
@@ -465,14 +508,39 @@ def _profiler(mode: TrainingMode, n_steps: int):
         return contextlib.nullcontext(None)
     from course.profiler import StepProfiler, profile_path
 
-    return StepProfiler(profile_path(mode.args.workdir, mode.results_prefix, mode.rank), n_steps, mode.device,
+    return StepProfiler(profile_path(staging_dir(mode.args.workdir, mode.results_prefix), mode.results_prefix,
+                                     mode.rank), n_steps, mode.device,
                         mode.trace_name())
+
+
+def _staging(mode: TrainingMode, resuming: bool) -> Path:
+    """The folder this run's ranks write their results into until it has succeeded (:func:`run_epochs`): rank 0
+    prepares it (:func:`course.results.prepare_staging`) while the others wait."""
+    if mode.rank == 0:
+        prepare_staging(mode.args.workdir, mode.results_prefix, _world_size(mode), resuming)
+    if dist.is_initialized() and mode.world_group is not None:
+        dist.barrier(group=mode.world_group)
+    return staging_dir(mode.args.workdir, mode.results_prefix)
+
+
+def _world_size(mode: TrainingMode) -> int:
+    return dist.get_world_size(mode.world_group) if dist.is_initialized() and mode.world_group is not None else 1
+
+
+def _publish(mode: TrainingMode, resuming: bool) -> None:
+    """Once every rank has written all of the run's files: rank 0 moves them into the work directory
+    (:func:`course.results.publish_results`)."""
+    if dist.is_initialized() and mode.world_group is not None:
+        dist.barrier(group=mode.world_group)
+    if mode.rank == 0:
+        publish_results(mode.args.workdir, mode.results_prefix, _world_size(mode), resuming)
 
 
 def _run_epochs(mode: TrainingMode) -> list[str]:
     args, data = mode.args, mode.data
     checkpoints = _Checkpoints(mode)
     first_epoch, resumed_step, done, restore_rng = checkpoints.resume()
+    staging = _staging(mode, checkpoints.resuming)
     steps_before = resumed_step - (done["steps"] if done else 0)  # optimizer steps before this epoch
     written = []
     for epoch in range(first_epoch, args.n_epochs):
@@ -527,9 +595,9 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
             "config": mode.config(),
         }
         prefix = mode.results_prefix
-        written.append(str(write_results(args.workdir, mode.rank, epoch, payload, prefix=prefix)))
+        written.append(str(Path(args.workdir) / write_results(staging, mode.rank, epoch, payload, prefix=prefix).name))
         if mode.rank == 0 and translations:
-            write_json(Path(args.workdir) / f"{prefix}translations_epoch{epoch}.json", translations)
+            write_json(staging / f"{prefix}translations_epoch{epoch}.json", translations)
     if getattr(args, "export_hf", None):
         from course.hf_export import export_hf
 
@@ -537,4 +605,4 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
                            group=mode.world_group)
         if mode.rank == 0:
             print(f"exported the model to {folder} (transformers: GPT2LMHeadModel.from_pretrained)", flush=True)
-    return written
+    return written, checkpoints.resuming

@@ -28,6 +28,7 @@ attempt forms its group in a store namespace of its own.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import os
@@ -62,7 +63,17 @@ DEVICE_ENV = "LLMSYS_DEVICE"
 # NCCL's watchdog (a thread of every rank) ends a rank whose collective outlived the group's timeout or
 # failed: 1 = abort the communicator, then tear the process down (SIGABRT). Set only where the user has not.
 NCCL_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-_TIMED_OUT = re.compile(r"timed? ?out|timeout|connection closed by peer", re.I)
+# How the transports word a wait that failed because of a peer — it died, left, or never came: gloo ("Connection
+# closed by peer", "Read error ...: Connection reset by peer", "Write error ...: Broken pipe", "Timed out waiting
+# ... for recv operation"), the TCP store ("failed to recv, got 0 bytes", "Connection refused", "Socket Timeout"),
+# NCCL ("ncclRemoteError: ... remote process exited or there was a network error", "ncclSystemError: ... unexpected
+# exit of a remote peer", "Watchdog caught collective operation timeout", "NCCL communicator was aborted", "Some
+# NCCL operations have failed or timed out"). A rank that raised one of these is a casualty, not the cause: the
+# launcher looks for the cause in the ranks' exit statuses and the order they ended in (:func:`cause_of_failure`).
+LOST_PEER = re.compile(
+    r"timed? ?out|timeout|connection (closed|reset) by (remote )?peer|broken pipe|connection refused|"
+    r"read error|write error|failed to recv|got 0 bytes|ncclRemoteError|remote process exit|remote peer|"
+    r"connection closure|communicator was aborted|watchdog|NCCL operations have failed", re.I)
 
 
 class RankFailure(RuntimeError):
@@ -259,11 +270,12 @@ def teardown_worker() -> None:
 # What the fork server imports once for every rank it starts (:func:`process_context`): torch and
 # transformers' GPT-2 (course.model builds it), the largest imports a rank makes — about 4 s of CPU
 # each, which on a laptop's few cores was most of a short run (8 ranks on 2 cores: ~15 s before the
-# first step). Third-party modules only: the server's ``sys.path`` is Python's default (Python 3.11's
+# first step) — and datasets (course.data loads the corpus through it: 1.2 s of CPU per rank, most of a
+# rank's data preparation; it reads its HF_* settings once, in the server). Third-party modules only: the server's ``sys.path`` is Python's default (Python 3.11's
 # fork server does not take the caller's), so the course's own modules are imported in each rank, from
 # the caller's tree. A name that fails to import is skipped (the rank imports it when it needs it).
 RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh",
-                "transformers.models.gpt2.modeling_gpt2"]
+                "transformers.models.gpt2.modeling_gpt2", "datasets"]
 
 
 def process_context():
@@ -288,7 +300,12 @@ def process_context():
     finally:
         if added:
             del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+    if not _STOP_AT_EXIT:  # a command's server ends before the command does (not seconds later, an orphan)
+        _STOP_AT_EXIT.append(atexit.register(stop_fork_server))
     return ctx
+
+
+_STOP_AT_EXIT: list = []
 
 
 def start_fork_server() -> None:
@@ -298,9 +315,11 @@ def start_fork_server() -> None:
 
 
 def stop_fork_server() -> None:
-    """End the fork server now (its ranks have ended; the test suite calls this as it ends). Left alone it would
-    end by itself once it sees its launcher gone — but only after the imports it may still be busy with, and
-    until then it holds the launcher's output open (a caller reading that output to its end waits for it)."""
+    """End the fork server now (its ranks have ended; the test suite calls this as it ends, and every process that
+    started one calls it as it exits, ``atexit``). Left alone it would end by itself once it sees its launcher gone
+    — but only after the imports it may still be busy with and the slow shutdown of an interpreter holding torch,
+    transformers and datasets (seconds; under load over ten), as an orphan that holds the launcher's output open
+    (a caller reading that output to its end waits for it)."""
     server = forkserver._forkserver  # the module's one server (no public handle on it)
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
@@ -387,7 +406,7 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
         process's rank only (torchrun mode). Return values must be picklable.
 
     Raises:
-        ValueError: bad ``world_size``, device or back-end; a worker defined in ``__main__``
+        ValueError: bad ``world_size``, device or back-end, a timeout <= 0; a worker defined in ``__main__``
             of an interactive session.
         RankFailure: a rank raised (its traceback is in the message), died, or did not
             finish within ``timeout`` (the ranks that never reached the collective the
@@ -397,6 +416,9 @@ def launch(worker: Callable[..., Any], world_size: int, *args: Any, device: str 
         raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a whole number >= 0, not {max_restarts!r}")
+    for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
+        if value is not None and not value > 0:  # also refuses nan
+            raise ValueError(f"{name} must be > 0 seconds{' or None' if name == 'timeout' else ''}, not {value!r}")
     if in_torchrun():
         if not init_process_group:
             raise ValueError("init_process_group=False is for spawn mode; under torchrun the group exists")
@@ -454,8 +476,10 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
     """Wait for every rank's ``(rank, "ok"|"error", payload)`` on ``results``: ``{rank: value}``.
 
     Raises:
-        RankFailure: a rank raised (its traceback; if it timed out waiting, the ranks that never
-            came are named), died without reporting, or the run passed ``timeout`` seconds.
+        RankFailure: a rank raised (its traceback), died without reporting (its exit status), or the run passed
+            ``timeout`` seconds (the ranks that never came are named). When ranks fail together — one is killed and
+            its peers lose their connection to it, one raises and the others' waits fail — the rank named is the
+            cause (:func:`cause_of_failure`), whatever words the transport used for the others' errors.
     """
     world_size = len(procs)
     outputs: dict[int, Any] = {}
@@ -464,14 +488,12 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
         try:
             rank, status, value = results.get(timeout=0.2)
         except queue_module.Empty:
-            for rank, p in enumerate(procs):
-                # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
-                if rank not in outputs and not p.is_alive() and results.empty():
-                    time.sleep(0.5)  # let a report still in the pipe arrive
-                    if results.empty():
-                        where = _whereabouts(procs, outputs, stack_dir, exclude=rank)
-                        raise RankFailure(rank, death_report(rank, p.exitcode, Path(stack_dir) / f"rank{rank}.stack")
-                                          + ("\n" + hang_report(where) if where else ""))
+            # A process that ended without reporting died hard (segfault, OOM kill, os._exit, a signal).
+            if any(r not in outputs and not p.is_alive() for r, p in enumerate(procs)) and results.empty():
+                time.sleep(0.5)  # let a report still in the pipe arrive
+                if results.empty():
+                    deaths = [r for r, p in enumerate(procs) if r not in outputs and not p.is_alive()]
+                    raise _failure(procs, results, outputs, stack_dir, {}, deaths)
             if deadline is not None and time.monotonic() > deadline:
                 running = [r for r in range(world_size) if r not in outputs]
                 where = where_ranks_are({r: procs[r].pid for r in running}, stack_dir)
@@ -480,59 +502,121 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
                                               f"{hang_report(where)}\nAll processes were stopped.")
             continue
         if status == "error":
-            head, report = f"rank {rank} raised", ""
-            died = _died(procs, outputs, exclude=rank) if _TIMED_OUT.search(value) else None
-            if died is not None:  # its peer died (SIGABRT of NCCL's watchdog, a crash): that is the cause
-                raise RankFailure(died, death_report(died, procs[died].exitcode, Path(stack_dir) / f"rank{died}.stack")
-                                  + f"\nrank {rank} then raised (its peer was gone):\n{value}")
-            if _TIMED_OUT.search(value):  # a wait that timed out: the cause is a rank that never came
-                waited = _timed_out_too(results, rank)
-                where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items()
-                         if r not in waited}
-                absent = sorted(r for r, w in where.items() if not w.in_collective)
-                if absent:
-                    head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
-                            f"rank {rank} raised")
-                elif waited:
-                    head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
-                            f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
-                            f"raised")
-                elif outputs:  # the peers it waited for had returned: they skipped the collective
-                    head = (f"rank(s) {sorted(outputs)} had already returned when rank {rank} timed out waiting "
-                            f"in a collective (or lost its peer in it): they never posted it; rank {rank} raised")
-                report = "\n" + hang_report(where) if where else ""
-                report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}"
-                                  for r, v in sorted(waited.items()))
-            raise RankFailure(rank, f"{head}:\n{value}{report}")
+            raise _failure(procs, results, outputs, stack_dir, {rank: value}, [])
         outputs[rank] = pickle.loads(value)
     return outputs
 
 
-def _died(procs, outputs, exclude: int, wait: float = 1.0) -> int | None:
-    """The first rank (other than ``exclude``) whose process ended without reporting — killed by a signal
-    or exited with an error code — within ``wait`` seconds; None if every other rank is alive or done."""
-    deadline = time.monotonic() + wait
+def cause_of_failure(errors: dict[int, str], deaths: list[int], exitcodes: dict[int, int | None]) -> tuple[str, int]:
+    """Which rank caused a failure, from what the launcher saw — not from any one library's words.
+
+    Args:
+        errors: ``{rank: traceback}`` of the ranks that reported an error, in the order they arrived.
+        deaths: the ranks that ended without reporting, in the order they were seen to end.
+        exitcodes: each rank's exit status (negative: killed by that signal).
+
+    Returns:
+        ``("died", rank)``: the first rank that died of anything but SIGABRT (SIGKILL, a crash, an exit code) —
+        a dead rank cannot have been killed by its peers' errors, and NCCL's watchdog aborts a rank (SIGABRT) *after*
+        a peer failed; else ``("raised", rank)``: the first rank whose error is its own (not a lost-peer or timed-out
+        wait, :data:`LOST_PEER`); else ``("died", rank)``: the first rank aborted (SIGABRT); else ``("lost", rank)``:
+        every error is a wait that failed on a peer that is still alive (a hang or a deadlock: the caller asks where
+        each rank is); ``rank`` is then the first to report.
+
+    Raises:
+        ValueError: neither an error nor a death to go by.
+    """
+    abort = -signal.SIGABRT
+    hard = [r for r in deaths if exitcodes.get(r) != abort]
+    if hard:
+        return "died", hard[0]
+    own = [r for r, text in errors.items() if not LOST_PEER.search(text)]
+    if own:
+        return "raised", own[0]
+    if deaths:
+        return "died", deaths[0]
+    if errors:
+        return "lost", next(iter(errors))
+    raise ValueError("no error and no death to find a cause in")
+
+
+# A peer's connection closed under a rank: the peer's process ended (or left its group) — its death, if it died, is
+# on its way to the launcher (the fork server reports it), so the launcher waits a little longer for it.
+_CONNECTION_LOST = re.compile(r"closed by (remote )?peer|reset by (remote )?peer|broken pipe|got 0 bytes|"
+                              r"failed to recv|remote process exit|remote peer|connection closure", re.I)
+
+
+def _settle(procs, results, outputs: dict, errors: dict, deaths: list, grace: float = 1.0,
+            lost_grace: float = 5.0) -> None:
+    """After a first failure, gather the others for up to ``grace`` seconds, in the order they come (into ``errors``
+    and ``deaths``, in place), until every rank has returned, reported or ended: a killed rank's peers report a lost
+    connection at about the time it is seen to die, and which came first is what names the cause. While every error
+    is a closed connection and no death is seen yet, up to ``lost_grace`` seconds (a loaded machine's fork server
+    may take that long to report the death that closed it)."""
+    start = time.monotonic()
     while True:
-        dead = [r for r, p in enumerate(procs) if r != exclude and r not in outputs and not p.is_alive()
-                and p.exitcode not in (0, None)]
-        if dead or time.monotonic() > deadline:
-            return dead[0] if dead else None
-        time.sleep(0.1)
-
-
-def _timed_out_too(results, rank: int, wait: float = 1.0) -> dict[int, str]:
-    """The other ranks whose own waits timed out (or lost their peer) around the same time as ``rank``'s:
-    ``{rank: traceback}`` of the reports that arrive within ``wait`` seconds. Those ranks were waiting
-    too, so they are not among the ones that never arrived."""
-    found, deadline = {}, time.monotonic() + wait
-    while time.monotonic() < deadline:
+        for r, p in enumerate(procs):
+            if r not in outputs and r not in errors and r not in deaths and not p.is_alive() and \
+                    p.exitcode not in (0, None):
+                deaths.append(r)
+        if all(r in outputs or r in errors or r in deaths for r in range(len(procs))):
+            return
+        waited = time.monotonic() - start
+        peer_closed = errors and not deaths and all(_CONNECTION_LOST.search(v) for v in errors.values())
+        if waited > (lost_grace if peer_closed else grace):
+            return
         try:
-            other, status, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+            other, status, value = results.get(timeout=0.05)
         except queue_module.Empty:
-            break
-        if other != rank and status == "error" and _TIMED_OUT.search(value):
-            found[other] = value
-    return found
+            continue
+        if status == "error":
+            errors.setdefault(other, value)
+        else:
+            outputs[other] = pickle.loads(value)
+
+
+def _failure(procs, results, outputs: dict, stack_dir, errors: dict, deaths: list) -> RankFailure:
+    """The :class:`RankFailure` of a run in which ``errors`` (``{rank: traceback}``) were reported and ``deaths``
+    seen: the others are gathered (:func:`_settle`), the cause is named (:func:`cause_of_failure`), and the rest say
+    what happened to them."""
+    stack_dir = Path(stack_dir)
+    _settle(procs, results, outputs, errors, deaths)
+    kind, rank = cause_of_failure(errors, deaths, {r: p.exitcode for r, p in enumerate(procs)})
+    casualties = "".join(f"\nrank {r} then raised (its peer was gone): {_last_line(v)}" for r, v in errors.items()
+                         if r != rank)
+    casualties += "".join(f"\n{death_report(r, procs[r].exitcode, stack_dir / f'rank{r}.stack')} (after rank {rank})"
+                          for r in deaths if r != rank)
+    if kind == "died":
+        where = _whereabouts(procs, {**outputs, **errors}, stack_dir, exclude=rank)  # those still running, silent
+        return RankFailure(rank, death_report(rank, procs[rank].exitcode, stack_dir / f"rank{rank}.stack") + casualties
+                           + ("\n" + hang_report(where) if where else ""))
+    value = errors[rank]
+    if kind == "raised":
+        return RankFailure(rank, f"rank {rank} raised:\n{value}{casualties}")
+    # every report is a wait that failed on a living peer: the cause is a rank that never came
+    head, report = f"rank {rank} raised", ""
+    waited = {r: v for r, v in errors.items() if r != rank}
+    where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items() if r not in waited}
+    absent = sorted(r for r, w in where.items() if not w.in_collective)
+    if absent:
+        head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
+                f"rank {rank} raised")
+    elif waited:
+        head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
+                f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
+                f"raised")
+    elif outputs:  # the peers it waited for had returned: they skipped the collective
+        head = (f"rank(s) {sorted(outputs)} had already returned when rank {rank} timed out waiting "
+                f"in a collective (or lost its peer in it): they never posted it; rank {rank} raised")
+    report = "\n" + hang_report(where) if where else ""
+    report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}" for r, v in sorted(waited.items()))
+    return RankFailure(rank, f"{head}:\n{value}{report}")
+
+
+def _last_line(traceback_text: str) -> str:
+    """The exception line of a traceback (its last non-empty line)."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no traceback)"
 
 
 def _innermost_frame(traceback_text: str) -> str:

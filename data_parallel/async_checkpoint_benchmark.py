@@ -119,6 +119,9 @@ def parse_args(argv=None):
     benchmarking.old_name(parser, "--vocab", "--vocab_size")
     benchmarking.old_name(parser, "--batch", "--per_rank_batch")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.json, "--json")  # before anything is measured
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")
     if not 1 <= args.every <= args.steps:

@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(ROOT))
 
+from course.cli import OptionParser  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
 from instructor.leaks import FEEDBACK_CHARS, ReferenceLines  # noqa: E402
 from instructor.submission import (PolicyError, SubmissionError, grading_tree, submission_root,  # noqa: E402
@@ -435,7 +436,7 @@ def grade(keys: list[str], submission: Path | None = None, timeout: float = DEFA
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Grade a submission key by key: only the code between the markers "
+    parser = OptionParser(description="Grade a submission key by key: only the code between the markers "
                                                  "is taken from it, each block is checked against the block policy "
                                                  "(instructor/policy.py), and each key's tests run in a fresh copy of "
                                                  "this tree (docs/grading.md).")
@@ -456,7 +457,12 @@ def main(argv=None) -> int:
                         help="do not check the blocks against the block policy: only to try the grader's other "
                              "walls (tests/instructor/test_grading.py), never to grade")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
     from course.tree import check_tree
+
+    # before any key is graded (a whole grading takes many minutes): where the results and the logs go
+    require_writable_output(parser, args.json, "--json")
+    require_writable_output(parser, args.log_dir, "--log_dir", folder=True)
 
     try:  # the grader's own tree must be the one its packages come from
         check_tree(ROOT)
@@ -476,7 +482,9 @@ def main(argv=None) -> int:
         performance = perf.grade_performance(None, submission, timeout=args.timeout)
         perf.print_table(performance)
     if args.json:
-        Path(args.json).write_text(json.dumps(gradescope(results, performance), indent=2))
+        from course.results import write_json
+
+        write_json(args.json, gradescope(results, performance))  # its folder made if need be (checked above)
         print(f"wrote {args.json}")
     if log_dir is not None and log_dir.is_dir():
         print(f"full tracebacks (and review.txt, if anything needs a look): {log_dir}")

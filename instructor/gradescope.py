@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Build the Gradescope autograder bundle (zip).")
     parser.add_argument("--out", default="autograder.zip", help="where to write the zip")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.out, "--out")  # before the bundle is built
     path = build_bundle(args.out)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): upload it as the assignment's autograder")
     return 0

@@ -410,13 +410,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write every verdict, ratio, interval and machine record here")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds allowed per key")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.json, "--json")  # before anything is measured
     submission = Path(args.submission).resolve() if args.submission else None
     if submission is not None and not submission.is_dir():
         parser.error(f"--submission {submission} is not a folder")
     results = grade_performance(args.keys, submission, timeout=args.timeout)
     print_table(results)
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+        from course.results import write_json
+
+        write_json(args.json, [asdict(r) for r in results])  # its folder made if need be (checked above)
         print(f"wrote {args.json}")
     return 0
 

@@ -130,6 +130,9 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, default=Path("workdir/hsdp_benchmark.json"))
     parser.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of the launch (seconds)")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.out, "--out")  # before anything is measured
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")
     if args.world_size < 2:

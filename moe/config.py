@@ -107,5 +107,6 @@ class MoEConfig:
         """
         if ep < 1 or self.num_experts % ep:
             raise ValueError(f"--num_experts {self.num_experts} is not divisible by --ep {ep} (every expert-parallel "
-                             f"rank holds the same number of experts); choose an ep that divides {self.num_experts}")
+                             f"rank holds the same number of experts); choose --ep in "
+                             f"{[e for e in range(1, self.num_experts + 1) if self.num_experts % e == 0]}")
         return self

@@ -98,7 +98,7 @@ def parse(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     asked = args.device
-    args = benchmarking.check(parser, args, 1)
+    args = benchmarking.check(parser, args, 1, out_folder=True)
     if asked == "auto" and args.device != "cuda":
         return args, None
     for name, value in SIZES[args.device].items():

@@ -256,6 +256,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--plot", default=None, help="save the plot of the curves here (PNG, PDF, SVG)")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.json, "--json")  # before any run
+    require_writable_output(parser, args.plot, "--plot")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, not {args.steps}")
     if args.batch_size % 8:

@@ -238,6 +238,9 @@ def main(argv=None) -> int:
     parser.add_argument("--measure", required=True, choices=TIMED + UNTIMED, help="the performance key")
     parser.add_argument("--out", required=True, help="where the JSON goes")
     args = parser.parse_args(argv)
+    from course.output_paths import require_writable_output
+
+    require_writable_output(parser, args.out, "--out")  # before anything is measured
     from course.results import write_json
 
     write_json(args.out, measure(args.measure))

@@ -27,6 +27,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from course.cli import OptionParser, closest_option  # noqa: E402
 from course.launch import RankFailure, launch  # noqa: E402
 from course.results import print_epoch_table  # noqa: E402
 from project.modes import MODES, mode_named, mode_of, train_worker  # noqa: E402
@@ -60,7 +61,7 @@ def run(config) -> int:
 
 def _front_parser() -> argparse.ArgumentParser:
     listing = "\n".join(f"  {m.name:<9} {m.config.description} (= {m.script_path})" for m in MODES.values())
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog=PROG, add_help=False, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train GPT-2 on Multi30k with one of the course's parallel modes.",
         epilog=f"modes:\n{listing}\n\n{PROG} --mode MODE --help lists that mode's options.")
@@ -83,7 +84,9 @@ def parse_args(argv: list[str] | None = None):
         if known.help:
             front.print_help()
             sys.exit(0)
-        front.error(f"choose a training mode: --mode {{{','.join(MODES)}}} (then --help for its options)")
+        typo = next((w for w in rest if w.startswith("--") and closest_option(w, ["--mode"])), None)
+        hint = f" ({typo.split('=', 1)[0]}: did you mean --mode?)" if typo else ""
+        front.error(f"choose a training mode: --mode {{{','.join(MODES)}}} (then --help for its options){hint}")
     if known.help:
         rest.append("--help")
     return MODES[known.mode].config.from_command_line(rest, prog=f"{PROG} --mode {known.mode}")

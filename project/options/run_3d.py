@@ -24,7 +24,8 @@ class ThreeDConfig(RunConfig):
     tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
     micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
     schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D,
-                           choices=(*SCHEDULES, *V_SCHEDULES))
+                           choices=(*SCHEDULES, *V_SCHEDULES), metavar="{" + ",".join(SCHEDULES) + "}")
+    # (--help shows the schedules it runs; zbv and dualpipev still parse, to be refused with what to run instead)
     scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
                                          "group", group=THREE_D)
     max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
@@ -42,9 +43,12 @@ class ThreeDConfig(RunConfig):
             raise ConfigError(f"--max_grad_norm must be positive, not {self.max_grad_norm}")
 
     def check_environment(self) -> None:
+        if self.resume is not None:  # first: its message names the --tp or --dp x --pp to resume with
+            try:
+                check_resume_layout(self)
+            except (ValueError, FileNotFoundError) as exc:  # no checkpoint, a damaged one: said as the others are
+                raise exc if isinstance(exc, ConfigError) else ConfigError(str(exc)) from None
         super().check_environment()
-        if self.resume is not None:
-            check_resume_layout(self)
 
 
 

@@ -50,6 +50,11 @@ class ContextParallelConfig(RunConfig):
         if self.attention == "ulysses" and self.layout != "contiguous":
             raise ConfigError(f"--layout {self.layout} is for the ring; Ulysses always uses the contiguous layout "
                               "(leave --layout out)")
+        if self.attention == "ulysses":  # first: no --seq_len or --batch_size fixes a --cp that splits no heads
+            try:
+                check_heads(self.model_shape["n_head"], self.cp)
+            except ValueError as exc:
+                raise ConfigError(f"--preset {self.preset} with --cp {self.cp}: {exc}") from None
         if self.block_size < 1:
             raise ConfigError(f"--block_size must be >= 1 (tokens), not {self.block_size}")
         if self.seq_len < self.model_max_length:
@@ -63,8 +68,3 @@ class ContextParallelConfig(RunConfig):
             fit = max(chunks, self.seq_len // chunks * chunks)
             raise ConfigError(f"--seq_len {self.seq_len} must be divisible by {chunks} (the {self.layout} layout cuts "
                               f"each sequence into {chunks} equal chunks over --cp {self.cp}); try --seq_len {fit}")
-        if self.attention == "ulysses":
-            try:
-                check_heads(self.model_shape["n_head"], self.cp)
-            except ValueError as exc:
-                raise ConfigError(f"--preset {self.preset} with --cp {self.cp}: {exc}") from None

@@ -2,6 +2,7 @@
 import it)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from course.config import ConfigError, RunConfig, option
@@ -73,7 +74,10 @@ class MoERunConfig(RunConfig):
                       self.router, self.shared_experts, self.router_bias_update, self.n_group,
                       self.topk_group).check(self.ep)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            fits = [e for e in range(1, self.dp * self.cp + 1) if (self.dp * self.cp) % e == 0 and
+                    self.num_experts % e == 0]  # an --ep that shares out the experts and divides dp x cp
+            raise ConfigError(re.sub(r"choose --ep in \[[^]]*\]", f"choose --ep in {fits} (it divides --dp "
+                                     f"{self.dp} too)", str(exc))) from None
         if self.moe_every < 1:
             raise ConfigError(f"--moe_every must be >= 1, not {self.moe_every}")
         if self.batch_size % self.dp:

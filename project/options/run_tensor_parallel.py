@@ -38,14 +38,7 @@ class TensorParallelConfig(RunConfig):
         return None
 
     def check(self) -> None:
-        if self.tp >= 1 and self.sequence_parallel and self.model_max_length % self.tp:
-            # Sequences are padded up to a multiple of tp; the longest (model_max_length) would then
-            # run past the position embeddings, and a rank would crash mid-run.
-            fit = self.model_max_length // self.tp * self.tp
-            raise ConfigError(f"--sequence_parallel splits each sequence into --tp {self.tp} equal parts, but "
-                              f"--model_max_length {self.model_max_length} is not divisible by {self.tp}; "
-                              f"try --model_max_length {fit}")
-        super().check()
+        super().check()  # first the mesh and the heads: a --model_max_length fit is no fix for a --tp they refuse
         from tensor_parallel.rules import validate_tp_config
 
         shape = self.model_shape
@@ -56,3 +49,10 @@ class TensorParallelConfig(RunConfig):
         except ValueError as exc:
             raise ConfigError(f"--preset {self.preset} with --tp {self.tp}: {exc}") from None
         self.block_types = ",".join(kinds)
+        if self.sequence_parallel and self.model_max_length % self.tp:
+            # Sequences are padded up to a multiple of tp; the longest (model_max_length) would then
+            # run past the position embeddings, and a rank would crash mid-run.
+            fit = self.model_max_length // self.tp * self.tp
+            raise ConfigError(f"--sequence_parallel splits each sequence into --tp {self.tp} equal parts, but "
+                              f"--model_max_length {self.model_max_length} is not divisible by {self.tp}; "
+                              f"try --model_max_length {fit}")

@@ -75,6 +75,11 @@ def test_async_checkpoints_of_a_pipeline_of_three_or_more_stages_finish_and_resu
     assert (root / "latest").read_text() == f"step{STEPS:08d}", "the last background save was not committed"
     first = root / f"step{EVERY:08d}"
     assert (first / ".metadata").is_file(), sorted(p.name for p in root.iterdir())
+    from course.checkpoint_manifest import verify_checkpoint
+
+    # the background saves carry their manifest too, written once their files were: every file verifies
+    assert [verify_checkpoint(root / f"step{s:08d}") for s in range(EVERY, STEPS + 1, EVERY)] == \
+        list(range(EVERY, STEPS + 1, EVERY))
     uninterrupted = {r: res["train_losses"] for r, res in _results(workdir, pp).items()}
 
     assert main(_pipeline_argv(workdir, pp, "--resume", str(first))) == 0, capsys.readouterr().err[-3000:]

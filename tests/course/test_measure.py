@@ -103,8 +103,8 @@ def test_results_file_names_its_clock_and_memory_measure(tmp_path):
             return Evaluation(self.model, self.device)
 
     args = SimpleNamespace(n_epochs=1, workdir=str(tmp_path), n_bleu=0, checkpoint_every=None, resume=None,
-                           max_val_batches=None, model_max_length=8, quiet=True, trace=None, trace_steps=20,
-                           profile=False)
+                           keep_checkpoints=2, max_val_batches=None, model_max_length=8, quiet=True, trace=None,
+                           trace_steps=20, profile=False)
     data = SimpleNamespace(validation=examples, collate=collate, tokenizer=None, test=[])
     written = run_epochs(Mode(args, data, "cpu", show_progress=False))
     result = json.loads(open(written[0]).read())

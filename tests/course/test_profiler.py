@@ -50,8 +50,8 @@ def _tiny_mode(tmp_path, steps: int, trace=None, profile=False):
             return Evaluation(self.model, self.device)
 
     args = SimpleNamespace(n_epochs=1, workdir=str(tmp_path), n_bleu=0, checkpoint_every=None, resume=None,
-                           max_val_batches=1, model_max_length=8, quiet=True, trace=trace, trace_steps=20,
-                           profile=profile)
+                           keep_checkpoints=2, max_val_batches=1, model_max_length=8, quiet=True, trace=trace,
+                           trace_steps=20, profile=profile)
     data = SimpleNamespace(validation=examples[:2], collate=collate, tokenizer=None, test=[])
     return Mode(args, data, "cpu", show_progress=False)
 

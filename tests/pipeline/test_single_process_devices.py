@@ -52,12 +52,13 @@ class _Reached(Exception):
     pass
 
 
-def test_the_epoch_runner_times_and_measures_the_pipelines_stage_devices(monkeypatch):
+def test_the_epoch_runner_times_and_measures_the_pipelines_stage_devices(monkeypatch, tmp_path):
     """What :func:`course.epoch_runner.run_epochs` hands the clock and the memory meter for a
     ``pipeline_parallel`` run on two GPUs: both devices (the training itself is cut short)."""
     from pipeline.training import PipeTraining
 
-    args = SimpleNamespace(model_parallel_mode="pipeline_parallel", quiet=True, profile=False, n_epochs=1)
+    args = SimpleNamespace(model_parallel_mode="pipeline_parallel", quiet=True, profile=False, n_epochs=1,
+                           workdir=str(tmp_path))
     mode = PipeTraining(args, None, None, None, GPUS, None, None)
     mode.epoch_batches, mode.train_mode = (lambda epoch: ([], 0)), (lambda: None)
     seen = {}
@@ -76,7 +77,8 @@ def test_the_epoch_runner_times_and_measures_the_pipelines_stage_devices(monkeyp
         seen["clock"] = kwargs["device"]
         raise _Reached
 
-    monkeypatch.setattr(epoch_runner, "_Checkpoints", lambda mode: SimpleNamespace(resume=lambda: (0, 0, None, None)))
+    monkeypatch.setattr(epoch_runner, "_Checkpoints", lambda mode: SimpleNamespace(resume=lambda: (0, 0, None, None),
+                                                                                   resuming=False))
     monkeypatch.setattr(epoch_runner, "MemoryMeter", Meter)
     monkeypatch.setattr(epoch_runner, "train_epoch", train_epoch)
     with pytest.raises(_Reached):
