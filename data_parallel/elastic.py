@@ -210,9 +210,16 @@ def node_of_this_rank(rank: int) -> dict:
 def elastic_training(rank: int, config, data, device, mesh) -> ElasticTraining:
     """This rank's :class:`ElasticTraining` over ``mesh.dp_group`` (``config.elastic`` set, under torchrun):
     the GPT-2 and AdamW of :func:`data_parallel.training.dp_training`, ``M`` from ``--elastic`` and torchrun's
-    ``LOCAL_WORLD_SIZE``, every rank's node gathered for the log (collective over the world)."""
+    ``LOCAL_WORLD_SIZE``, every rank's node gathered for the log (collective over the world). On CPU an explicit
+    ``OMP_NUM_THREADS`` sets the rank's threads (the launcher gives it the node's cores / LOCAL_WORLD_SIZE, which
+    does not count the ranks of other agents on the same machine)."""
+    import torch
+
     from data_parallel.training import dp_training
 
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # several agents may share a machine (project/elastic_demo.py): the
+        torch.set_num_threads(int(threads))  # launcher's cores / LOCAL_WORLD_SIZE would count this agent's ranks only
     everyone = [None] * mesh.world_size
     dist.all_gather_object(everyone, node_of_this_rank(rank), group=mesh.group("world"))
     nodes = {}

@@ -15,13 +15,16 @@ What it does, with ``python project/elastic.py --nnodes 1:2 --nproc_per_node 1``
    it waiting, stops its worker, and the run goes on at world 2 again — from the latest checkpoint.
 
 Each attempt's rank 0 prints what changed and what it cost; at the end the run's log and results file
-(``<workdir>/elastic_log.jsonl``, ``<workdir>/rank0_results_epoch0.json``, ``elastic`` entry) hold every attempt,
-step, loss and restart (:mod:`course.elastic`). ``tests/course/test_elastic.py`` runs it and checks the losses
-against the uninterrupted run's, the data order and that no process is left.
+(``<workdir>/work/elastic_log.jsonl``, ``<workdir>/work/rank0_results_epoch0.json``, ``elastic`` entry) hold every
+attempt, step, loss and restart (:mod:`course.elastic`), and ``<workdir>/elastic_demo.json`` the results with the
+machine it ran on and its load (``course.benchmarking.machine``: the seconds lost depend on it).
+``tests/course/test_elastic.py`` runs it and checks the losses against the uninterrupted run's, the data order and
+that no process is left.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -74,6 +77,12 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def threads_per_rank() -> int:
+    """The CPU threads of each rank: this machine's cores shared by the (at most) 2 ranks that train at once —
+    every agent here is a "node" of the same machine (``OMP_NUM_THREADS``, which elastic runs honour)."""
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -100,7 +109,7 @@ def run_demo(workdir, *, steps: int = 48, kill_after: int = 4, checkpoint_every:
               "elastic-demo", "--max_restarts", str(max_restarts), "--join_timeout", "60", "--last_call_timeout", "1",
               "--monitor_interval", "0.2", "--mode", "dp", *SMALL, "--checkpoint_every", str(checkpoint_every),
               "--max_batches", str(steps), "--device", "cpu", "--workdir", str(work), *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank()), PYTHONUNBUFFERED="1")
     demo = DemoRun(workdir)
     logs = {name: open(workdir / f"{name}.log", "w") for name in ("node0", "node1", "node2")}
     agents: dict[str, subprocess.Popen] = {}
@@ -166,21 +175,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=48, help="optimizer steps of the run")
     parser.add_argument("--kill_after", type=int, default=4, help="node 1 is killed once this step is done")
     parser.add_argument("--checkpoint_every", type=int, default=3, help="a checkpoint every N steps")
+    parser.add_argument("--record", default=None, help="where to write the run's results with the machine it ran on "
+                                                       "(default: <workdir>/elastic_demo.json)")
     parser.add_argument("--figure", default=None, help="write the figure of the run to this PNG")
     options = parser.parse_args(argv)
     if Path(options.workdir).exists() and any(Path(options.workdir).iterdir()):
         parser.error(f"--workdir {options.workdir} is not empty; choose a new folder")
+    from course.benchmarking import describe, finish, machine
+
+    info = machine(busy_ranks=2)  # the load of other processes, before the ranks start
     demo = run_demo(options.workdir, steps=options.steps, kill_after=options.kill_after,
                     checkpoint_every=options.checkpoint_every)
+    finish(info)
     print(demo.outputs["node0"][-3000:])
     if any(demo.returncodes[n] for n in ("node0", "node2")):
         print(f"the run failed: exit codes {demo.returncodes}", file=sys.stderr)
         return 1
+    from course.results import write_json
+
+    results = json.loads((Path(options.workdir) / "work" / "rank0_results_epoch0.json").read_text())
+    record = write_json(options.record or Path(options.workdir) / "elastic_demo.json", {**results, "machine": info})
+    print(f"machine: {describe(info)}\nthe run's results and machine: {record}")
     if options.figure:
         from course.plots.elastic import plot_elastic_run
 
-        results = Path(options.workdir) / "work" / "rank0_results_epoch0.json"
-        print(f"figure: {plot_elastic_run(results, options.figure)}")
+        print(f"figure: {plot_elastic_run(record, options.figure)}")
     return 0
 
 

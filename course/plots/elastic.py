@@ -14,7 +14,8 @@ def plot_elastic_run(results, path=None):
     world size over wall-clock time (the time the run was down shaded), every restart marked with what it cost.
 
     Args:
-        results: a results file's path, or its loaded dict (with an ``elastic`` entry).
+        results: a results file's path, or its loaded dict (with an ``elastic`` entry; with a ``machine`` entry,
+            as ``project/elastic_demo.py`` writes it, the machine and its load are named too).
         path: write the figure there (PNG) and return the path; None: return the figure.
 
     Raises:
@@ -78,9 +79,16 @@ def plot_elastic_run(results, path=None):
                title="world size over time (shaded: down — failure noticed, rendezvous, restart, checkpoint load)")
     bottom.set_yticks(range(top_world + 1))
     bottom.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"elastic run, --nnodes {run['nnodes']}, --max_restarts {run['max_restarts']}: "
-                 f"{len(run['restarts'])} restart(s), {run['steps_redone']} step(s) redone, "
-                 f"{run['seconds_lost']:.1f} s lost", fontsize=10)
+    title = (f"elastic run, --nnodes {run['nnodes']}, --max_restarts {run['max_restarts']}: "
+             f"{len(run['restarts'])} restart(s), {run['steps_redone']} step(s) redone, "
+             f"{run['seconds_lost']:.1f} s lost")
+    if data.get("machine"):  # project/elastic_demo.py's record: where it ran, and how loaded
+        from course.benchmarking import conditions
+
+        m = data["machine"]
+        title += (f"\n{m['cores']} cores ({m['cpu_model']}), load average {m['load_average'][0]:.1f} before, "
+                  f"{m['load_average_after'][0]:.1f} after: {conditions(m)}")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     if path is None:
         return fig

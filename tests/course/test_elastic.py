@@ -10,12 +10,12 @@ included, at world 2, 1 and 2 — has the loss of the uninterrupted run, compute
 definition (the mean over the global batch's two micro-batches of their mean target-token losses; AdamW): *equal,
 not close*. The run's step accumulates the micro-batches' gradients scaled by W/M (1 or 1/2: powers of two, so
 every product is exact) and averages over W ranks (a sum of two terms, commutative, exact; a division by 1 or 2,
-exact), dropout is off and every process computes with as many threads (course.launch gives a rank the node's
-cores / its local ranks: here all of them; the reference takes as many, since a reduction split over another
-number of threads rounds differently) — so every world computes the same bits (data_parallel/elastic.py), and the
-run ends with the uninterrupted run's weights (SHA-256 of every parameter). The steps' examples are the epoch's global batches in order: within the epoch none is
-trained twice or skipped. The lost work is printed (steps redone, seconds) and recorded with ``--nnodes`` and
-``--max_restarts`` in the results file; no process is left behind.
+exact), dropout is off and every process computes with as many threads (the demo's OMP_NUM_THREADS: a reduction
+split over another number of threads rounds differently) — so every world computes the same bits
+(data_parallel/elastic.py), and the run ends with the uninterrupted run's weights (SHA-256 of every parameter).
+The steps' examples are the epoch's global batches in order: within the epoch none is trained twice or skipped.
+The lost work is printed (steps redone, seconds) and recorded with ``--nnodes`` and ``--max_restarts`` in the
+results file; no process is left behind.
 """
 from __future__ import annotations
 
@@ -45,13 +45,14 @@ def reference_run(workdir: Path, steps: int):
     from course.model import parameter_fingerprint
     from course.task import build_model, prepare_data
     from data_parallel.data_order import global_batch_indices
+    from project.elastic_demo import threads_per_rank
     from project.options.run_data_parallel import DataParallelConfig
 
     config = DataParallelConfig.for_test(dp=1, preset="tiny", batch_size=8, model_max_length=32, vocab_size=1000,
                                          max_train_examples=2000, dropout=0.0, device="cpu", workdir=str(workdir))
     data = prepare_data(config)  # the run's tokenizer, cached in its folder
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))  # as each rank here: the node's cores / its 1 local rank
+    torch.set_num_threads(threads_per_rank())  # as each rank (OMP_NUM_THREADS, project/elastic_demo.py)
     try:
         model = build_model(config, data.tokenizer.vocab_size)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
@@ -242,7 +243,7 @@ def test_the_failures_of_an_elastic_run_are_named(tmp_path):
 
     from project.elastic import explain
 
-    front = SimpleNamespace(nnodes="2:4", rdzv_endpoint="node0:29400", rdzv_id="run1", join_timeout=30.0,
+    front = SimpleNamespace(nnodes="2:4", rdzv_endpoint="node0:29400", rdzv_id="run1", join_timeout=30,
                             max_restarts=1)
     started = _log((2, 0, [(1, 10.0), (2, 11.0)], 9.0, {7: 0, 8: 0}))
     assert "the rendezvous timed out: fewer than MIN=2 node(s) joined" in explain(RendezvousTimeoutError(), front, [])
