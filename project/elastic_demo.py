@@ -10,7 +10,7 @@ What it does, with ``python project/elastic.py --nnodes 1:2 --nproc_per_node 1``
 2. after step ``--kill_after`` kills node 1's agent with SIGKILL (its worker dies with it): node 0's worker loses
    its peer, its agent restarts it (``--max_restarts``), the rendezvous closes with node 0 alone, and the run goes
    on at world 1 from the latest checkpoint (``--checkpoint_every``), each step's two micro-batches on one rank;
-3. once that world-1 attempt has trained two steps, lets node 2 join: node 2's agent was started at the beginning
+3. once that world-1 attempt has trained ``--join_after`` steps, lets node 2 join: node 2's agent was started at the beginning
    and held before its rendezvous (so that it joins at once instead of after its imports); node 0's agent sees
    it waiting, stops its worker, and the run goes on at world 2 again — from the latest checkpoint.
 
@@ -88,8 +88,8 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run_demo(workdir, *, steps: int = 48, kill_after: int = 4, checkpoint_every: int = 3, max_restarts: int = 2,
-             timeout: float = 600.0, extra: list[str] = (), on_kill=None) -> DemoRun:
+def run_demo(workdir, *, steps: int = 48, kill_after: int = 4, join_after: int = 2, checkpoint_every: int = 3,
+             max_restarts: int = 2, timeout: float = 600.0, extra: list[str] = (), on_kill=None) -> DemoRun:
     """Run the scenario of the module docstring in ``workdir`` (see there); returns the :class:`DemoRun`.
 
     ``on_kill(agent_pid)`` (optional) is called just before node 1's agent is killed. Every process it started is
@@ -101,7 +101,7 @@ def run_demo(workdir, *, steps: int = 48, kill_after: int = 4, checkpoint_every:
     """
     from course.launch import free_port
 
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()  # the agents run in the repository's folder
     work = workdir / "work"
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -145,7 +145,7 @@ def run_demo(workdir, *, steps: int = 48, kill_after: int = 4, checkpoint_every:
         demo.killed_after = max(e["step"] for e in read_events(log) if e["event"] == "step")
         demo.killed_at = time.time()
         os.kill(agents["node1"].pid, signal.SIGKILL)
-        wait(lambda: len(steps_of(1)) >= 2, "two steps at world 1 after the kill")
+        wait(lambda: len(steps_of(1)) >= join_after, f"{join_after} steps at world 1 after the kill")
         shrunk = steps_of(1)[0]["attempt"]
         agents["node2"].stdin.write("join\n")
         agents["node2"].stdin.flush()
@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="workdir/elastic_demo", help="a new folder for the run")
     parser.add_argument("--steps", type=int, default=48, help="optimizer steps of the run")
     parser.add_argument("--kill_after", type=int, default=4, help="node 1 is killed once this step is done")
+    parser.add_argument("--join_after", type=int, default=2, help="node 2 joins once the run has done this many steps "
+                                                                  "at world 1")
     parser.add_argument("--checkpoint_every", type=int, default=3, help="a checkpoint every N steps")
     parser.add_argument("--record", default=None, help="where to write the run's results with the machine it ran on "
                                                        "(default: <workdir>/elastic_demo.json)")
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from course.benchmarking import describe, finish, machine
 
     info = machine(busy_ranks=2)  # the load of other processes, before the ranks start
-    demo = run_demo(options.workdir, steps=options.steps, kill_after=options.kill_after,
+    demo = run_demo(options.workdir, steps=options.steps, kill_after=options.kill_after, join_after=options.join_after,
                     checkpoint_every=options.checkpoint_every)
     finish(info)
     print(demo.outputs["node0"][-3000:])
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from course.results import write_json
 
-    results = json.loads((Path(options.workdir) / "work" / "rank0_results_epoch0.json").read_text())
+    text = (Path(options.workdir) / "work" / "rank0_results_epoch0.json").read_text()
+    results = json.loads(text.replace(str(Path(options.workdir).resolve()), options.workdir))  # paths as given
     record = write_json(options.record or Path(options.workdir) / "elastic_demo.json", {**results, "machine": info})
     print(f"machine: {describe(info)}\nthe run's results and machine: {record}")
     if options.figure:

@@ -46,6 +46,11 @@ def plot_elastic_run(results, path=None):
     if others:
         top.plot([e["step"] for e in others], [e["loss"] for e in others], "o", mfc="none", color="tab:red",
                  label="executions a restart threw away")
+    largest = max(run["world_sizes"])
+    smaller = [s for s, w in zip(run["steps"], run["world_sizes"]) if w < largest]
+    for i, s in enumerate(smaller):  # the steps whose last execution ran on fewer ranks
+        top.axvspan(s - 0.5, s + 0.5, color="tab:green", alpha=0.12, lw=0,
+                    label=f"steps trained on fewer than {largest} ranks" if i == 0 else None)
     high = max(run["losses"])
     for i, r in enumerate(run["restarts"]):
         top.axvline(r["resumed_step"] + 0.5, color="tab:gray", ls=":", lw=1)

@@ -3,7 +3,8 @@
 The run that matters (``project/elastic_demo.py`` on this machine: torchrun agents with ``--nnodes 1:2``, one
 rank each): two agents train at world 2; one agent is killed with SIGKILL after step 4 (its worker dies with it);
 the survivor re-rendezvouses alone, loads the latest checkpoint (written by 2 ranks: DCP reshards it for 1) and
-goes on at world 1; a third agent joins and the run grows back to world 2, from the latest checkpoint again.
+goes on at world 1 past its next checkpoint; a third agent joins and the run grows back to world 2, from that
+checkpoint (written by 1 rank, resharded for 2).
 
 **What must hold, and why exactly.** Every execution of every step — the ones a restart threw away and redid
 included, at world 2, 1 and 2 — has the loss of the uninterrupted run, computed here in one process from the
@@ -80,8 +81,8 @@ def test_an_elastic_run_shrinks_and_grows_and_trains_the_uninterrupted_runs_loss
     from project.elastic_demo import run_demo
 
     workers: set[int] = set()
-    demo = run_demo(tmp_path, steps=STEPS, kill_after=KILL_AFTER, checkpoint_every=EVERY, max_restarts=MAX_RESTARTS,
-                    timeout=360, on_kill=lambda agent: workers.update(descendants(agent)))
+    demo = run_demo(tmp_path, steps=STEPS, kill_after=KILL_AFTER, join_after=EVERY + 1, checkpoint_every=EVERY,
+                    max_restarts=MAX_RESTARTS, timeout=360, on_kill=lambda agent: workers.update(descendants(agent)))
     output = "\n".join(f"--- {n}:\n{text[-4000:]}" for n, text in demo.outputs.items())
     assert demo.returncodes["node0"] == 0 and demo.returncodes["node2"] == 0, output
     assert workers, "the killed agent had no worker"
@@ -93,7 +94,9 @@ def test_an_elastic_run_shrinks_and_grows_and_trains_the_uninterrupted_runs_loss
     lost, joined = changes
     assert lost["cause"] == "a worker failed" and len(lost["nodes_lost"]) == 1 and not lost["nodes_joined"]
     assert joined["cause"] == "membership change" and len(joined["nodes_joined"]) == 1 and not joined["nodes_lost"]
-    assert lost["interrupted_after"] >= KILL_AFTER and runs[1]["steps"][1] >= runs[1]["resumed_step"] + 2
+    # world 1 trained EVERY + 1 steps before node 2 joined, so it wrote a checkpoint that the world of 2 resumed from
+    assert lost["interrupted_after"] >= KILL_AFTER and runs[1]["steps"][1] >= runs[1]["resumed_step"] + EVERY + 1
+    assert joined["resumed_step"] >= lost["resumed_step"] + EVERY
     for change in changes:  # each resumed from a checkpoint at most one interval old
         assert change["resumed_step"] % EVERY == 0 and 0 <= change["steps_redone"] <= EVERY
         assert change["steps_redone"] == change["interrupted_after"] - change["resumed_step"]
@@ -102,6 +105,7 @@ def test_an_elastic_run_shrinks_and_grows_and_trains_the_uninterrupted_runs_loss
     checkpoint = tmp_path / "work" / "checkpoints" / f"step{lost['resumed_step']:08d}"
     assert (f"resuming from {checkpoint}: epoch 0, after step {lost['resumed_step']} of it (global step "
             f"{lost['resumed_step']}), written by 2 ranks, continued by 1") in node0, node0[-3000:]
+    assert f"(global step {joined['resumed_step']}), written by 1 ranks, continued by 2" in node0, node0[-3000:]
     for change in changes:  # printed: what changed, and what it cost
         assert f"elastic: attempt {change['attempt']} ({change['cause']}" in node0
         assert (f"elastic: back at step {change['interrupted_after']} in attempt {change['attempt']}: lost "
