@@ -184,7 +184,12 @@ def print_history(workdir, results_prefix: str = "", nnodes: str | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    front, rest, config = parse(argv)
+    return run_agent(*parse(argv))
+
+
+def run_agent(front, rest: list[str], config) -> int:
+    """Run this node's agent for a checked request (:func:`parse`) until the run ends; returns the exit code
+    (0; 1 with the explanation on stderr when the run failed; 128 + the signal when the agent was stopped)."""
     args = torchrun_args(front, rest)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     print("elastic: torchrun " + " ".join(args), flush=True)

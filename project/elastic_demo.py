@@ -41,10 +41,11 @@ from course.elastic import log_path, read_events  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ELASTIC = str(REPO / "project" / "elastic.py")
-# Node 2's agent: imports what the agent needs, then waits for a line on stdin before it joins (end of input: it
-# leaves without joining).
+# Node 2's agent: checks its request and imports what the agent needs, then waits for a line on stdin before it
+# joins (end of input: it leaves without joining).
 HELD = ("import sys; sys.path.insert(0, {repo!r}); import project.elastic as e, torch.distributed.run; "
-        "line = sys.stdin.readline(); sys.exit(e.main(sys.argv[1:]) if line else 0)")
+        "request = e.parse(sys.argv[1:]); line = sys.stdin.readline(); "
+        "sys.exit(e.run_agent(*request) if line else 0)")
 SMALL = ["--preset", "tiny", "--batch_size", "8", "--model_max_length", "32", "--vocab_size", "1000",
          "--max_train_examples", "2000", "--n_bleu", "0", "--max_val_batches", "1", "--quiet", "--dropout", "0"]
 

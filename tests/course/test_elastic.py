@@ -152,7 +152,7 @@ def _elastic(*argv: str, **popen) -> subprocess.Popen:
 def test_a_rendezvous_that_times_out_ends_with_a_message_and_no_process(tmp_path):
     from course.launch import free_port
 
-    proc = _elastic("--nnodes", "2:2", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--join_timeout", "2",
+    proc = _elastic("--nnodes", "2:2", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--join_timeout", "1",
                     "--mode", "dp", "--checkpoint_every", "2", "--preset", "tiny", "--device", "cpu",
                     "--workdir", str(tmp_path / "work"))
     seen: set[int] = set()
@@ -166,7 +166,7 @@ def test_a_rendezvous_that_times_out_ends_with_a_message_and_no_process(tmp_path
     assert proc.returncode == 1, output[-3000:]
     assert ("elastic run failed: the rendezvous timed out: fewer than MIN=2 node(s) joined the rendezvous "
             "127.0.0.1:") in output, output[-3000:]
-    assert "--join_timeout 2 s" in output
+    assert "--join_timeout 1 s" in output
     assert not seen, "a worker started although the rendezvous never completed"
     assert_all_gone(seen | {proc.pid}, within=5.0)
 
