@@ -642,10 +642,12 @@ def _attempt_store(rank: int, world_size: int, timeout: float):
     per configuration; every rank launches the same number of times). After a restart, a plain
     ``env://`` group would read the previous attempt's keys in the same store and hang or fail to
     connect; a fresh namespace per attempt and launch comes up cleanly."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    # A store of the workers' own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, elastic runs) is new in every rendezvous
+    # round, and once a node has joined the agents' restart counts differ: no attempt in its namespace.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent_hosts else "own"
     _JOINS[0] += 1
     attempt = f"{attempt}_launch{_JOINS[0]}"
-    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                           is_master=not agent_hosts and rank == 0, timeout=datetime.timedelta(seconds=timeout))
     return dist.PrefixStore(f"llmsys_attempt{attempt}", store)

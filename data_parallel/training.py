@@ -206,18 +206,19 @@ def save_final_checkpoint(mode: DataParallelTraining, mesh: Mesh) -> None:
                            group=mesh.dp_group)
 
 
-def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None,
-                grad_sync_factory=None) -> DataParallelTraining:
+def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None, grad_sync_factory=None, *,
+                kind: type | None = None, **extra) -> DataParallelTraining:
     """This rank's :class:`DataParallelTraining` over ``mesh.dp_group``: the GPT-2 of ``args`` (same seed
     on every rank) on ``device``, AdamW at ``args.learning_rate`` — or the optimizer of the sharding that
     ``make_sharding(model, args, dp_group, mesh)`` builds — and the ``grad_sync`` of ``grad_sync_factory(args,
     model, dp_group)`` (see :func:`run_dp`). What :func:`run_dp` trains; the parity harness
-    (``project/parity.py``) steps it directly."""
+    (``project/parity.py``) steps it directly. ``kind``: a subclass of :class:`DataParallelTraining` to build
+    instead, with ``extra`` keyword arguments (:class:`data_parallel.elastic.ElasticTraining`)."""
     model = build_model(args, data.tokenizer.vocab_size).to(device)
     sharding = make_sharding(model, args, mesh.dp_group, mesh) if make_sharding is not None else None
     optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
                                                                                    lr=args.learning_rate)
     grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
-    return DataParallelTraining(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
-                                grad_sync=grad_sync, rank=rank, world_group=mesh.group("world"),
-                                throughput_group=mesh.dp_group, show_progress=rank == 0)
+    return (kind or DataParallelTraining)(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
+                                          grad_sync=grad_sync, rank=rank, world_group=mesh.group("world"),
+                                          throughput_group=mesh.dp_group, show_progress=rank == 0, **extra)

@@ -175,6 +175,10 @@ def grad_sync_factory(config: DataParallelConfig):
 
 
 def _build_dp(config: DataParallelConfig, data, mesh):
+    if config.elastic is not None:  # under project/elastic.py (torchrun --nnodes=MIN:MAX)
+        from data_parallel.elastic import elastic_training
+
+        return elastic_training(mesh.rank, config, data, _device(), mesh)
     from data_parallel.training import dp_training
 
     make_sharding = None
@@ -198,8 +202,10 @@ def _placed(c) -> str:
 def _describe_dp(c: DataParallelConfig) -> str:
     sync = ("average_gradients" if not uses_grad_sync(c) else f"compression={c.compression}"
             if c.compression != "none" else f"buckets of {c.bucket_mb or 25.0} MB, overlap={c.overlap}")
+    split = (f"{c.batch_size // c.dp} per rank" if c.elastic is None else
+             f"elastic {c.elastic} nodes: micro-batches accumulated")
     return (f"data parallel: dp={c.dp} {_placed(c)} "
-            f"global batch={c.batch_size} ({c.batch_size // c.dp} per rank), "
+            f"global batch={c.batch_size} ({split}), "
             f"gradients: {sync if not c.zero else f'ZeRO-{c.zero}'}"
             f"{f' (HSDP: {c.hsdp} replicas x {c.dp // c.hsdp})' if c.hsdp > 1 else ''}"
             f"{f' (ZeRO++: {c.zeropp})' if c.zeropp else ''}, precision={c.precision}, "

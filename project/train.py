@@ -21,11 +21,17 @@ mode's (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``), summarised in a ta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from course.environment import in_torchrun
+    from course.rank_watch import die_with_parent
+
+    if in_torchrun():  # a rank of torchrun's dies with its agent from the start, also while it imports torch
+        die_with_parent(os.getppid())
 
 from course.cli import OptionParser, closest_option  # noqa: E402
 from course.launch import RankFailure, launch  # noqa: E402
@@ -119,4 +125,8 @@ def mode_command(name: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under torchrun, a rank's error goes into its error file too: torchrun's summary (and project/elastic.py's
+    # explanation of a failed run) then quote it.
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.config import ConfigError, RunConfig, option
+from course.environment import in_torchrun
 
 ZEROPP = ("qwz", "hpz", "qgz")  # memory.zeropp.OPTIONS (named again here: this module is torch-free)
 
@@ -40,6 +41,11 @@ class DataParallelConfig(RunConfig):
 
     dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
                             old=("world_size",))
+    elastic: str | None = option(None, "MIN:MAX nodes, as torchrun's --nnodes=MIN:MAX (project/elastic.py sets it): "
+                                       "every (re)start continues from the latest checkpoint at the world torchrun "
+                                       "gives, each global batch as MAX x nproc_per_node micro-batches accumulated "
+                                       "over the ranks (data_parallel/elastic.py)", group="checkpoints and restarts",
+                                 metavar="MIN:MAX")
     save_checkpoint: bool = option(False, "save the final weights to <workdir>/checkpoint_data_parallel.pt (a "
                                           "torch.save file made from a DCP checkpoint)",
                                    group="checkpoints and restarts")
@@ -95,13 +101,12 @@ class DataParallelConfig(RunConfig):
         if self.compression != "none" and (self.bucket_mb is not None or self.overlap):
             raise ConfigError(f"--compression {self.compression} sends its own compressed messages per tensor: "
                               "drop --bucket_mb/--overlap, or use --compression none")
-        memory = [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
-                                  ("--precision bf16", self.precision != "fp32")) if on]
-        comm = [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
-                                ("--compression", self.compression != "none")) if on]
+        memory, comm = step_options(self)
         if memory and comm:
             raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
                               f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
+        if self.elastic is not None:
+            check_elastic(self, memory + comm)
 
     def zeropp_options(self) -> tuple[str, ...]:
         """``--zeropp`` as a tuple of names (``()`` without it)."""
@@ -129,10 +134,73 @@ class DataParallelConfig(RunConfig):
             raise ConfigError(f"--zeropp_group {self.zeropp_group} must divide --dp {self.dp} (ranks per node-sized "
                               f"group); try --zeropp_group {2 if self.dp % 2 == 0 else 1}")
 
+    def resolve(self, devices: int | None = None, *, here: bool = True) -> None:
+        super().resolve(devices, here=here)
+        if self.elastic is not None and self.resume is None and in_torchrun():
+            from course.checkpoint import checkpoint_root, latest_checkpoint
+
+            if latest_checkpoint(checkpoint_root(self.workdir, self.results_prefix)) is not None:
+                self.resume = "latest"  # every (re)start of an elastic run continues the run
+
     def check_environment(self) -> None:
         super().check_environment()
         if self.resume is not None:
             check_resume_layout(self)
+
+
+def step_options(config: DataParallelConfig) -> tuple[list[str], list[str]]:
+    """The options given that change the training step: the memory part's, and the gradient communication's."""
+    memory = [o for o, on in (("--zero", config.zero), ("--activation_checkpointing", config.activation_checkpointing),
+                              ("--precision bf16", config.precision != "fp32")) if on]
+    comm = [o for o, on in (("--bucket_mb", config.bucket_mb is not None), ("--overlap", config.overlap),
+                            ("--compression", config.compression != "none")) if on]
+    return memory, comm
+
+
+def check_elastic(config: DataParallelConfig, other_options: list[str], nproc_per_node: int | None = None) -> None:
+    """``--elastic MIN:MAX``: bounds torchrun can have, a checkpoint to continue from, plain data parallelism, and a
+    global batch that splits into ``MAX x nproc_per_node`` micro-batches. The training checks it under torchrun
+    (``nproc_per_node``: its ``LOCAL_WORLD_SIZE``; the world must lie inside the bounds); ``project/elastic.py``
+    checks it before it starts torchrun (``nproc_per_node`` given).
+
+    Raises:
+        ConfigError: naming what to change.
+    """
+    import os
+
+    from course.elastic import parse_nnodes
+
+    try:
+        low, high = parse_nnodes(config.elastic)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("--nnodes", "--elastic")) from None
+    if not config.checkpoint_every:
+        raise ConfigError("an elastic run continues from the latest checkpoint whenever the world changes: also give "
+                          "--checkpoint_every N")
+    if other_options:
+        raise ConfigError(f"an elastic run trains with plain data parallelism (gradients averaged, micro-batches "
+                          f"accumulated); drop {', '.join(other_options)}")
+    if config.max_restarts:
+        raise ConfigError("an elastic run's workers are restarted by torchrun: give --max_restarts to "
+                          "project/elastic.py, not to the training")
+    if nproc_per_node is None:
+        if not in_torchrun():
+            raise ConfigError("--elastic is what project/elastic.py passes to its torchrun workers: start an elastic "
+                              "run with python project/elastic.py --nnodes MIN:MAX ... --mode dp ...")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            raise ConfigError("--elastic needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment "
+                              "(project/elastic.py sets it): the agents' shared store keeps its keys across rendezvous "
+                              "rounds, and once a node has joined the agents' restart counts differ")
+        nproc_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        nodes = int(os.environ["WORLD_SIZE"]) // nproc_per_node
+        if not low <= nodes <= high:
+            raise ConfigError(f"torchrun started {nodes} node(s), outside --elastic {config.elastic}: give torchrun "
+                              f"the same --nnodes {config.elastic}")
+    micro = high * nproc_per_node
+    if config.batch_size % micro:
+        raise ConfigError(f"--batch_size {config.batch_size} does not split into {micro} micro-batches (MAX {high} "
+                          f"nodes x {nproc_per_node} ranks each: one per rank of the largest world); try --batch_size "
+                          f"{max(micro, config.batch_size // micro * micro)}")
 
 
 def check_resume_layout(config: DataParallelConfig) -> None:
