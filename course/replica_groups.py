@@ -233,33 +233,32 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
     go = ctx.Event()
     ready: set = set()
 
-    def log(kind, group=None, **data):
-        run.events.append(dict(time=time.time(), group=group, incarnation=None if group is None else
-                               incarnation[group], rank=None, kind=kind, step=None, **data))
+    def log(kind, g=None, **data):
+        run.events.append(dict(time=time.time(), group=g, incarnation=None if g is None else incarnation[g],
+                               rank=None, kind=kind, step=None, **data))
 
-    def start(group: int, barrier, resume: bool = False) -> None:
-        fault = pending.get(group)
-        fault_step = fault.at_step if fault is not None and incarnation[group] == 0 else None
+    def start(g: int, barrier, resume: bool = False) -> None:
+        fault = pending.get(g)
+        fault_step = fault.at_step if fault is not None and incarnation[g] == 0 else None
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        procs[group] = [ctx.Process(target=_replica_entry, daemon=True, name=f"replica{group}.rank{r}",
-                                    args=(group, replicas, incarnation[group], r, group_size, init_method,
-                                          device_type, backend, collective_timeout, address, fault_step, resume, worker,
-                                          args, events, barrier, timeout, os.getpid(), stack_dir,
-                                          dict(os.environ), os.getcwd()))
-                        for r in range(group_size)]
-        for p in procs[group]:
+        procs[g] = [ctx.Process(target=_replica_entry, daemon=True, name=f"replica{g}.rank{r}",
+                                args=(g, replicas, incarnation[g], r, group_size, init_method, device_type, backend,
+                                      collective_timeout, address, fault_step, resume, worker, args, events, barrier,
+                                      timeout, os.getpid(), stack_dir, dict(os.environ), os.getcwd()))
+                    for r in range(group_size)]
+        for p in procs[g]:
             p.start()
-        every.extend(procs[group])
-        run.pids.extend(p.pid for p in procs[group])
-        log("start", group)
+        every.extend(procs[g])
+        run.pids.extend(p.pid for p in procs[g])
+        log("start", g)
 
-    def kill(group: int) -> None:
-        for p in procs[group]:
+    def kill(g: int) -> None:
+        for p in procs[g]:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGKILL)
-        for p in procs[group]:
+        for p in procs[g]:
             p.join(timeout=10)
-        log("kill", group)
+        log("kill", g)
 
     def restart_everyone() -> None:
         nonlocal go

@@ -292,7 +292,8 @@ def run_replica_groups(config: FaultTolerantConfig):
     from fault_tolerance.recovery import recovery_summary
 
     prepare_data(config)  # the tokenizer, trained once here: every group's rank 0 would train it at the same time
-    run = launch_replica_groups(train_worker, config.replicas, config.dp, "ft", config, faults=config.faults(),
+    run = launch_replica_groups(train_worker, config.replicas, config.dp, "ft", config.for_group(),
+                                faults=config.faults(),
                                 policy=config.recovery, min_replicas=config.min_replicas, device=config.device,
                                 backend=config.backend, timeout=config.timeout,
                                 collective_timeout=config.quorum_timeout,

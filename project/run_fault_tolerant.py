@@ -16,6 +16,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from project.options.run_fault_tolerant import FaultTolerantConfig  # noqa: E402,F401
 from project.train import mode_command  # noqa: E402
 
 parse_args, main = mode_command("ft")  # this command is project/train.py --mode ft

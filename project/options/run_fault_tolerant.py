@@ -1,7 +1,7 @@
 """The configuration of ``project/run_fault_tolerant.py`` (torch-free: the script and the tests import it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from course.config import ConfigError, RunConfig, check_workdir, option
 
@@ -19,9 +19,10 @@ class FaultTolerantConfig(RunConfig):
                    "gradients averaged over the live quorum every step (notebook 11).")
     results_prefix = "ft_replica0_"  # group 0's files (the table printed at the end); group g: group_prefix(g)
     mesh_options = ("dp",)
-    world_option = None
+    world_option = "replicas"  # default: torchrun's WORLD_SIZE, the machine's GPUs (modal), else 2
 
-    replicas: int = option(3, "replica groups, each a full replica of the model on --dp ranks", group=FT)
+    replicas: int | None = option(None, "replica groups, each a full replica of the model on --dp ranks (default: "
+                                        "one per device, else 2)", group=FT)
     min_replicas: int = option(1, "the fewest replica groups a step may be taken by (the lighthouse's quorum size)",
                                group=FT)
     quorum_timeout: float = option(60.0, "seconds a group waits for a quorum, a cross-group all-reduce or a peer's "
@@ -34,6 +35,8 @@ class FaultTolerantConfig(RunConfig):
     kill_group: int | None = option(None, "SIGKILL every rank of this replica group in mid-step ...", group=DRILL,
                                     metavar="G")
     kill_step: int = option(4, "... of this step (after its forward pass)", group=DRILL)
+    # Not an option: True in the copy each replica group's ranks get, whose mesh is the group's (--dp ranks).
+    in_group: bool = field(default=False, repr=False)
     restart_step: int | None = option(None, "start the killed group again once another group has committed this "
                                             "step (default: kill_step + 2; with --recovery heal)", group=DRILL)
 
@@ -43,9 +46,16 @@ class FaultTolerantConfig(RunConfig):
 
     @property
     def dims(self):
+        """The whole run's ranks (``replicas x dp``), or in a replica group's copy (``in_group``) the group's mesh."""
         from course.dims import ParallelDims
 
-        return ParallelDims(dp=self.dp)  # one replica group's mesh
+        return ParallelDims(dp=self.dp if self.in_group else self.replicas * self.dp)
+
+    def for_group(self) -> "FaultTolerantConfig":
+        """The copy a replica group's ranks train with (its mesh: ``--dp`` ranks)."""
+        import dataclasses
+
+        return dataclasses.replace(self, in_group=True)
 
     def faults(self) -> tuple:
         """The drill as :class:`course.replica_groups.Fault` s (none without ``--kill_group``)."""

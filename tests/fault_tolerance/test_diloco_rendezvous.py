@@ -82,14 +82,3 @@ def test_in_one_process_the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient():
             err = (flat(model) - flat(reference)).abs().max().item()
             assert err <= TOL, f"after outer step {(step + 1) // 2}: {err:.3g}"
     assert diloco.outer_steps == 3 and diloco.inner_steps == 6
-
-
-def test_bad_sync_every_or_outer_settings_are_refused():
-    from fault_tolerance.diloco import DiLoCo
-    from tests.fault_tolerance.workers import mlp
-
-    model = mlp()
-    with pytest.raises(ValueError, match="sync_every"):
-        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=0)
-    with pytest.raises(ValueError, match="outer_momentum"):
-        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2, outer_momentum=1.0)
