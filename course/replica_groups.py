@@ -15,8 +15,8 @@ model, coordinated by torchft (Meta's fault-tolerance library for PyTorch, as to
 * none of them starts its first step before every group's manager heartbeats (a start barrier), so the first
   quorum holds them all;
 * a planned **fault** (:class:`Fault`) SIGKILLs every rank of a group when it reaches a step
-  (:func:`fault_point`), and, with ``policy="heal"``, starts the group again once the others have committed a
-  later step: the new group asks for a quorum, is told it is behind, and **heals** — loads the weights, the
+  (:func:`fault_point`), and, with ``policy="heal"``, starts the group again when the others reach a later step
+  (they wait there until its ranks are up): the new group asks for a quorum, is told it is behind, and **heals** — loads the weights, the
   optimizer state and the step from a live peer (torchft's checkpoint transport) — and joins the same step. With
   ``policy="restart_all"`` every group is stopped and started again instead, each resuming from its latest
   checkpoint (``LLMSYS_RESTART_COUNT``, :func:`course.checkpoint.resolve_resume`): the stop-the-world recovery it
@@ -45,14 +45,15 @@ from course.rank_watch import die_with_parent, enable_stack_dumps, name_process
 REPLICA_ENV = "LLMSYS_REPLICA_GROUP"        # "group,replicas,incarnation"
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"       # torchft's own name for the lighthouse address
 FAULT_ENV = "LLMSYS_FAULT_STEP"             # the step at which this incarnation waits to be killed
+HOLD_ENV = "LLMSYS_HOLD_STEPS"              # the steps at which the others wait for a restarted group (the drill)
 _CHANNEL: dict = {}                         # in a rank: the launcher's queue, this rank's place
 
 
 @dataclass(frozen=True)
 class Fault:
     """A planned failure: every rank of replica group ``group`` is SIGKILLed at step ``at_step`` (after its
-    forward pass: :func:`fault_point`); with ``policy="heal"`` the group is started again once another group has
-    committed step ``restart_at_step`` (None: never)."""
+    forward pass: :func:`fault_point`); with ``policy="heal"`` the group is started again when the others reach step
+    ``restart_at_step`` (None: never), and they wait there until its ranks are up."""
 
     group: int
     at_step: int
@@ -117,11 +118,19 @@ def report(kind: str, step: int | None = None, **data) -> None:
 
 def fault_point(step: int) -> None:
     """Where a planned kill lands: report ``fault_point`` and, if this incarnation is planned to die at ``step``,
-    wait for the launcher's SIGKILL (so the kill falls at this point of the step, every time)."""
+    wait for the launcher's SIGKILL (so the kill falls at this point of the step, every time). While a killed group
+    is started again (at its fault's ``restart_at_step``), the others wait here until its ranks are up (the drill's
+    hold: on a laptop they would otherwise finish a short run before a new process has imported torch; the wait is
+    reported as ``held``)."""
     report("fault_point", step)
     if os.environ.get(FAULT_ENV) == str(step):
         time.sleep(600)  # the launcher kills this process within milliseconds
         raise RuntimeError(f"replica group was meant to be killed at step {step}, and was not")
+    if _CHANNEL and str(step) in os.environ.get(HOLD_ENV, "").split(","):
+        began = time.time()
+        if not _CHANNEL["hold"].wait(timeout=_CHANNEL["timeout"]):
+            raise RuntimeError("the restarted replica group never came up (the drill's hold)")
+        report("held", step, seconds=time.time() - began)
 
 
 def wait_for_start() -> None:
@@ -132,8 +141,8 @@ def wait_for_start() -> None:
 
 
 def _replica_entry(group, replicas, incarnation, rank, group_size, init_method, device_type, backend,
-                   collective_timeout, lighthouse, fault_step, resume, worker, args, events, go, barrier_timeout,
-                   parent_pid, stack_dir, env, cwd):
+                   collective_timeout, lighthouse, fault_step, resume, worker, args, events, go, hold, hold_steps,
+                   barrier_timeout, parent_pid, stack_dir, env, cwd):
     from course.launch import adopt_caller, setup_worker, teardown_worker
 
     die_with_parent(parent_pid)
@@ -145,11 +154,13 @@ def _replica_entry(group, replicas, incarnation, rank, group_size, init_method, 
     os.environ["LLMSYS_RESTART_COUNT"] = str(incarnation if resume else 0)  # resume from the latest checkpoint
     if fault_step is not None:
         os.environ[FAULT_ENV] = str(fault_step)
+    if hold_steps and not incarnation:
+        os.environ[HOLD_ENV] = ",".join(str(s) for s in hold_steps)
     os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(group_size), str(rank)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
     if device_type == "cuda":  # each group sees its own GPUs, as LOCAL_RANK 0 .. group_size - 1
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(group * group_size + r) for r in range(group_size))
-    _CHANNEL.update(queue=events, go=go, timeout=barrier_timeout, rank=rank,
+    _CHANNEL.update(queue=events, go=go, hold=hold, timeout=barrier_timeout, rank=rank,
                     info=ReplicaInfo(group, replicas, incarnation, lighthouse))
     try:
         setup_worker(rank, group_size, rank, device_type, backend, init_method, collective_timeout)
@@ -231,6 +242,9 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
     server, address = start_lighthouse(min_replicas, join_timeout_ms, heartbeat_timeout_ms)
     run.lighthouse = address
     go = ctx.Event()
+    hold = ctx.Event()  # cleared from a kill until the group, started again, is up (fault_point's hold)
+    hold.set()
+    hold_steps = [f.restart_at_step for f in faults if f.restart_at_step is not None] if policy == "heal" else []
     ready: set = set()
 
     def log(kind, g=None, **data):
@@ -244,7 +258,8 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
         procs[g] = [ctx.Process(target=_replica_entry, daemon=True, name=f"replica{g}.rank{r}",
                                 args=(g, replicas, incarnation[g], r, group_size, init_method, device_type, backend,
                                       collective_timeout, address, fault_step, resume, worker, args, events, barrier,
-                                      timeout, os.getpid(), stack_dir, dict(os.environ), os.getcwd()))
+                                      hold, hold_steps, timeout, os.getpid(), stack_dir, dict(os.environ),
+                                      os.getcwd()))
                     for r in range(group_size)]
         for p in procs[g]:
             p.start()
@@ -312,9 +327,11 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
             run.events.append(event)
             group, step = event["group"], event["step"]
             if event["kind"] == "ready":
-                ready.add((group, event["rank"]))
+                ready.add((group, event["rank"], event["incarnation"]))
                 if len(ready) == sum(group_size for g in range(replicas) if g not in killed):
                     go.set()
+                if not hold.is_set() and all((group, r, incarnation[group]) in ready for r in range(group_size)):
+                    hold.set()  # the returning group's managers heartbeat: the others go on
             fault = pending.get(group)
             if event["kind"] == "fault_point" and fault is not None and incarnation[group] == 0 \
                     and step == fault.at_step and group not in killed:
@@ -322,9 +339,11 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
                     del pending[group]
                     restart_everyone()
                 else:
+                    if fault.restart_at_step is not None:
+                        hold.clear()  # the others will wait for it at its restart step
                     kill(group)
                     killed.add(group)
-            if event["kind"] == "commit" and policy == "heal":
+            if event["kind"] == "fault_point" and policy == "heal" and group not in killed:
                 for f in list(pending.values()):
                     if f.group in killed and f.restart_at_step is not None and step >= f.restart_at_step:
                         killed.discard(f.group)

@@ -30,6 +30,7 @@ def recovery_summary(run, fault, policy: str) -> dict:
         ``{"policy", "killed_group", "kill_step", "steps_lost", "seconds_lost", "aborted_attempts",
         "live_groups_after" (the quorum that took step ``kill_step`` again), "resumed_from_step" (restart_all),
         "heal_seconds", "healed_at_step", "heal_bit_identical" (heal; None if the group was not restarted),
+        "held_seconds" (heal: how long the others waited at the drill's hold for the restarted group's process),
         "sentence"}``.
 
     Raises:
@@ -40,13 +41,15 @@ def recovery_summary(run, fault, policy: str) -> dict:
     if kill is None:
         raise ValueError(f"the run's events hold no kill of replica group {fault.group}")
     s = fault.at_step
-    out = {"policy": policy, "killed_group": fault.group, "kill_step": s, "heal_seconds": None,
+    out = {"policy": policy, "killed_group": fault.group, "kill_step": s, "heal_seconds": None, "held_seconds": 0.0,
            "healed_at_step": None, "heal_bit_identical": None, "resumed_from_step": None}
     if policy == "heal":
         back = _first(events, "commit", after=kill["time"], step=s, not_group=fault.group)
         out["steps_lost"] = 0 if back is not None else None
         out["aborted_attempts"] = len([e for e in events if e["kind"] == "abort" and e["step"] == s])
         out["live_groups_after"] = back["live_groups"] if back else None
+        survivor = next(g for g in sorted({e["group"] for e in events if e["group"] is not None}) if g != fault.group)
+        out["held_seconds"] = sum(e["seconds"] for e in events if e["kind"] == "held" and e["group"] == survivor)
         restarted = [e for e in events if e["kind"] == "start" and e["group"] == fault.group and e["incarnation"]]
         if restarted:
             start = restarted[0]
@@ -83,7 +86,8 @@ def sentence(summary: dict) -> str:
         if s["heal_seconds"] is not None:
             same = "bit-identical to" if s["heal_bit_identical"] else "DIFFERENT from"
             head += (f"; the restarted group healed in {s['heal_seconds']:.2f} s and committed step "
-                     f"{s['healed_at_step']} with weights {same} the others'")
+                     f"{s['healed_at_step']} with weights {same} the others' (who waited {s['held_seconds']:.2f} s "
+                     "for its process to come up: the drill's hold)")
     else:
         head += f" (every group resumed from its checkpoint of step {s['resumed_from_step']})"
     return head

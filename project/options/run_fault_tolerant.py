@@ -37,8 +37,9 @@ class FaultTolerantConfig(RunConfig):
     kill_step: int = option(4, "... of this step (after its forward pass)", group=DRILL)
     # Not an option: True in the copy each replica group's ranks get, whose mesh is the group's (--dp ranks).
     in_group: bool = field(default=False, repr=False)
-    restart_step: int | None = option(None, "start the killed group again once another group has committed this "
-                                            "step (default: kill_step + 2; with --recovery heal)", group=DRILL)
+    restart_step: int | None = option(None, "start the killed group again when the others reach this step; they "
+                                            "wait there until its ranks are up (default: kill_step + 2; with "
+                                            "--recovery heal)", group=DRILL)
 
     @property
     def world_size(self) -> int:
@@ -90,6 +91,10 @@ class FaultTolerantConfig(RunConfig):
             restart = self.faults()[0].restart_at_step
             if restart is not None and restart <= self.kill_step:
                 raise ConfigError(f"--restart_step {restart} must come after --kill_step {self.kill_step}")
+            last = None if self.max_batches is None else self.max_batches * self.n_epochs - 1
+            if restart is not None and last is not None and restart >= last:
+                raise ConfigError(f"--restart_step {restart}: the killed group heals at the step after it, and the run's "
+                                  f"last step is {last}; give --restart_step <= {last - 1} or more --max_batches")
             if self.recovery == "restart_all" and not self.checkpoint_every:
                 raise ConfigError("--recovery restart_all restarts every group from its latest checkpoint: also give "
                                   "--checkpoint_every N")
