@@ -12,16 +12,17 @@ def committed(run, group: int) -> list[dict]:
 
 
 def plot_drill(runs: dict, replicas: int, kill_step: int, axes) -> None:
-    """Loss per committed step of each group (top row: against the step; the killed group's gap is where it was
-    away) and the quorum size (bottom row), one column per run in ``runs`` (``{label: ReplicaRun}``)."""
+    """Loss of each committed step of each group against the wall clock (top row; a restarted group dashed, the
+    kills red) and the live groups of each step as group 0 saw them (bottom row), one column per run in ``runs``
+    (``{label: ReplicaRun}``)."""
     for column, (label, run) in enumerate(runs.items()):
         top, bottom = axes[0][column], axes[1][column]
         for group in range(replicas):
             rows = committed(run, group)
             for inc in sorted({r["incarnation"] for r in rows}):
                 mine = [r for r in rows if r["incarnation"] == inc]
-                top.plot([r["seconds"] for r in mine], [r["loss"] for r in mine], "o-", ms=3,
-                         label=f"group {group}" + (f" (start {inc + 1})" if inc else ""))
+                top.plot([r["seconds"] for r in mine], [r["loss"] for r in mine], "o" + ("-" if not inc else "--"),
+                         ms=3, color=f"C{group}", label=f"group {group}" + (", restarted" if inc else ""))
         kill = run.of("kill")
         for e in kill:
             top.axvline(e["time"] - run.started, color="red", ls="--", lw=1)
@@ -29,11 +30,10 @@ def plot_drill(runs: dict, replicas: int, kill_step: int, axes) -> None:
         rows = committed(run, 0)
         bottom.step([r["seconds"] for r in rows], [r["live_groups"] for r in rows], where="post")
         top.set_title(f"{label}: kill (red) in step {kill_step}")
-        top.set_xlabel("seconds since start")
         top.set_ylabel("training loss of the group's batch")
         top.legend(fontsize=7)
         bottom.set_xlabel("seconds since start")
-        bottom.set_ylabel("groups in the quorum (group 0's view)")
+        bottom.set_ylabel("live groups")
         bottom.set_ylim(0, replicas + 0.5)
 
 
