@@ -26,6 +26,10 @@ PER_GROUP = 4  # sequences per group per step
 # of a 3-group one shift the loss of a batch by far less than its own size (here ~6.5 nats); 2 % is a jump no
 # such step can make, and a rewind to the initial weights (loss ~6.9) would cross it.
 BAND = 0.02
+# The lighthouse drops a group it has not heard from for this long: twice the run's default, so that a heartbeat
+# thread starved by a loaded machine does not drop a live group from a step (the uninterrupted run would then show
+# a quorum of 2). The survivors wait about this long after the kill.
+HEARTBEAT_MS = 4000
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def config(workdir: Path, tokenizer: Path, **drill) -> FaultTolerantConfig:
     return FaultTolerantConfig.for_test(
         replicas=REPLICAS, preset="tiny", batch_size=REPLICAS * PER_GROUP, model_max_length=32, vocab_size=1000,
         max_train_examples=2000, max_batches=STEPS, n_bleu=0, max_val_batches=1, dropout=0.0, workdir=str(workdir),
-        quiet=True, device="cpu", timeout=240.0, quorum_timeout=60.0, **drill)
+        quiet=True, device="cpu", timeout=240.0, quorum_timeout=60.0, heartbeat_timeout_ms=HEARTBEAT_MS, **drill)
 
 
 def commits(run, group: int, incarnation: int = 0) -> dict[int, dict]:
