@@ -30,6 +30,7 @@ BAND = 0.02
 # thread starved by a loaded machine does not drop a live group from a step (the uninterrupted run would then show
 # a quorum of 2). The survivors wait about this long after the kill.
 HEARTBEAT_MS = 4000
+RUN_TIMEOUT = 240.0  # seconds: the launcher's limit of each run (every process stopped, the lighthouse shut down)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def config(workdir: Path, tokenizer: Path, **drill) -> FaultTolerantConfig:
     return FaultTolerantConfig.for_test(
         replicas=REPLICAS, preset="tiny", batch_size=REPLICAS * PER_GROUP, model_max_length=32, vocab_size=1000,
         max_train_examples=2000, max_batches=STEPS, n_bleu=0, max_val_batches=1, dropout=0.0, workdir=str(workdir),
-        quiet=True, device="cpu", timeout=240.0, quorum_timeout=60.0, heartbeat_timeout_ms=HEARTBEAT_MS, **drill)
+        quiet=True, device="cpu", timeout=RUN_TIMEOUT, quorum_timeout=60.0, heartbeat_timeout_ms=HEARTBEAT_MS, **drill)
 
 
 def commits(run, group: int, incarnation: int = 0) -> dict[int, dict]:
@@ -70,7 +71,7 @@ def assert_no_process_left(run) -> None:
         assert s.connect_ex((host, int(port))) != 0, "the lighthouse still listens after the run returned"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(2 * RUN_TIMEOUT + 60)  # two runs, each bounded by the launcher
 def test_a_killed_replica_group_is_survived_and_heals_bit_for_bit(tmp_path, tokenizer_file):
     plain = run_replica_groups(config(tmp_path / "plain", tokenizer_file))
     assert_no_process_left(plain)
