@@ -119,9 +119,10 @@ def diloco_worker(rank: int, world_size: int, config, hs: list, seeds: list[int]
     return rows
 
 
-def measure(config, hs: list, seeds: list[int], steps: int, groups: int = 2) -> list[dict]:
+def measure(config, hs: list, seeds: list[int], steps: int, groups: int = 2, timeout: float = 3600.0) -> list[dict]:
     """Launch :func:`diloco_worker` on ``groups`` ranks (one per replica group); rank 0's rows (every group ends
-    with the same weights and counts the same bytes).
+    with the same weights and counts the same bytes). ``timeout``: the launcher's limit of the whole measurement
+    (seconds; the full sizes take minutes on a quiet laptop, many more on a loaded one).
 
     Raises:
         ValueError: ``steps`` is not a multiple of every H (the last round would not be synchronised), or the
@@ -140,7 +141,7 @@ def measure(config, hs: list, seeds: list[int], steps: int, groups: int = 2) -> 
     config = dataclasses.replace(config, n_epochs=1, n_bleu=0, checkpoint_every=None, resume=None, trace=None,
                                  profile=False, export_hf=None, quiet=True)
     prepare_data(config)  # the tokenizer, once, before the ranks
-    return launch(diloco_worker, groups, config, list(hs), list(seeds), steps, device="cpu")[0]
+    return launch(diloco_worker, groups, config, list(hs), list(seeds), steps, device="cpu", timeout=timeout)[0]
 
 
 def ring_bytes_per_token(parameter_bytes: float, groups: int, tokens_per_step: float, h: int | None) -> float:
