@@ -24,7 +24,9 @@ the collective the others wait in (every rank reports its stack, :mod:`course.ra
 No process is left behind: the ranks die with the launcher, also when it is killed.
 ``max_restarts`` starts every rank again after a failure (the workers resume from their
 latest checkpoint, :mod:`course.checkpoint`); under torchrun, torchrun restarts them and each
-attempt forms its group in a store namespace of its own.
+attempt forms its group in a store namespace of its own. Replica groups that survive a failure
+without stopping the others (torchft's lighthouse, per-step quorums) start through
+:func:`course.replica_groups.launch_replica_groups`, with this module's rank set-up.
 """
 from __future__ import annotations
 

@@ -39,11 +39,14 @@ THREE_D = "notebooks/06_3d_parallelism.ipynb"
 CP = "notebooks/07_context_parallelism.ipynb"
 MOE = "notebooks/08_mixture_of_experts.ipynb"
 HANGS = "notebooks/10_debugging_hangs.ipynb"
+FAILURES = "notebooks/11_training_through_failures.ipynb"
 
 KEYS: dict[str, Key] = {k.key: k for k in [
     Key("a5_1_1", "dataset partitioning: Partition, DataPartitioner, partition_dataset", DP, 10),
     Key("a5_1_2", "process group set-up and all-reduce gradient averaging", DP, 10),
     Key("a5_1_3", "launching data-parallel training across processes", DP, 10, ("a5_1_1", "a5_1_2")),
+    Key("a5_1_4", "DiLoCo: H inner AdamW steps per replica group, outer Nesterov SGD on the averaged pseudo-gradient",
+        FAILURES, 10),
     Key("a5_2_1", "clock-cycle schedule _clock_cycles and module splitting _split_module", PP, 10),
     Key("a5_2_2", "Pipe.forward / Pipe.compute over per-stage workers", PP, 10, ("a5_2_1",)),
     Key("a5_2_3", "GPT-2 pipeline preparation (tied embedding / LM head included)", PP, 10, ("a5_2_1", "a5_2_2")),

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from project.options.run_3d import ThreeDConfig
 from project.options.run_context_parallel import ContextParallelConfig
 from project.options.run_data_parallel import DataParallelConfig
+from project.options.run_fault_tolerant import FaultTolerantConfig
 from project.options.run_moe import MoERunConfig
 from project.options.run_pipeline import PipelineConfig
 from project.options.run_tensor_parallel import TensorParallelConfig
@@ -275,6 +276,47 @@ def _describe_moe(c: MoERunConfig) -> str:
     return f"mixture of experts: dp={c.dp} ep={c.ep} {kind} {_placed(c)} batch={c.batch_size}"
 
 
+def _build_ft(config: FaultTolerantConfig, data, mesh):
+    from fault_tolerance.training import ft_training
+
+    return ft_training(config, data, mesh)
+
+
+def _finish_ft(training, config: FaultTolerantConfig, mesh) -> None:
+    from fault_tolerance.training import finish
+
+    finish(training, config, mesh)
+
+
+def run_replica_groups(config: FaultTolerantConfig):
+    """The ft mode's ranks: ``config.replicas`` replica groups of :func:`train_worker`, started with torchft's
+    lighthouse by :func:`course.replica_groups.launch_replica_groups` (not :func:`course.launch.launch`: every group
+    is a process group of its own), with the drill's fault; prints what the fault cost. Returns the
+    :class:`course.replica_groups.ReplicaRun`."""
+    from course.replica_groups import launch_replica_groups
+    from course.task import prepare_data
+    from fault_tolerance.recovery import recovery_summary
+
+    prepare_data(config)  # the tokenizer, trained once here: every group's rank 0 would train it at the same time
+    run = launch_replica_groups(train_worker, config.replicas, config.dp, "ft", config.for_group(),
+                                faults=config.faults(),
+                                policy=config.recovery, min_replicas=config.min_replicas, device=config.device,
+                                backend=config.backend, timeout=config.timeout,
+                                collective_timeout=config.quorum_timeout,
+                                heartbeat_timeout_ms=config.heartbeat_timeout_ms)
+    for fault in config.faults():
+        print(recovery_summary(run, fault, config.recovery)["sentence"], flush=True)
+    return run
+
+
+def _describe_ft(c: FaultTolerantConfig) -> str:
+    drill = "" if c.kill_group is None else (f", drill: replica group {c.kill_group} killed in step {c.kill_step}, "
+                                              f"recovery {c.recovery}")
+    return (f"fault tolerant: {c.replicas} replica groups x dp={c.dp} (torchft lighthouse, quorum >= "
+            f"{c.min_replicas}) {_placed(c)} global batch={c.batch_size} "
+            f"({c.batch_size // c.replicas} per group){drill}")
+
+
 PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes
 
 register(Mode("dp", DataParallelConfig, "run_data_parallel", _build_dp, _describe_dp, finish=_finish_dp,
@@ -286,3 +328,6 @@ register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", _build_tp, _des
 register(Mode("3d", ThreeDConfig, "run_3d", _build_3d, _describe_3d, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
 register(Mode("cp", ContextParallelConfig, "run_context_parallel", _build_cp, _describe_cp))
 register(Mode("moe", MoERunConfig, "run_moe", _build_moe, _describe_moe))
+# Replica groups start their own ranks (one process group each, under torchft's lighthouse): run_in_process.
+register(Mode("ft", FaultTolerantConfig, "run_fault_tolerant", _build_ft, _describe_ft, finish=_finish_ft,
+              in_process=lambda c: True, run_in_process=run_replica_groups))

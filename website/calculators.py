@@ -81,6 +81,8 @@ NOTEBOOK_TOPICS = {
     "notebooks/09_plan_a_large_run.ipynb": ("memory", "memory per rank of a thousand-GPU plan"),
     "notebooks/10_debugging_hangs.ipynb": ("alpha_beta", "how long a healthy collective takes (a timeout far above it "
                                           "marks a hang)"),
+    "notebooks/11_training_through_failures.ipynb": ("alpha_beta", "the α–β cost of the all-reduce DDP makes every "
+                                                   "step and DiLoCo every H steps"),
 }
 
 

@@ -37,14 +37,9 @@ CASES = {  # name: (script module, its options, results prefix)
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
     """One tokenizer for every case, trained on the same 2000 pairs the runs use."""
-    from course.data import load_translation_dataset
-    from course.tokenizer import get_tokenizer, tokenizer_path
+    from tests.support.rendezvous import tiny_tokenizer
 
-    folder = tmp_path_factory.mktemp("tokenizer")
-    corpus = load_translation_dataset("multi30k")
-    corpus["train"] = corpus["train"].select(range(2000))
-    get_tokenizer(corpus, folder, vocab_size=1000, train_examples=2000)
-    return tokenizer_path(folder, "multi30k", 1000, "de", "en", 2000)
+    return tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def _run(case: str, workdir, tokenizer_file, *extra: str):

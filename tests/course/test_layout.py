@@ -33,7 +33,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = "course"
-PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe")
+PARTS = ("data_parallel", "pipeline", "tensor_parallel", "communication", "memory", "three_d", "context_parallel", "moe",
+         "fault_tolerance")
 TOOLS = "instructor"
 SCRIPTS = ("project", "modal_run")
 SITE = "website"  # the site builder (instructor-side, like the tools; it may import them)

@@ -33,6 +33,7 @@ SMALL = {
     "3d": ["--dp", "1", "--pp", "2", "--tp", "1", "--micro_batches", "2"],
     "cp": ["--cp", "2", "--seq_len", "256", "--batch_size", "4"],
     "moe": ["--dp", "2", "--ep", "2"],
+    "ft": ["--replicas", "1"],  # one replica group under torchft's lighthouse (ft_replica0_rank0_...)
 }
 
 
@@ -64,10 +65,10 @@ def no_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "choose a training mode: --mode {dp,pipeline,tp,3d,cp,moe}"),
-    (["--dp", "2"], "choose a training mode: --mode {dp,pipeline,tp,3d,cp,moe}"),
+    ([], "choose a training mode: --mode {dp,pipeline,tp,3d,cp,moe,ft}"),
+    (["--dp", "2"], "choose a training mode: --mode {dp,pipeline,tp,3d,cp,moe,ft}"),
     (["--mode", "tensor"], "argument --mode: invalid choice: 'tensor' (choose from 'dp', 'pipeline', 'tp', '3d', 'cp', "
-                           "'moe')"),
+                           "'moe', 'ft')"),
     (["--mode", "dp", "--tp", "2"], "train.py --mode dp: error: unrecognized arguments: --tp 2"),
     (["--mode", "tp", "--tp", "3"], "--tp 3 does not divide"),
     (["--mode", "3d", "--dp", "3", "--pp", "1", "--tp", "1"], "not divisible by --dp 3 x --micro_batches"),

@@ -378,7 +378,52 @@ def _divergences(align="seq", pick="first", p2p="pairs", members="group", compar
     return make
 
 
+# ---- a5_1_4: DiLoCo --------------------------------------------------------------------------------------------
+# Each replaces DiLoCo.outer_step; all reach the collectives through fault_tolerance.diloco at call time.
+
+def _diloco_outer_step(sign=1.0, average_weights=False, reset_momentum=False, average_inner_state=False):
+    def make(original):
+        @torch.no_grad()
+        def outer_step(self):
+            import fault_tolerance.diloco as diloco
+
+            size = diloco.group_size(self.group)
+            if reset_momentum:  # a new outer optimizer every round: its momentum starts from zero each time
+                group = self.outer_optimizer.param_groups[0]
+                self.outer_optimizer = torch.optim.SGD(self.global_params, lr=group["lr"],
+                                                       momentum=group["momentum"], nesterov=group["nesterov"])
+            if average_weights:  # the local weights averaged and taken as the global ones; no outer optimizer
+                for local, shared in zip(self.params, self.global_params):
+                    shared.copy_(diloco.all_reduce(local.detach().clone(), group=self.group) / size)
+            else:
+                for local, shared in zip(self.params, self.global_params):
+                    shared.grad = diloco.all_reduce(sign * (shared - local), group=self.group) / size
+                self.outer_optimizer.step()
+                self.outer_optimizer.zero_grad(set_to_none=True)
+            for local, shared in zip(self.params, self.global_params):
+                local.copy_(shared)
+            if average_inner_state:  # AdamW's moments averaged across the groups too
+                for state in self.inner_optimizer.state.values():
+                    for name in ("exp_avg", "exp_avg_sq"):
+                        state[name].copy_(diloco.all_reduce(state[name], group=self.group) / size)
+            self.outer_steps += 1
+        return outer_step
+    return make
+
+
 PLANTED: dict[str, Planted] = {
+    "diloco pseudo-gradient sign flipped": Planted(
+        "a5_1_4", "the pseudo-gradient taken as local - global", ("fault_tolerance.diloco:DiLoCo.outer_step",),
+        _diloco_outer_step(sign=-1.0)),
+    "diloco weights averaged": Planted(
+        "a5_1_4", "the groups' weights averaged instead of their pseudo-gradients stepped by the outer SGD",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_outer_step(average_weights=True)),
+    "diloco outer momentum reset every round": Planted(
+        "a5_1_4", "a fresh outer optimizer every round (its Nesterov momentum lost)",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_outer_step(reset_momentum=True)),
+    "diloco inner optimizer state averaged": Planted(
+        "a5_1_4", "the inner AdamW moments averaged across the groups at the outer step",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_outer_step(average_inner_state=True)),
     "v schedule on the interleaved placement": Planted(
         "a5_2_7", "DualPipeV written as interleaved 1F1B with 2 chunks (chunk c on stage c * p + rank, not the V)",
         ("pipeline.schedules:dualpipev_actions",), _v_on_the_interleaved_placement),

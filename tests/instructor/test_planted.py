@@ -216,3 +216,14 @@ def test_wrong_v_schedules_are_rejected(name):
         structure = [_fails(lambda c=c: graded.test_lists_are_complete_and_ordered(*c)) for c in structure_cases]
     if "W before its B" in name or "interleaved placement" in name:
         assert all(structure), f"{name}: the structure check let it through: {structure}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", planted_for("a5_1_4"))
+def test_wrong_diloco_outer_steps_are_rejected(name):
+    from tests.fault_tolerance.test_diloco_rendezvous import GROUPS, check_case
+    from tests.fault_tolerance.workers import diloco_worker
+
+    runs = launch(diloco_worker, GROUPS, name, device="cpu", timeout=120, collective_timeout=60)
+    with pytest.raises(AssertionError, match="differ by"):
+        check_case(runs, "torchft")

@@ -164,6 +164,18 @@ def under_rules(monkeypatch) -> None:
     monkeypatch.setenv(TIMEOUT_ENV, RULES_TIMEOUT)
 
 
+def tiny_tokenizer(folder):
+    """The tokenizer of :func:`tiny_run`'s runs (1000 tokens, trained on the first 2000 training pairs), trained into
+    ``folder``; returns its file (copy it into a run's work directory and the run finds it cached)."""
+    from course.data import load_translation_dataset
+    from course.tokenizer import get_tokenizer, tokenizer_path
+
+    corpus = load_translation_dataset("multi30k")
+    corpus["train"] = corpus["train"].select(range(2000))
+    get_tokenizer(corpus, folder, vocab_size=1000, train_examples=2000)
+    return tokenizer_path(folder, "multi30k", 1000, "de", "en", 2000)
+
+
 def tiny_run(workdir, *argv) -> list[str]:
     """A run script's command line for a short run: 2 optimizer steps of 8 sequences on the first 2000 training
     pairs (a tokenizer of 1000 tokens trained on them, cached in ``workdir``), one validation batch, 2 BLEU

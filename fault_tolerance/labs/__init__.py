@@ -1,0 +1,1 @@
+"""Experiments of notebook 11 (workers in importable modules, never in notebook cells)."""
