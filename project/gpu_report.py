@@ -20,7 +20,7 @@ On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it
    (:func:`course.benchmarking.compare`);
 4. **peak memory against the planner** — ``torch.cuda.max_memory_allocated`` of a training step
    (:class:`course.measure.MemoryMeter`, each variant alone on the GPU) beside the planner's prediction for
-   the same configuration (:func:`project.plan.stage_memory`: parameters, gradients, AdamW state,
+   the same configuration (:func:`project.planner.memory.stage_memory`: parameters, gradients, AdamW state,
    activations of the course's GPT-2 blocks, and with checkpointing the recomputed block);
 5. **activation checkpointing's recomputation** on the GPU, under bf16 autocast with dropout on: each
    block's recomputed output equal to the forward pass's, bit for bit (:func:`memory.experiments.recomputation_check`).
@@ -262,13 +262,13 @@ def matmul_peak(device, sizes: list[int], repeats: int, warmup: int, datasheet: 
 # ---- 3 and 4. training: tokens/s, MFU, peak memory against the planner --------------------------------
 
 def plan_config(args, checkpointing: bool):
-    """The planner's configuration (:class:`project.plan.PlanConfig`) of the measured run: one rank, ZeRO-0,
+    """The planner's configuration (:class:`project.planner.cli.PlanConfig`) of the measured run: one rank, ZeRO-0,
     bf16, dropout on, the course's GPT-2 blocks (``activation_model="course"``).
 
     Raises:
         ValueError (:class:`course.config.ConfigError`): sizes the planner refuses.
     """
-    from project.plan import PlanConfig
+    from project.planner.config import PlanConfig
 
     hardware = planner_hardware(args.gpu_name if args.device == "cuda" else None)
     return PlanConfig.for_test(preset=args.preset, hardware=hardware, vocab_size=args.vocab_size,
@@ -278,11 +278,12 @@ def plan_config(args, checkpointing: bool):
 
 
 def predicted_memory(config) -> dict:
-    """The planner's bytes for the one rank of ``config`` (:func:`project.plan.stage_memory`) and their total."""
-    from project.plan import stage_memory
+    """The planner's bytes for the one rank of ``config`` (:func:`project.planner.memory.stage_memory`) and their
+    total."""
+    from project.planner.memory import stage_memory
 
-    parts = stage_memory(config, 0)
-    return {"bytes": sum(parts.values()), "parts": parts}
+    memory = stage_memory(config, 0)
+    return {"bytes": memory.total, "parts": memory.categories()}
 
 
 def training_step(args, device, checkpointing: bool):
@@ -337,7 +338,7 @@ def peak_memory(args, device, plans: dict) -> dict:
                      "measured_over_predicted": found["median"] / predicted["bytes"]}
     planner = plans["plain"]
     return {"measure": memory_name(device), "variants": out,
-            "planner": f"project.plan.stage_memory (--hardware {planner.hardware}, --activation_model course, "
+            "planner": f"project.planner.memory.stage_memory (--hardware {planner.hardware}, --activation_model course, "
                        f"--precision bf16, --zero 0, --dropout {DROPOUT})"}
 
 

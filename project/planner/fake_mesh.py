@@ -1,6 +1,6 @@
 """One rank of a large world in one process: the course's own mesh, 3D stage and ZeRO on a fake process group.
 
-    python -m project.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
+    python -m project.planner.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
         --vocab_size 50257 --model_max_length 1024 --batch_size 256 --micro_batches 16 --precision fp32
 
 builds, for rank ``--rank`` of a ``dp x pp x tp`` world of up to thousands of ranks, what that rank would
@@ -23,8 +23,8 @@ build in a real run — and nothing else:
 
 It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
 state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
-(:func:`project.plan.stage_memory`), and the collectives beside the planner's
-(:func:`project.plan.stage_communication`), and one step's point-to-point messages of the pipeline schedule
+(:func:`project.planner.memory.stage_memory`), and the collectives beside the planner's
+(:func:`project.planner.communication.stage_communication`), and one step's point-to-point messages of the pipeline schedule
 (``--schedule``: the batches :class:`pipeline.StageRunner` posts, :func:`pipeline_messages`) with their peers.
 The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read values: ``.item()`` has nothing
 to read on the meta device), so those calls of the planner have no fake counterpart here.
@@ -38,14 +38,13 @@ What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's
 gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, one chunk per rank.
 Anything else raises ValueError before the fake world is made: the expert-parallel layout (:mod:`moe`) and
 the context-parallel ring (:mod:`context_parallel`) are not built on the fake rank (their all-to-all and ring
-bytes are the planner's alone, ``project.plan.stage_communication``).
+bytes are the planner's alone, ``project.planner.communication.stage_communication``).
 
 Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
 torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 
@@ -114,7 +113,7 @@ def check_supported(config) -> None:
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
         raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only (the planner alone predicts the "
-                         f"others: python project/plan.py with the same options); drop or reset {', '.join(bad)}")
+                         f"others: python -m project.planner with the same options); drop or reset {', '.join(bad)}")
 
 
 def meta_stage(config):
@@ -150,7 +149,7 @@ def meta_stage(config):
 
 def build_rank(config, rank: int) -> dict:
     """Inside a :func:`fake_world` of ``config.world_size`` ranks: build rank ``rank``'s mesh, stage and ZeRO
-    step for ``config`` (a :class:`project.plan.PlanConfig`), run one micro-batch's forward and backward, the
+    step for ``config`` (a :class:`project.planner.cli.PlanConfig`), run one micro-batch's forward and backward, the
     gradient reduction and the optimizer step on meta tensors, and report what the rank holds.
 
     Returns:
@@ -322,14 +321,13 @@ def measure_activations(config, rank: int) -> dict:
     """:func:`activation_peak` in its own :func:`fake_world`, beside the planner's activations of one
     micro-batch (``stage_memory``'s ``activations`` over the micro-batches in flight) and ``recompute`` (one
     block's full activations while the backward pass recomputes it; 0 without checkpointing)."""
-    from project.plan import in_flight, stage_memory
+    from project.planner.memory import stage_memory
 
     check_supported(config)
     with fake_world(rank, config.world_size):
         found = activation_peak(config, rank)
     planned = stage_memory(config, found["stage"])
-    found["planned"] = {"activations": planned["activations"] / in_flight(config, found["stage"]),
-                        "recompute": planned["recompute"]}
+    found["planned"] = {"activations": sum(planned.parts.values()), "recompute": planned.recompute}
     return found
 
 
@@ -348,25 +346,26 @@ def tracker_bytes(tracker, kind: str) -> dict[str, int]:
 
 def measure(config, rank: int) -> dict:
     """:func:`build_rank` in its own :func:`fake_world`, beside the planner's memory of the rank's stage."""
-    from project.plan import stage_memory
+    from project.planner.memory import stage_memory
 
     check_supported(config)
     with fake_world(rank, config.world_size):
         found = build_rank(config, rank)
-    found["planned"] = {k: stage_memory(config, found["stage"])[k] for k in ("params", "grads", "optimizer")}
+    held = stage_memory(config, found["stage"]).categories()
+    found["planned"] = {k: held[k] for k in ("params", "grads", "optimizer")}
     return found
 
 
 def sweep(config, rank: int) -> list[dict]:
     """:func:`measure` of rank ``rank`` at every ``(dp, pp, tp)`` of ``config``'s world that the model allows
-    (:func:`three_d.factorisation_benchmark.factorisations`), each with ``config``'s other options and
+    (:func:`course.factorisations.factorisations`), each with ``config``'s other options and
     ``config``'s rows per micro-batch (``batch_size`` scaled with dp). Each result also has ``"dims"``.
 
     Raises:
         ValueError: as :func:`check_supported`; ``rank`` outside the world.
     """
-    from project.plan import PlanConfig
-    from three_d.factorisation_benchmark import factorisations
+    from course.factorisations import factorisations
+    from project.planner.config import PlanConfig
 
     check_supported(config)
     world = config.world_size
@@ -434,32 +433,25 @@ def format_report(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from project.plan import PlanConfig
+    """``python -m project.planner.fake_mesh``: the planner's options (:class:`project.planner.cli.PlanConfig`, with
+    its ``--rank`` and ``--factorisations``); ``--out`` writes the report as JSON."""
+    from pathlib import Path
 
-    parser = argparse.ArgumentParser(description="Build one rank of a large fake world (the course's mesh, 3D "
-                                                 "stage and ZeRO on meta tensors) and compare it with the planner. "
-                                                 "Every other option is project/plan.py's (--json writes the "
-                                                 "report there).")
-    parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
-    parser.add_argument("--factorisations", action="store_true",
-                        help="build the rank at every dp x pp x tp of the world the model allows, one line each")
-    args, rest = parser.parse_known_args(argv)
-    config = PlanConfig.from_command_line(rest, environment=False)
+    from course.results import write_json
+    from project.planner.config import PlanConfig
+
+    config = PlanConfig.from_command_line(argv, environment=False, prog="python -m project.planner.fake_mesh")
     try:
         check_supported(config)
-        if not 0 <= args.rank < config.world_size:
-            raise ValueError(f"--rank {args.rank} is outside 0..{config.world_size - 1}")
+        if not 0 <= config.rank < config.world_size:
+            raise ValueError(f"--rank {config.rank} is outside 0..{config.world_size - 1}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    found = sweep(config, args.rank) if args.factorisations else measure(config, args.rank)
-    print(format_sweep(found) if args.factorisations else format_report(found))
-    if config.json:
-        from pathlib import Path
-
-        from course.results import write_json
-
-        write_json(Path(config.json), found)
+    found = sweep(config, config.rank) if config.factorisations else measure(config, config.rank)
+    print(format_sweep(found) if config.factorisations else format_report(found))
+    if config.out:
+        write_json(Path(config.out), found)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The planner's measurements on this machine's CPU (``project/plan.py --hardware cpu``, ``--measure``).
+"""The planner's measurements on this machine's CPU (``python -m project.planner --hardware cpu``, ``--measure``).
 
 * :func:`cpu_hardware` — the CPU as a :class:`course.hardware.Hardware`: the matrix-product FLOP/s one
   rank reaches while every rank of the run computes at once (the ranks share the cores), and, per group
@@ -261,25 +261,26 @@ def compare(config, prediction: dict, measurement: dict) -> list[dict]:
         rows.append({"term": term, "stage": stage, "predicted": predicted, "measured": measured, "error": error})
 
     for stage, measured in sorted(firsts.items()):
-        predicted = prediction["stages"][stage]
+        predicted = prediction.stages[stage]
+        held = predicted.memory.categories()
         for category in ("params", "grads", "optimizer"):
-            row(f"memory: {category} (bytes)", stage, predicted["memory"][category], measured["held"][category])
-        row("memory: activations (bytes)", stage, predicted["memory"]["activations"], measured["activations"])
-        groups = sorted({c["group"] for c in predicted["comm"]} | set(measured["comm"]))
+            row(f"memory: {category} (bytes)", stage, held[category], measured["held"][category])
+        row("memory: activations (bytes)", stage, held["activations"], measured["activations"])
+        groups = sorted({c.group for c in predicted.comm} | set(measured["comm"]))
         for group in groups:
-            want = sum(c["count"] * c["bytes"] for c in predicted["comm"] if c["group"] == group)
+            want = sum(c.count * c.bytes for c in predicted.comm if c.group == group)
             got = sum(v["bytes"] for v in measured["comm"].get(group, {}).values())
             row(f"communication: {group} (bytes per step)", stage, want, got)
         # time: this rank's compute (its step less its time inside communication calls), the time inside
         # the calls of each group but pp, and inside pp's send/recv: the pipeline's wait (bubble, transfers
         # and slower stages; predicted: the step less this stage's compute and other communication)
         waits = measured.get("comm_seconds", {})
-        other = {g: t for g, t in predicted["comm_s"].items() if g != "pp"}
-        row("time: compute (s)", stage, predicted["compute_s"], measured["own_step_s"] - sum(waits.values()))
+        other = {g: t for g, t in predicted.comm_s.items() if g != "pp"}
+        row("time: compute (s)", stage, predicted.compute_s, measured["own_step_s"] - sum(waits.values()))
         for group in sorted(set(other) | set(waits) - {"pp"}):
             row(f"time: communication {group} (s)", stage, other.get(group, 0.0), waits.get(group, 0.0))
         if config.pp > 1:
             row("time: pipeline wait: bubble + pp (s)", stage,
-                prediction["step_s"] - predicted["compute_s"] - sum(other.values()), waits.get("pp", 0.0))
-    row("step time (s)", "all", prediction["step_s"], max(r["step_s"] for r in measurement["ranks"]))
+                prediction.step_s - predicted.compute_s - sum(other.values()), waits.get("pp", 0.0))
+    row("step time (s)", "all", prediction.step_s, max(r["step_s"] for r in measurement["ranks"]))
     return rows
