@@ -150,7 +150,9 @@ class Hardware:
         matmul_efficiency: the best-shaped bf16 matrix product's fraction of the peak (``efficiency_source``).
         memory_bandwidth: the datasheet's memory bandwidth (bytes/s); ``memory_efficiency`` the fraction a
             memory-bound kernel reaches. sms: streaming multiprocessors (0: not modelled).
-        attention_efficiency: FlashAttention-2's fraction of the peak (``attention_source``).
+        attention_efficiency: FlashAttention-2's fraction of the peak (``attention_source``); ``attention_table``:
+            its published throughput by sequence length where there is one (``(seq, forward FLOP/s, backward
+            FLOP/s)``, :data:`FA2_H100_TABLE`).
     """
 
     name: str
@@ -168,6 +170,7 @@ class Hardware:
     sms: int = 0
     attention_efficiency: float = 1.0
     attention_source: str = "the datasheet peak itself"
+    attention_table: tuple = ()
 
     def placement(self, size: int, stride: int, devices_per_node: int | None = None) -> tuple[int, int]:
         """``(members per node, nodes)`` of a group of ``size`` ranks ``stride`` device numbers apart (the mesh
@@ -236,18 +239,19 @@ FA2_A100 = (0.73, "Dao 2023, FlashAttention-2, abstract: 50-73 % of the theoreti
 HARDWARE: dict[str, Hardware] = {
     "h100": Hardware("h100", {"bf16": 989e12, "fp32": 67e12}, 80 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense figures); DGX H100", {"pcie": PCIE5},
-                     794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s", 3.35e12, HBM, 132, *FA2_H100),
+                     794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s", 3.35e12, HBM, 132, *FA2_H100,
+                     FA2_H100_TABLE),
     "h100-96gb": Hardware("h100-96gb", {"bf16": (989e12 + 835e12) / 2, "fp32": 67e12}, 96 * GB, NVLINK4, IB_NDR, 8,
                           "torchtitan's Grand Teton H100 (benchmarks/llama3_h100_202412_torchtitan.md): 96 GB HBM2e at "
                           "2.4 TB/s, 500 W power limit, 400 Gb/s RDMA per GPU; its bf16 peak 'between SXM and NVL, we "
                           "don't know its exact value' (torchtitan): the middle of the H100 SXM5's 989 and the H100 "
                           "NVL's 835 TFLOP/s (NVIDIA H100 datasheet)", {"pcie": PCIE5},
                           794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s (at 700 W)", 2.4e12, HBM, 132,
-                          *FA2_H100),
+                          *FA2_H100, FA2_H100_TABLE),
     "h200": Hardware("h200", {"bf16": 989e12, "fp32": 67e12}, 141 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense figures); DGX H200", {"pcie": PCIE5},
                      828.6 / 989, f"{MAMF}: GH200 (H100 compute, 141 GB HBM3e) 828.6 of 989 TFLOP/s", 4.8e12, HBM,
-                     132, *FA2_H100),
+                     132, *FA2_H100, FA2_H100_TABLE),
     "a100": Hardware("a100", {"bf16": 312e12, "fp32": 19.5e12}, 80 * GB, NVLINK3, IB_HDR, 8,
                      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB, dense figures); DGX A100", {"pcie": PCIE4},
                      271.2 / 312, f"{MAMF}: A100 SXM 271.2 of 312 TFLOP/s", 2.039e12, HBM, 108, *FA2_A100),

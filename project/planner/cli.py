@@ -32,12 +32,9 @@ def load_hardware(config):
     if config.hardware != "cpu":
         return HARDWARE[config.hardware]
     from project.planner.communication import group_shape
-    from project.planner.layout import sizes
     from project.planner.measure import cpu_hardware
 
-    z = sizes(config)
-    block = {"b": z.b, "s": z.s, "h": z.h, "a": z.a, "inner": z.f, "preset": config.preset, "dropout": config.dropout}
-    return cpu_hardware(config, block, [max(2, group_shape(config, g)[0]) for g in ("tp", "dp", "pp", "embedding")])
+    return cpu_hardware(config, [max(2, group_shape(config, g)[0]) for g in ("tp", "dp", "pp", "embedding")])
 
 
 def main(argv=None) -> int:

@@ -30,9 +30,9 @@ The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read val
 to read on the meta device), so those calls of the planner have no fake counterpart here.
 
 With ``--activation_checkpointing`` every block is recomputed (:mod:`memory.checkpointing`, the course's
-``CheckpointFunction``, unchanged: :func:`meta_autocast` lets it ask autocast about the meta device).
-:func:`measure_activations` measures one micro-batch's activations alone: after the forward pass, and at their
-peak in the backward pass (``MemTracker``'s activations and temporaries read after every operation).
+``CheckpointFunction``, unchanged: :func:`project.planner.fake_activations.meta_autocast` lets it ask autocast
+about the meta device). :func:`measure_activations` measures one micro-batch's activations alone: after the
+forward pass, and at their peak in the backward pass (:mod:`project.planner.fake_activations`).
 
 What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
 gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, one chunk per rank.
@@ -47,9 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
+
+from project.planner.fake_activations import activation_peak, meta_autocast, tracker_bytes
 
 
 @contextlib.contextmanager
@@ -72,7 +75,27 @@ def fake_world(rank: int, world_size: int):
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        with _cpp_warnings_off():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _cpp_warnings_off():
+    """Inside: the process's C++ stderr (file descriptor 2) goes nowhere. Destroying the fake group makes c10 warn
+    "No backend of type 0 found for Process Group with name undefined. Assuming no hooks are registered." — the
+    fake back-end registers no hooks, so it is true and harmless, and c10's log level cannot be changed once torch
+    has loaded; exceptions still propagate."""
+    import os
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def held_bytes(tensors) -> int:
@@ -177,7 +200,9 @@ def build_rank(config, rank: int) -> dict:
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
     snapshots = {}
-    with CommCounter() as counter, tracker, meta_autocast():
+    with CommCounter() as counter, tracker, meta_autocast(), warnings.catch_warnings():
+        # MemTracker warns for each optimizer state or gradient that is None (not made yet): harmless
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass of tensor")
         step.optimizer.zero_grad(set_to_none=True)
         with FlopCounterMode(display=False) as flop_counter:
             out = stage(x)
@@ -237,111 +262,21 @@ def pipeline_messages(config, pp_group, stage: int, x: torch.Tensor, out: torch.
         exchange(ops, pp_group)
 
 
-@contextlib.contextmanager
-def meta_autocast():
-    """Inside: autocast's queries about the ``meta`` device answer for the CPU (``torch.is_autocast_enabled``,
-    ``torch.get_autocast_dtype``, ``torch.autocast``), restored on exit.
-
-    autocast knows no meta device (``torch.get_autocast_dtype("meta")`` raises), and the course's
-    :class:`memory.checkpointing.CheckpointFunction` records and replays the autocast state of its inputs'
-    device, as ``torch.utils.checkpoint`` does: with this, it runs unchanged on the fake rank's meta tensors,
-    with the CPU's autocast state (off in fp32 runs). Only for a process of its own (the fake world's).
-    """
-    real = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast
-
-    def cpu(device_type):
-        return "cpu" if device_type == "meta" else device_type
-
-    class Autocast(real[2]):
-        def __init__(self, device_type, *args, **kwargs):
-            super().__init__(cpu(device_type), *args, **kwargs)
-
-    torch.is_autocast_enabled = lambda *device_type: real[0](*map(cpu, device_type))
-    torch.get_autocast_dtype = lambda device_type: real[1](cpu(device_type))
-    torch.autocast = Autocast
-    try:
-        yield
-    finally:
-        torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast = real
-
-
-def _peak_watch(tracker):
-    """A dispatch mode that reads ``tracker``'s current snapshot after every operation and keeps the one where
-    activations and temporaries together peaked (``.peak``, ``.op``): ``MemTracker``'s own peak snapshot is
-    taken where the *total* peaks, which in a backward pass is where the gradients are complete, not where the
-    activations are."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class PeakWatch(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.peak, self.op = {"Activation": 0, "Temp": 0}, None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            now = tracker_bytes(tracker, "current")
-            if now["Activation"] + now["Temp"] > self.peak["Activation"] + self.peak["Temp"]:
-                self.peak, self.op = now, str(func)
-            return out
-
-    return PeakWatch()
-
-
-def activation_peak(config, rank: int) -> dict:
-    """Inside a :func:`fake_world`: one micro-batch's forward and backward pass of rank ``rank``'s stage (no
-    ZeRO, no optimizer: they change no activation), with activation checkpointing if
-    ``config.activation_checkpointing`` (:func:`memory.checkpointing.apply_activation_checkpointing`), under
-    torch's ``MemTracker``. The stage's input is ``b x s`` token ids on the first stage, else ``b x s x h``
-    fp32 requiring its gradient; the backward pass starts from a gradient of ones for the stage's output (on
-    the last stage: for its logits, no loss).
-
-    Returns:
-        ``{"stage", "blocks", "after_forward": MemTracker's categories after the forward pass, "peak": the
-        categories where Activation + Temp peaked (during the backward pass), "op": the operation that made
-        that peak}``; bytes.
-    """
-    from memory.checkpointing import apply_activation_checkpointing
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    mesh, stage, x = meta_stage(config)
-    if config.activation_checkpointing:
-        apply_activation_checkpointing(list(stage.h.values()))
-    tracker = MemTracker()
-    tracker.track_external(stage, x)
-    watch = _peak_watch(tracker)
-    with tracker, meta_autocast(), watch:
-        out = stage(x)
-        after_forward = tracker_bytes(tracker, "current")
-        out.backward(torch.ones_like(out))
-    return {"stage": mesh.stage, "blocks": list(stage.blocks), "after_forward": after_forward, "peak": watch.peak,
-            "op": watch.op}
-
-
 def measure_activations(config, rank: int) -> dict:
-    """:func:`activation_peak` in its own :func:`fake_world`, beside the planner's activations of one
-    micro-batch (``stage_memory``'s ``activations`` over the micro-batches in flight) and ``recompute`` (one
-    block's full activations while the backward pass recomputes it; 0 without checkpointing)."""
+    """:func:`project.planner.fake_activations.activation_peak` of rank ``rank``'s stage (its input ``b x s`` token
+    ids on the first stage, else ``b x s x h`` fp32 requiring its gradient) in its own :func:`fake_world`, beside
+    the planner's activations of one micro-batch (``stage_memory``'s ``activations`` over the micro-batches in
+    flight) and ``recompute`` (one block's full activations while the backward pass recomputes it; 0 without
+    checkpointing)."""
     from project.planner.memory import stage_memory
 
     check_supported(config)
     with fake_world(rank, config.world_size):
-        found = activation_peak(config, rank)
+        mesh, stage, x = meta_stage(config)
+        found = {"stage": mesh.stage, **activation_peak(stage, x, config.activation_checkpointing)}
     planned = stage_memory(config, found["stage"])
     found["planned"] = {"activations": sum(planned.parts.values()), "recompute": planned.recompute}
     return found
-
-
-def tracker_bytes(tracker, kind: str) -> dict[str, int]:
-    """A ``MemTracker`` snapshot (``"current"`` or ``"peak"``) as ``{category: bytes}`` summed over devices (the
-    meta device's tensors, and the optimizer's step counters, which AdamW keeps on the CPU); categories are
-    MemTracker's: ``Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total``. A peak snapshot
-    is per device: the categories at the moment that device's total peaked."""
-    out: dict[str, int] = {}
-    for per_device in tracker.get_tracker_snapshot(kind).values():
-        for category, nbytes in per_device.items():
-            name = getattr(category, "value", category)
-            out[name] = out.get(name, 0) + nbytes
-    return out
 
 
 def measure(config, rank: int) -> dict:

@@ -72,7 +72,8 @@ def attention_kernels(config) -> list[Kernel]:
     m = z.mask if config.dropout > 0 else 0
     dropout = (2 * e + m) * scores if config.dropout > 0 else 0.0
     fwd_bytes, bwd_bytes = (2 * e, 3 * e) if config.fused_kernels else (7 * e, 7 * e)
-    out = [gemm("q k^T", "F", z.s, S, z.d, e, bh), memory("scale, mask, softmax, dropout", "F", fwd_bytes * scores + dropout),
+    out = [gemm("q k^T", "F", z.s, S, z.d, e, bh),
+           memory("scale, mask, softmax, dropout", "F", fwd_bytes * scores + dropout),
            gemm("p v", "F", z.s, z.d, S, e, bh),
            gemm("p v (grads)", "B", z.s, S, z.d, e, bh), gemm("p v (grads)", "B", S, z.d, z.s, e, bh),
            memory("scale, mask, softmax, dropout (backward)", "B", bwd_bytes * scores + dropout),
@@ -96,12 +97,15 @@ def elementwise_kernels(config) -> list[Kernel]:
         if config.dropout > 0:
             out += [memory("dropouts", "F", 2 * (2 * e + m) * x), memory("dropouts (backward)", "B", 2 * (2 * e + m) * x)]
     if model.mlp == "swiglu":
-        out += [memory("swiglu", "F", (3 if fused else 5) * e * f), memory("swiglu (backward)", "B", (5 if fused else 8) * e * f)]
+        out += [memory("swiglu", "F", (3 if fused else 5) * e * f),
+                memory("swiglu (backward)", "B", (5 if fused else 8) * e * f)]
     else:  # transformers' tanh GeLU is eight elementwise operations; fused (Megatron's bias-GeLU) one
-        out += [memory("gelu", "F", (2 if fused else 18) * e * f), memory("gelu (backward)", "B", (3 if fused else 30) * e * f)]
+        out += [memory("gelu", "F", (2 if fused else 18) * e * f),
+                memory("gelu (backward)", "B", (3 if fused else 30) * e * f)]
     if model.positions == "rotary":
         qk = z.tokens * (z.a_t + z.kv_t) * z.d
-        out += [memory("rotary", "F", (2 if fused else 6) * e * qk), memory("rotary (backward)", "B", (2 if fused else 6) * e * qk)]
+        out += [memory("rotary", "F", (2 if fused else 6) * e * qk),
+                memory("rotary (backward)", "B", (2 if fused else 6) * e * qk)]
     if z.kv_t < z.a_t:  # repeat_kv: K and V copied to every query head (Llama's modules), summed back in backward
         copy = e * z.tokens * z.d * 2 * (z.kv_t + z.a_t)
         out += [memory("repeat_kv", "F", copy), memory("repeat_kv (backward)", "B", copy)]
@@ -140,10 +144,9 @@ def stage_kernels(config, stage: int) -> list[Kernel]:
     if lay.moe_blocks:  # routed experts: the MLP's products over top_k copies of the tokens, balanced over ep
         routed = tokens * config.top_k
         for name, k, n in linear_layers(config)[(4 if model.mlp == "swiglu" else 2):]:
-            out += [kernel.times(lay.moe_blocks) for kernel in linear_kernels(config, f"expert {name}", k * config.tp
-                                                                               if name in ("w2", "fc_proj") else k,
-                                                                               n * config.tp if name not in ("w2", "fc_proj") else n,
-                                                                               routed, e)]
+            down = name in ("w2", "fc_proj")  # the expert holds its whole MLP: undo tp's split of the width
+            k_e, n_e = (k * config.tp, n) if down else (k, n * config.tp)
+            out += [kernel.times(lay.moe_blocks) for kernel in linear_kernels(config, f"expert {name}", k_e, n_e, routed, e)]
         attention_only = [k for k in block_kernels(config) if not k.name.startswith(("w1", "w3", "w2", "fc"))]
         out += [k.times(lay.moe_blocks) for k in attention_only]
     x = tokens * z.h

@@ -119,9 +119,25 @@ def held_until(actions) -> list[tuple[int, tuple]]:
     for a in flat:
         if a[0] == "F":
             out.append((1, key(a)))
-        elif (a[0] == "W") or (a[0] in ("B", "BW") and key(a) not in weighted):
+        elif a[0] == "W" or (a[0] in ("B", "BW") and key(a) not in weighted):
             out.append((-1, key(a)))
     return out
+
+
+def peak_held(actions) -> int:
+    """Most (chunk, micro-batch) pairs held at once along one stage's action list (:func:`held_until`), counted
+    after each action as the runner counts them (``pipeline.stage_runner.StepResult.peak_in_flight``; a pair
+    ``("F&B", forward, backward)`` runs as its forward, then its backward)."""
+    held = peak = 0
+    for sign, _ in held_until(actions):
+        held += sign
+        peak = max(peak, held)
+    return peak
+
+
+def in_flight(config, stage: int) -> int:
+    """Most (chunk, micro-batch) pairs stage ``stage`` holds at once (:func:`peak_held` of its action list)."""
+    return peak_held(pipeline_actions(config)[stage])
 
 
 def in_flight_bytes(config, stage: int, unit: dict[int, float]) -> tuple[float, int]:
@@ -134,15 +150,6 @@ def in_flight_bytes(config, stage: int, unit: dict[int, float]) -> tuple[float, 
         if held > peak:
             peak, best = held, count
     return peak, best
-
-
-def in_flight(config, stage: int) -> int:
-    """Most (chunk, micro-batch) pairs stage ``stage`` holds at once (:func:`held_until`)."""
-    held = peak = 0
-    for sign, _ in held_until(pipeline_actions(config)[stage]):
-        held += sign
-        peak = max(peak, held)
-    return peak
 
 
 @dataclass
@@ -177,9 +184,9 @@ def stage_memory(config, stage: int) -> StageMemory:
     dense = model_state_bytes(config.zero, lay.dense_params, config.dp * config.cp, config.precision)
     experts = model_state_bytes(config.zero, lay.expert_params, config.dp * config.cp // config.ep, config.precision)
     per_layer = layer_activations(config)
-    chunk = {k: v * lay.blocks / config.virtual_stages for k, v in per_layer.items()}
+    chunks = config.virtual_stages if config.pp > 1 else 1  # one stage runs its micro-batches whole
+    chunk = {k: v * lay.blocks / chunks for k, v in per_layer.items()}
     extra = stage_extra_activations(config, stage)
-    chunks = max(1, config.virtual_stages)
     unit = {c: sum(chunk.values()) for c in range(chunks)}
     if "embedding dropout mask" in extra:
         unit[0] += extra["embedding dropout mask"]

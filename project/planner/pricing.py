@@ -4,9 +4,11 @@
 memory_efficiency))`` (Williams et al. 2009, the roofline model): matrix products at the GEMM efficiency of their
 shape, FlashAttention at its own (:attr:`course.hardware.Hardware.attention_efficiency`), memory-bound kernels
 (norms, activations, residual adds, dropout, softmax, cross-entropy, the optimizer) at the achievable memory
-bandwidth (:attr:`course.hardware.Hardware.memory_efficiency`).
+bandwidth (the GPU report's measurement where there is one, :func:`measured_memory_efficiency`; else
+:attr:`course.hardware.Hardware.memory_efficiency`).
 
-**GEMM efficiency by shape** (:func:`gemm_efficiency`): the best large product's efficiency
+**GEMM efficiency by shape** (:func:`gemm_efficiency`): where the course's GPU report measured the very product
+(its ``kernels`` section, ``project/gpu_report.py``), that measurement; else the best large product's efficiency
 (:func:`gemm_base_efficiency`: the course's GPU report's sweep of square bf16 products on this GPU, interpolated in
 the product's FLOPs, where one exists in ``results/gpu/``; else S. Bekman's MAMF figure) times the tile and wave
 quantization of the shape (NVIDIA, "Matrix Multiplication Background User's Guide", sections "Tile Quantization"
@@ -68,10 +70,9 @@ def tile_utilisation(m: int, n: int, batch: int, sms: int) -> float:
 
 
 @lru_cache(maxsize=None)
-def measured_sweep(name: str) -> tuple[tuple[tuple[float, float], ...], str] | None:
-    """The course's GPU report's square bf16 products on a GPU of planner kind ``name``: ``((FLOPs of one product,
-    its efficiency over the datasheet peak), ...)`` ascending, and the report it comes from; None when no report
-    (dry runs left out) measured that kind. The newest report wins."""
+def newest_report(name: str) -> tuple[dict, str] | None:
+    """The newest GPU report in ``results/gpu/`` (dry runs left out) measured on a GPU of planner kind ``name``, and
+    where it is: ``(report, "results/gpu/<file> (<device>, <date>)")``; None when there is none."""
     import json
 
     from course.gpu_figures import KIND, REPORTS_DIR
@@ -87,14 +88,41 @@ def measured_sweep(name: str) -> tuple[tuple[tuple[float, float], ...], str] | N
         if report.get("kind") != KIND or report.get("dry_run"):
             continue
         sheet = datasheet_bf16_peak(report.get("device", {}).get("name", ""))
-        rows = (report.get("matmul") or {}).get("sizes") or []
-        if not sheet or name not in kinds.get(sheet["model"], ()) or not rows:
-            continue
-        if best is None or report["created"] > best[2]:
-            points = tuple(sorted((2.0 * r["n"] ** 3, r["flop_per_s"]["median"] / sheet["flops"]) for r in rows))
-            best = (points, f"results/gpu/{path.name} ({report['device']['name']}, {report['date']})",
-                    report["created"])
-    return best[:2] if best else None
+        if sheet and name in kinds.get(sheet["model"], ()) and (best is None or report["created"] > best[0]["created"]):
+            best = (report | {"datasheet_flops": sheet["flops"]},
+                    f"results/gpu/{path.name} ({report['device']['name']}, {report['date']})")
+    return best
+
+
+def measured_shapes(name: str) -> dict:
+    """``{(m, n, k): efficiency over the datasheet}`` of the products the newest GPU report of kind ``name``
+    measured at the planner's shapes (``project/gpu_report.py``, its ``kernels`` section); empty without one."""
+    found = newest_report(name)
+    rows = ((found or ({},))[0].get("kernels") or {}).get("gemm") or []
+    return {(r["m"], r["n"], r["k"]): r["efficiency"] for r in rows if r.get("efficiency")}
+
+
+def measured_memory_efficiency(name: str) -> float | None:
+    """The bandwidth a memory-bound kernel reached in the newest GPU report of kind ``name`` (the median of its
+    copy, add, GeLU and LayerNorm over the datasheet's HBM bandwidth); None without one."""
+    found = newest_report(name)
+    memory = ((found or ({},))[0].get("kernels") or {}).get("memory") or {}
+    values = sorted(m["efficiency"] for m in memory.values() if m.get("efficiency"))
+    return values[len(values) // 2] if values else None
+
+
+@lru_cache(maxsize=None)
+def measured_sweep(name: str) -> tuple[tuple[tuple[float, float], ...], str] | None:
+    """The course's GPU report's square bf16 products on a GPU of planner kind ``name``: ``((FLOPs of one product,
+    its efficiency over the datasheet peak), ...)`` ascending, and the report it comes from; None when no report
+    (dry runs left out) measured that kind (:func:`newest_report`)."""
+    found = newest_report(name)
+    rows = ((found or ({},))[0].get("matmul") or {}).get("sizes") or []
+    if not rows:
+        return None
+    report, source = found
+    points = tuple(sorted((2.0 * r["n"] ** 3, r["flop_per_s"]["median"] / report["datasheet_flops"]) for r in rows))
+    return points, source
 
 
 def gemm_base_efficiency(hardware, flops: float, override: float | None = None) -> tuple[float, str]:
@@ -123,6 +151,9 @@ def gemm_efficiency(hardware, m: int, n: int, k: int, batch: int = 1, override: 
     product of its FLOPs times its tile and wave utilisation over the reference square product's (the base was
     measured on squares, whose utilisation is already in it)."""
     flops = 2.0 * m * n * k * batch
+    measured = measured_shapes(hardware.name).get((m, n, k)) if batch == 1 and override is None else None
+    if measured:  # the GPU report measured this very product
+        return measured
     base, _ = gemm_base_efficiency(hardware, flops, override)
     side = round((flops / 2) ** (1 / 3))
     reference = tile_utilisation(side, side, 1, hardware.sms) if measured_sweep(hardware.name) else 1.0
@@ -131,14 +162,14 @@ def gemm_efficiency(hardware, m: int, n: int, k: int, batch: int = 1, override: 
 
 def attention_efficiency(hardware, seq: int, phase: str) -> float:
     """FlashAttention's fraction of the peak at sequence length ``seq`` for the forward (``phase`` ``F``) or the
-    backward pass: on the H100 and H200 FlashAttention-2's published throughput by sequence length
-    (:data:`course.hardware.FA2_H100_TABLE`, interpolated in ``log(seq)``, held flat beyond its ends); elsewhere :attr:`course.hardware.Hardware.attention_efficiency`."""
-    from course.hardware import FA2_H100_TABLE
-
-    if hardware.name not in ("h100", "h100-96gb", "h200"):
+    backward pass: the device's published throughput by sequence length where it has one
+    (:attr:`course.hardware.Hardware.attention_table`: FlashAttention-2 on the H100, interpolated in ``log(seq)``,
+    held flat beyond its ends, over the 989 TFLOP/s of the H100 SXM5 it was measured on); else
+    :attr:`course.hardware.Hardware.attention_efficiency`."""
+    if not hardware.attention_table:
         return hardware.attention_efficiency
     column = 1 if phase == "F" else 2
-    points = [(row[0], row[column] / 989e12) for row in FA2_H100_TABLE]  # measured on a 989 TFLOP/s H100 SXM5
+    points = [(row[0], row[column] / 989e12) for row in hardware.attention_table]
     if seq <= points[0][0]:
         return points[0][1]
     for (s0, e0), (s1, e1) in zip(points, points[1:]):
@@ -161,5 +192,6 @@ def kernel_seconds(kernel: Kernel, hardware, precision: str, override: float | N
         compute = kernel.flops / (peak * attention_efficiency(hardware, kernel.shape[0], kernel.phase))
     else:
         compute = kernel.flops / peak
-    memory = kernel.bytes / (hardware.memory_bandwidth * hardware.memory_efficiency) if hardware.memory_bandwidth else 0.0
+    reached = measured_memory_efficiency(hardware.name) or hardware.memory_efficiency
+    memory = kernel.bytes / (hardware.memory_bandwidth * reached) if hardware.memory_bandwidth else 0.0
     return kernel.count * (max(compute, memory) + LAUNCH_SECONDS)

@@ -170,6 +170,22 @@ def summary(rows: list[Row]) -> dict:
             "target_met": within == len(rows) and median <= MEDIAN_TARGET}
 
 
+def gemm_efficiency_needed(row: Row) -> tuple[float, float]:
+    """``(the planner's, the needed)``: the fraction of the peak the row's matrix products run at in the planner's
+    critical stage (their FLOPs over their seconds), and the fraction they would have to run at for the predicted
+    step to equal the published one with everything else as predicted (a diagnostic of the error, not a fit)."""
+    from project.planner.kernels import stage_kernels
+
+    p, stage = row.prediction, row.prediction.critical_stage
+    flops = sum(k.flops * k.count for k in stage_kernels(row.config, stage) if k.kind == "gemm")
+    flops *= row.config.micro_batches
+    seconds = p.compute_by_class["gemm"]
+    planner = flops / (seconds * p.peak_flops)
+    published_step = p.step_s * (1 + row.error)  # the published step, in the predicted step's units
+    needed = flops / ((seconds + published_step - p.step_s) * p.peak_flops)
+    return planner, needed
+
+
 def where_time_goes(row: Row) -> str:
     """The prediction's three largest parts of the step, as shares."""
     from project.planner.report import CLASS_NAMES

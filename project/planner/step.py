@@ -201,7 +201,7 @@ def price_stage(config, hardware, stage: int):
 
     from project.planner.pricing import gemm_base_efficiency  # noqa: F401 (the source is read in predict)
 
-    m, v = config.micro_batches, config.virtual_stages
+    m, v = config.micro_batches, (config.virtual_stages if config.pp > 1 else 1)
     memory = stage_memory(config, stage)
     calls = stage_communication(config, stage)
     comm_s: dict[str, float] = {}
