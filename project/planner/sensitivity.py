@@ -34,15 +34,16 @@ def scaled_links(hardware, factor: float):
 def sensitivity(config, hardware, factor: float = FACTOR) -> list[dict]:
     """Rows ``{"assumption", "low", "high"}``: the step's relative change when one figure is ``1 - factor`` and
     ``1 + factor`` times the planner's (ordered by the larger change): the compute peak, the memory bandwidth, the
-    links' bus bandwidth, and the micro-batch (half and twice the sequences per micro-batch, where the batch
-    allows it)."""
+    links' bus bandwidth, and the micro-batch (half and twice the sequences per micro-batch; None where the batch
+    does not split so)."""
     from project.planner.config import PlanConfig
 
     base = _predict(config, hardware)
     rows = []
     for name, make in (("compute peak (GEMMs and attention)",
                         lambda f: replace(hardware, peak_flops={k: v * f for k, v in hardware.peak_flops.items()})),
-                       ("memory bandwidth reached", lambda f: replace(hardware, memory_efficiency=hardware.memory_efficiency * f)),
+                       ("memory bandwidth reached",
+                        lambda f: replace(hardware, memory_efficiency=hardware.memory_efficiency * f)),
                        ("links' bus bandwidth", lambda f: scaled_links(hardware, f))):
         low, high = (_predict(config, make(f)) / base - 1 for f in (1 - factor, 1 + factor))
         rows.append({"assumption": f"{name} x{1 - factor:g} / x{1 + factor:g}", "low": low, "high": high})
