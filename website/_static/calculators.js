@@ -676,11 +676,19 @@
     loadFromUrl();
 
     const wire = (prefix, update) => {
-      document.querySelectorAll(`[id^="${prefix}-"]`).forEach(el => {
-        el.addEventListener("input", () => { update(data); saveToUrl(); });
-        el.addEventListener("change", () => { update(data); saveToUrl(); });
-      });
+      const fields = Array.from(document.querySelectorAll(`[id^="${prefix}-"]`));
+      const state = () => fields.map(el => (el.type === "checkbox" ? String(el.checked) : el.value)).join("\u0000");
+      let shown = null;
+      const edited = () => {  // an edit fires input and then change: the calculator runs once per new setup
+        const now = state();
+        if (now === shown) return;
+        shown = now;
+        update(data);
+        saveToUrl();
+      };
+      fields.forEach(el => { el.addEventListener("input", edited); el.addEventListener("change", edited); });
       update(data);
+      shown = state();
     };
     $("ab-link").addEventListener("change", () => chooseLink(data));
     for (const id of ["ab-alpha", "ab-bandwidth", "ab-base"]) {
