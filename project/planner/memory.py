@@ -30,6 +30,10 @@ ALLOCATOR_HEADROOM = 0.10
 POLICIES = ("none", "attention", "alternate", "full")
 
 
+RECOMPUTE_NAMES = {"none": "none", "attention": "the attention core (selective)",
+                   "alternate": "every other matrix product (torchtitan's op policy)", "full": "every block (full)"}
+
+
 def recompute_policy(config) -> str:
     """``none``, ``attention`` (Korthikanti et al.'s selective recomputation), ``alternate`` (every other matrix
     product and every elementwise operation: torchtitan's ``selective op`` policy) or ``full``."""

@@ -70,13 +70,15 @@ def format_breakdown(prediction) -> str:
 
 def format_prediction(config, prediction) -> str:
     """Memory per stage (one rank of it), the step's terms and its breakdown, FLOPs and MFU."""
+    from project.planner.memory import RECOMPUTE_NAMES
+
     d, p = config, prediction
     model = d.model
     lines = [f"plan: {d.preset} ({model.n_layer} x {model.n_embd}, {model.n_head} heads / {model.n_kv_head} key-value, "
              f"{model.mlp} MLP {model.n_inner}), {d.devices} x {p.hardware} (dp {d.dp}, pp {d.pp}, tp {d.tp}, cp {d.cp}, "
              f"ep {d.ep}), batch {d.batch_size} x {d.model_max_length} tokens, {d.micro_batches} micro-batches, "
              f"{d.schedule}, ZeRO-{d.zero}{f' (ZeRO++ {d.zeropp})' if d.zeropp else ''}, {d.precision}, "
-             f"{d.attention_kernel} attention, recomputation {d.recompute}, sequence parallel "
+             f"{d.attention_kernel} attention, recomputation: {RECOMPUTE_NAMES[d.recompute]}, sequence parallel "
              f"{'on' if d.sequence_parallel else 'off'}", "",
              f"{'stage':>5} {'params':>11} {'grads':>11} {'optimizer':>11} {'activations':>12} {'in flight':>9} "
              f"{'total':>11} {'compute':>11} {'comm':>11}"]
@@ -99,7 +101,7 @@ def format_prediction(config, prediction) -> str:
               f"memory: {readable_bytes(p.memory_bytes)} on the fullest rank of {readable_bytes(p.usable_memory_bytes)} "
               f"usable ({'fits' if p.fits else 'does NOT fit'})",
               f"FLOPs per step: model {p.model_flops / 1e12:.4g} TFLOP (PaLM's 6N + 12 L a d s), hardware "
-              f"{p.hardware_flops / 1e12:.4g} TFLOP (as executed, recomputation included); {p.tokens / p.step_s:.4g} "
+              f"{p.hardware_flops / 1e12:.4g} TFLOP (as executed: recomputation included, causal attention as run); {p.tokens / p.step_s:.4g} "
               f"tokens/s; MFU {p.mfu:.1%}, HFU {p.hfu:.1%} of {p.peak_flops / 1e12:.4g} TFLOP/s per device"]
     return "\n".join(lines)
 

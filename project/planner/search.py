@@ -64,11 +64,13 @@ def rank_plans(config, hardware) -> list[Plan]:
 def format_plans(config, plans: list[Plan], top: int) -> str:
     """The ranked plans as a table: mesh, micro-batches, memory per device, step time, MFU, bubble, exposed
     communication and what limits each."""
+    from project.planner.memory import RECOMPUTE_NAMES
+
     fitting = [p for p in plans if p.prediction.fits]
     head = (f"plans for {config.preset} on {config.n_devices} x {config.hardware}: batch {config.batch_size} x "
             f"{config.model_max_length} tokens, ZeRO-{config.zero}, {config.precision}, {config.schedule}, "
-            f"recomputation {config.recompute}, {config.attention_kernel} attention, sequence parallel "
-            f"{'on' if config.sequence_parallel else 'off'}, dp overlap {config.dp_overlap}; {len(plans)} meshes, "
+            f"recomputation: {RECOMPUTE_NAMES[config.recompute]}, {config.attention_kernel} attention, sequence "
+            f"parallel {'on' if config.sequence_parallel else 'off'}, dp overlap {config.dp_overlap}; {len(plans)} meshes, "
             f"{len(fitting)} fit")
     lines = [head, "", f"{'#':>3} {'dp':>5} {'pp':>4} {'tp':>4} {'cp':>3} {'micro':>6} {'memory':>9} {'step':>10} "
              f"{'MFU':>6} {'bubble':>7} {'exposed comm':>13}  limited by"]
