@@ -192,7 +192,7 @@ def ring_traffic_bytes(kind: str, nbytes: float, p: int) -> float:
     """Bytes one rank sends for a ``kind`` call about a tensor of ``nbytes`` in a group of ``p`` ranks, with
     the ring algorithm (module docstring): all-reduce ``2 (p-1)/p N``; all-gather, reduce-scatter and an
     all-to-all of equal chunks ``(p-1)/p N``; send ``N``; recv 0. The one formula the counter records and
-    the planner (``project/plan.py``) predicts with (Thakur et al. 2005, Sec. 4; Patarasuk and Yuan 2009).
+    the planner (:mod:`project.planner`) predicts with (Thakur et al. 2005, Sec. 4; Patarasuk and Yuan 2009).
 
     Raises:
         ValueError: an unknown kind.

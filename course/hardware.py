@@ -1,6 +1,7 @@
-"""Devices as the planner (``project/plan.py``) and notebooks 04-06 describe them: peak FLOP/s, memory, links.
+"""Devices as the planner (``python -m project.planner``) and notebooks 04-06 describe them: peak FLOP/s, memory, links.
 
-Profiles: :data:`HARDWARE` ``h100``, ``h200``, ``a100`` (DGX nodes of 8 SXM GPUs) and ``l4`` (nodes of 8 PCIe L4).
+Profiles: :data:`HARDWARE` ``h100``, ``h200``, ``a100`` (DGX nodes of 8 SXM GPUs), ``h100-96gb`` (the 96 GB HBM2e
+H100 at 500 W of torchtitan's published runs) and ``l4`` (nodes of 8 PCIe L4).
 
 A :class:`Link` is the alpha-beta model of one kind of connection between two devices (Hockney 1994):
 a message of N bytes takes ``alpha + beta * N`` seconds per step of a collective. A :class:`Hardware`
@@ -48,7 +49,28 @@ BF16 table, torch 2.6-2.7): A100 SXM 271.2 of 312 TFLOP/s (86.9 %), H100 SXM 794
 (the H100's compute with the H200's 141 GB HBM3e) 828.6 of 989 (83.6 %, used for the H200). The L4 is not in
 that table: its efficiency is the H100's, an assumption (a 72 W card probably reaches less). The planner
 prefers a measurement of this course's GPU report (``results/gpu/``: ``matmul.measured_over_datasheet``)
-when one exists for the device (:func:`project.plan.compute_efficiency`).
+when one exists for the device (:func:`project.planner.pricing.gemm_base_efficiency`).
+
+**What a kernel reaches** (the planner's per-kernel roofline, :mod:`project.planner.pricing`). Beside the peaks, each
+profile carries the datasheet's memory bandwidth and streaming multiprocessors, and the fractions of them real
+kernels reach, each from a named measurement:
+
+* ``memory_efficiency``: a memory-bound kernel streams at 88 % of the datasheet's HBM bandwidth — 1.80 of 2.04 TB/s
+  measured on an A100 80 GB SXM by a bandwidth kernel, "around 90 %" the best of any kernel in NVIDIA's GTC 2025
+  talk it cites (NVIDIA developer forum, "Trouble to reach peak bandwidth of A100", 2025); the same fraction is
+  taken for the other GPUs (an assumption until the course's GPU report measures it: ``project/gpu_report.py``);
+* ``attention_efficiency``: FlashAttention-2's throughput as a fraction of the dense peak — on H100 by sequence
+  length, forward and backward (:data:`FA2_H100_TABLE`: Shah et al. 2024, FlashAttention-3, Figs. 5 and 6, head
+  dimension 128: 191 to 335 TFLOP/s forward, 214 to 322 backward), on A100 73 % (Dao 2023, FlashAttention-2,
+  abstract: "50-73 % of the theoretical maximum FLOPs/s on A100");
+* ``sms``: streaming multiprocessors (A100 108, H100 SXM and H200 132, L4 58; the GPUs' whitepapers and
+  datasheets), over which a matrix product's tiles run in waves;
+* a link's ``efficiency``: the bus bandwidth ``nccl-tests`` measures over the link's per-direction bandwidth —
+  NVLink 4 (8 x H200, ring): all-reduce 367.2, all-gather 361.4, reduce-scatter 362.9 of 450 GB/s, 81 % (S. Bekman,
+  Machine Learning Engineering, network/README.md, "SHARP", nccl 2.27.7, 16 GiB); NVLink 3: 235 of 300 GB/s, 78 %
+  (same, "Unidirectional vs Bidirectional", nccl-tests all_reduce on an A100 node); between nodes: 36.95 of 50 GB/s
+  per accelerator, 74 % (same, the 4-node all-reduce table, 16 GiB); PCIe: 55.4 of 63 GB/s, 88 % (same, PCIe
+  section, nvbandwidth). The size dependence comes from NCCL's per-step latencies (``alpha``).
 
 Sources: NVIDIA L4 Tensor Core GPU datasheet (2023: "BF16 Tensor Core 242 teraFLOPS*", "*with sparsity",
 i.e. 121 dense; FP32 30.3 TFLOPS; 24 GB GDDR6 at 300 GB/s; PCIe Gen4 x16 64 GB/s bidirectional; no
@@ -70,7 +92,7 @@ ring/Simple: 8.4 us).
 
 The CPU of this machine has no published figure that fits: the planner measures it (matrix-product
 FLOP/s per rank while every rank computes, gloo all-reduce times fitted to alpha-beta lines:
-``project/plan_measure.py``).
+``project/planner/measure.py``).
 """
 from __future__ import annotations
 
@@ -88,9 +110,11 @@ class Link:
     Attributes:
         name: e.g. ``"nvlink"``.
         alpha: seconds per step of a collective (latency).
-        beta: seconds per byte (1 / bandwidth per direction).
+        beta: seconds per byte (1 / bandwidth per direction, the datasheet's).
         base: seconds every collective call costs once, whatever its steps (NCCL's base latency).
         source: where the numbers come from.
+        efficiency: the fraction of the bandwidth a collective's bus bandwidth reaches (module docstring).
+        efficiency_source: where that fraction comes from.
     """
 
     name: str
@@ -98,6 +122,13 @@ class Link:
     beta: float
     base: float = 0.0
     source: str = ""
+    efficiency: float = 1.0
+    efficiency_source: str = "the datasheet's bandwidth itself"
+
+    @property
+    def achieved_beta(self) -> float:
+        """Seconds per byte at the achievable bus bandwidth: ``beta / efficiency``."""
+        return self.beta / self.efficiency
 
     @property
     def bandwidth(self) -> float:
@@ -116,6 +147,12 @@ class Hardware:
         intra: the link between devices of one node; ``inter``: between nodes (None: one node only).
         devices_per_node: devices that share ``intra``.
         source: where the numbers come from.
+        matmul_efficiency: the best-shaped bf16 matrix product's fraction of the peak (``efficiency_source``).
+        memory_bandwidth: the datasheet's memory bandwidth (bytes/s); ``memory_efficiency`` the fraction a
+            memory-bound kernel reaches. sms: streaming multiprocessors (0: not modelled).
+        attention_efficiency: FlashAttention-2's fraction of the peak (``attention_source``); ``attention_table``:
+            its published throughput by sequence length where there is one (``(seq, forward FLOP/s, backward
+            FLOP/s)``, :data:`FA2_H100_TABLE`).
     """
 
     name: str
@@ -128,6 +165,12 @@ class Hardware:
     notes: dict = field(default_factory=dict)
     matmul_efficiency: float = 1.0
     efficiency_source: str = "the datasheet peak itself (no efficiency known)"
+    memory_bandwidth: float = 0.0
+    memory_efficiency: float = 1.0
+    sms: int = 0
+    attention_efficiency: float = 1.0
+    attention_source: str = "the datasheet peak itself"
+    attention_table: tuple = ()
 
     def placement(self, size: int, stride: int, devices_per_node: int | None = None) -> tuple[int, int]:
         """``(members per node, nodes)`` of a group of ``size`` ranks ``stride`` device numbers apart (the mesh
@@ -159,31 +202,64 @@ class Hardware:
 
 NCCL_BASE = 8.4 * US  # NCCL tuning.cc baseLat, ring / Simple
 NCCL = "NCCL src/graph/tuning.cc (hwLat, ring/Simple)"
-NVLINK4 = Link("nvlink", 3.4 * US, 1 / (450 * GB), NCCL_BASE, f"H100 datasheet (900 GB/s bidirectional); {NCCL}")
-NVLINK3 = Link("nvlink", 3.4 * US, 1 / (300 * GB), NCCL_BASE, f"A100 datasheet (600 GB/s bidirectional); {NCCL}")
-PCIE5 = Link("pcie", 5.7 * US, 1 / (64 * GB), NCCL_BASE, f"H100 datasheet (PCIe Gen5 128 GB/s bidirectional); {NCCL}")
-PCIE4 = Link("pcie", 5.7 * US, 1 / (32 * GB), NCCL_BASE, f"A100 datasheet (PCIe Gen4 64 GB/s bidirectional); {NCCL}")
-IB_NDR = Link("infiniband", 9.6 * US, 1 / (50 * GB), NCCL_BASE, f"DGX H100: one NDR 400 Gb/s port per GPU; {NCCL}")
-IB_HDR = Link("infiniband", 9.6 * US, 1 / (25 * GB), NCCL_BASE, f"DGX A100: one HDR 200 Gb/s port per GPU; {NCCL}")
-PCIE4_L4 = Link("pcie", 5.7 * US, 1 / (32 * GB), NCCL_BASE, f"L4 datasheet (PCIe Gen4 x16 64 GB/s bidirectional); {NCCL}")
+BEKMAN = "S. Bekman, Machine Learning Engineering, network/README.md"
+NVLINK4_EFF = (0.81, f"{BEKMAN}, SHARP section: nccl-tests ring all-reduce 367.2, all-gather 361.4, reduce-scatter "
+                     "362.9 of 450 GB/s on 8 x H200 (NVLink 4), 16 GiB")
+NVLINK3_EFF = (235 / 300, f"{BEKMAN}: nccl-tests all_reduce on an A100 node, 235 of 300 GB/s")
+NETWORK_EFF = (36.95 / 50, f"{BEKMAN}: 4-node all-reduce, 36.95 of 50 GB/s per accelerator at 16 GiB")
+PCIE_EFF = (55.43 / 63, f"{BEKMAN}, PCIe section: nvbandwidth 55.43 of 63 GB/s (PCIe 5 x16)")
+NVLINK4 = Link("nvlink", 3.4 * US, 1 / (450 * GB), NCCL_BASE, f"H100 datasheet (900 GB/s bidirectional); {NCCL}",
+               *NVLINK4_EFF)
+NVLINK3 = Link("nvlink", 3.4 * US, 1 / (300 * GB), NCCL_BASE, f"A100 datasheet (600 GB/s bidirectional); {NCCL}",
+               *NVLINK3_EFF)
+PCIE5 = Link("pcie", 5.7 * US, 1 / (64 * GB), NCCL_BASE, f"H100 datasheet (PCIe Gen5 128 GB/s bidirectional); {NCCL}",
+             *PCIE_EFF)
+PCIE4 = Link("pcie", 5.7 * US, 1 / (32 * GB), NCCL_BASE, f"A100 datasheet (PCIe Gen4 64 GB/s bidirectional); {NCCL}",
+             *PCIE_EFF)
+IB_NDR = Link("infiniband", 9.6 * US, 1 / (50 * GB), NCCL_BASE, f"DGX H100: one NDR 400 Gb/s port per GPU; {NCCL}",
+              *NETWORK_EFF)
+IB_HDR = Link("infiniband", 9.6 * US, 1 / (25 * GB), NCCL_BASE, f"DGX A100: one HDR 200 Gb/s port per GPU; {NCCL}",
+              *NETWORK_EFF)
+PCIE4_L4 = Link("pcie", 5.7 * US, 1 / (32 * GB), NCCL_BASE, f"L4 datasheet (PCIe Gen4 x16 64 GB/s bidirectional); {NCCL}",
+                *PCIE_EFF)
 ETH_L4 = Link("ethernet", 9.6 * US, 1 / (100 / 8 / 8 * GB), NCCL_BASE,
-              f"GCP g2-standard-96 / AWS g6.48xlarge: 100 Gb/s per node of 8 L4, shared: 1.56 GB/s per GPU; {NCCL}")
+              f"GCP g2-standard-96 / AWS g6.48xlarge: 100 Gb/s per node of 8 L4, shared: 1.56 GB/s per GPU; {NCCL}",
+              *NETWORK_EFF)
 MAMF = "Bekman, ML Engineering, compute/accelerator/README.md, MAMF BF16 table"
+
+HBM = 0.88  # memory-bound kernels: 1.80 of 2.04 TB/s on an A100 (module docstring)
+FA2_H100 = (333 / 989, "Shah et al. 2024, FlashAttention-3, Figs. 5 and 6: FlashAttention-2 on H100 SXM5, head "
+                       "dimension 128, forward (causal) and backward TFLOP/s by sequence length")
+# (sequence length, forward TFLOP/s (causal), backward TFLOP/s) of FlashAttention-2 on H100 SXM5, head dimension 128:
+# Shah et al. 2024 (FlashAttention-3), Fig. 5 (forward) and Fig. 6 (backward)
+FA2_H100_TABLE = ((512, 191e12, 214e12), (1024, 260e12, 260e12), (2048, 298e12, 291e12), (4096, 319e12, 310e12),
+                  (8192, 333e12, 318e12), (16384, 335e12, 322e12))
+FA2_A100 = (0.73, "Dao 2023, FlashAttention-2, abstract: 50-73 % of the theoretical maximum FLOP/s on A100")
 
 HARDWARE: dict[str, Hardware] = {
     "h100": Hardware("h100", {"bf16": 989e12, "fp32": 67e12}, 80 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense figures); DGX H100", {"pcie": PCIE5},
-                     794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s"),
+                     794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s", 3.35e12, HBM, 132, *FA2_H100,
+                     FA2_H100_TABLE),
+    "h100-96gb": Hardware("h100-96gb", {"bf16": (989e12 + 835e12) / 2, "fp32": 67e12}, 96 * GB, NVLINK4, IB_NDR, 8,
+                          "torchtitan's Grand Teton H100 (benchmarks/llama3_h100_202412_torchtitan.md): 96 GB HBM2e at "
+                          "2.4 TB/s, 500 W power limit, 400 Gb/s RDMA per GPU; its bf16 peak 'between SXM and NVL, we "
+                          "don't know its exact value' (torchtitan): the middle of the H100 SXM5's 989 and the H100 "
+                          "NVL's 835 TFLOP/s (NVIDIA H100 datasheet)", {"pcie": PCIE5},
+                          794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s (at 700 W)", 2.4e12, HBM, 132,
+                          *FA2_H100, FA2_H100_TABLE),
     "h200": Hardware("h200", {"bf16": 989e12, "fp32": 67e12}, 141 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense figures); DGX H200", {"pcie": PCIE5},
-                     828.6 / 989, f"{MAMF}: GH200 (H100 compute, 141 GB HBM3e) 828.6 of 989 TFLOP/s"),
+                     828.6 / 989, f"{MAMF}: GH200 (H100 compute, 141 GB HBM3e) 828.6 of 989 TFLOP/s", 4.8e12, HBM,
+                     132, *FA2_H100, FA2_H100_TABLE),
     "a100": Hardware("a100", {"bf16": 312e12, "fp32": 19.5e12}, 80 * GB, NVLINK3, IB_HDR, 8,
                      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB, dense figures); DGX A100", {"pcie": PCIE4},
-                     271.2 / 312, f"{MAMF}: A100 SXM 271.2 of 312 TFLOP/s"),
+                     271.2 / 312, f"{MAMF}: A100 SXM 271.2 of 312 TFLOP/s", 2.039e12, HBM, 108, *FA2_A100),
     "l4": Hardware("l4", {"bf16": 121e12, "fp32": 30.3e12}, 24 * GB, PCIE4_L4, ETH_L4, 8,
                    "NVIDIA L4 Tensor Core GPU datasheet (dense figures: 242 with sparsity halved); 8 per node "
                    "(GCP g2-standard-96, AWS g6.48xlarge)", {"pcie": PCIE4_L4},
-                   794.5 / 989, f"assumed: the H100 SXM's MAMF efficiency ({MAMF}; the L4 is not in it)"),
+                   794.5 / 989, f"assumed: the H100 SXM's MAMF efficiency ({MAMF}; the L4 is not in it)", 300e9, HBM,
+                   58, FA2_H100[0], f"assumed: the H100's ({FA2_H100[1]})"),
 }
 
 

@@ -7,12 +7,12 @@ Presets (``PRESETS``):
 * ``small``  — 6 layers, 384 wide, 6 heads: a laptop-GPU size.
 * ``gpt2``   — the 124M GPT-2 of Radford et al. 2019 (12 layers, 768 wide, 12 heads), for GPUs.
 * ``gpt2-xl`` — the 1.5B GPT-2 (48 layers, 1600 wide, 25 heads; Radford et al. 2019, Table 2): a model
-  for the planner (``project/plan.py``) and for multi-GPU runs; 25 heads admit tp 1, 5 or 25 only.
+  for the planner (``python -m project.planner``) and for multi-GPU runs; 25 heads admit tp 1, 5 or 25 only.
 * ``gpt3-6.7b`` — a 7B-class model: GPT-3 6.7B (32 layers, 4096 wide, 32 heads of 128; Brown et al.
   2020, Table 2.1), the GPT-2 architecture at that size (GPT-3's alternating locally banded sparse
   attention layers are not modelled: every layer attends densely here).
 * ``llama-7b`` — GPT-2 blocks at Llama-7B's width, depth and heads (32 layers, 4096 wide, 32 heads; Touvron
-  et al. 2023, Table 2), for the planner (``project/plan.py --model llama-7b``). Llama's SwiGLU MLP has three
+  et al. 2023, Table 2), for the planner and the fake world (``python -m project.planner --preset llama-7b``). Llama's SwiGLU MLP has three
   4096 x 11008 matrices, 135.3M parameters per layer; the GPT-2 MLP here has two 4096 x 16384 ones, 134.2M
   (within 1 %), so its FLOPs and weight bytes are Llama's to 1 %; RMSNorm, rotary positions and the untied
   head are not modelled. Plan it with Llama's vocabulary of 32000 tokens (``--vocab_size 32000``, the

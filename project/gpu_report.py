@@ -20,10 +20,17 @@ On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it
    (:func:`course.benchmarking.compare`);
 4. **peak memory against the planner** — ``torch.cuda.max_memory_allocated`` of a training step
    (:class:`course.measure.MemoryMeter`, each variant alone on the GPU) beside the planner's prediction for
-   the same configuration (:func:`project.plan.stage_memory`: parameters, gradients, AdamW state,
+   the same configuration (:func:`project.planner.memory.stage_memory`: parameters, gradients, AdamW state,
    activations of the course's GPT-2 blocks, and with checkpointing the recomputed block);
 5. **activation checkpointing's recomputation** on the GPU, under bf16 autocast with dropout on: each
-   block's recomputed output equal to the forward pass's, bit for bit (:func:`memory.experiments.recomputation_check`).
+   block's recomputed output equal to the forward pass's, bit for bit (:func:`memory.experiments.recomputation_check`);
+6. **the planner's kernel figures** (:func:`kernel_figures`): the bf16 matrix products of the shapes the planner
+   prices (:data:`PLANNER_SHAPES`: Llama 3 8B's and GPT-2's layers at the token counts of a micro-batch) beside the
+   planner's efficiency for each (:func:`project.planner.pricing.gemm_efficiency`), the bandwidth memory-bound
+   kernels reach (a copy, an add, a GeLU, a LayerNorm) over the datasheet's, and SDPA's causal attention forward
+   and backward at head dimension 128 beside FlashAttention-2's published figure;
+7. **the planner's step beside the measured one** (:func:`planner_step`): the planner's prediction of the one-GPU
+   training step measured in 3 (``--preset``, bf16, the course's eager GPT-2 blocks) and its error.
 
 Every timing goes through the course's one harness (:mod:`course.benchmarking`: warm-up, interleaved
 repeats, median and min-max, the machine and its conditions). The report is written atomically to
@@ -59,6 +66,17 @@ SIZES = {"cuda": dict(preset="gpt2", batch_size=64, model_max_length=128, vocab_
                       matmul_sizes=[4096, 8192, 16384], steps_per_repeat=5, check_batch_size=4),
          "cpu": dict(preset="tiny", batch_size=2, model_max_length=16, vocab_size=300, matmul_sizes=[64, 128],
                      steps_per_repeat=1, check_batch_size=2)}
+# (name, M tokens, N, K) of the products the planner prices: Llama 3 8B's layer (wq, wk/wv with 8 key/value heads,
+# wo, w1/w3, w2) and GPT-2's (qkv, fc, fc_proj) at 2048 and 16384 tokens per micro-batch, tp 1 and 8
+PLANNER_SHAPES = {"cuda": [(f"{name} tp{t} M{m}", m, n // (t if split == "n" else 1), k // (t if split == "k" else 1))
+                           for m in (2048, 16384) for t in (1, 8)
+                           for name, n, k, split in (("llama3-8b wq", 4096, 4096, "n"), ("llama3-8b wk", 1024, 4096, "n"),
+                                                     ("llama3-8b wo", 4096, 4096, "k"), ("llama3-8b w1", 14336, 4096, "n"),
+                                                     ("llama3-8b w2", 4096, 14336, "k"), ("gpt2 qkv", 2304, 768, "n"),
+                                                     ("gpt2 fc", 3072, 768, "n"), ("gpt2 fc_proj", 768, 3072, "k"))],
+                  "cpu": [("tiny fc", 64, 128, 32), ("tiny fc_proj", 64, 32, 128)]}
+MEMORY_ELEMENTS = {"cuda": 1 << 28, "cpu": 1 << 12}  # elements per memory-bound kernel (512 MiB of bf16 on a GPU)
+ATTENTION_SEQS = {"cuda": [2048, 4096, 8192], "cpu": [16]}
 MATMUL_FLOPS_PER_REPEAT = {"cuda": 2e13, "cpu": 2e7}  # products per timed repeat: at least this many FLOPs
 DROPOUT = 0.1
 VARIANTS = {"plain": False, "checkpointing": True}  # name -> activation checkpointing
@@ -262,13 +280,13 @@ def matmul_peak(device, sizes: list[int], repeats: int, warmup: int, datasheet: 
 # ---- 3 and 4. training: tokens/s, MFU, peak memory against the planner --------------------------------
 
 def plan_config(args, checkpointing: bool):
-    """The planner's configuration (:class:`project.plan.PlanConfig`) of the measured run: one rank, ZeRO-0,
+    """The planner's configuration (:class:`project.planner.cli.PlanConfig`) of the measured run: one rank, ZeRO-0,
     bf16, dropout on, the course's GPT-2 blocks (``activation_model="course"``).
 
     Raises:
         ValueError (:class:`course.config.ConfigError`): sizes the planner refuses.
     """
-    from project.plan import PlanConfig
+    from project.planner.config import PlanConfig
 
     hardware = planner_hardware(args.gpu_name if args.device == "cuda" else None)
     return PlanConfig.for_test(preset=args.preset, hardware=hardware, vocab_size=args.vocab_size,
@@ -278,11 +296,12 @@ def plan_config(args, checkpointing: bool):
 
 
 def predicted_memory(config) -> dict:
-    """The planner's bytes for the one rank of ``config`` (:func:`project.plan.stage_memory`) and their total."""
-    from project.plan import stage_memory
+    """The planner's bytes for the one rank of ``config`` (:func:`project.planner.memory.stage_memory`) and their
+    total."""
+    from project.planner.memory import stage_memory
 
-    parts = stage_memory(config, 0)
-    return {"bytes": sum(parts.values()), "parts": parts}
+    memory = stage_memory(config, 0)
+    return {"bytes": memory.total, "parts": memory.categories()}
 
 
 def training_step(args, device, checkpointing: bool):
@@ -337,7 +356,7 @@ def peak_memory(args, device, plans: dict) -> dict:
                      "measured_over_predicted": found["median"] / predicted["bytes"]}
     planner = plans["plain"]
     return {"measure": memory_name(device), "variants": out,
-            "planner": f"project.plan.stage_memory (--hardware {planner.hardware}, --activation_model course, "
+            "planner": f"project.planner.memory.stage_memory (--hardware {planner.hardware}, --activation_model course, "
                        f"--precision bf16, --zero 0, --dropout {DROPOUT})"}
 
 
@@ -371,6 +390,104 @@ def throughput(args, device, peaks: dict) -> dict:
             "tokens": "synthetic (memory.experiments.random_batch)", "tokens_per_step": tokens,
             "model_flops_per_step": flops, "steps_per_repeat": k, "variants": variants,
             "checkpointing_vs_plain": verdict}
+
+
+# ---- 6 and 7. the planner's kernel figures and its step -------------------------------------------------
+
+def _rate(device, repeats: int, warmup: int, work: dict, amount: dict) -> dict:
+    """``{name: summarise(amount[name] / seconds)}`` of the interleaved ``work``."""
+    from course.benchmarking import interleaved, summarise
+
+    seconds = interleaved(work, repeats, warmup, device)
+    return {name: summarise([amount[name] / t for t in seconds[name]]) for name in work}
+
+
+def kernel_figures(device, args, datasheet: dict | None, planner_kind: str) -> dict:
+    """The figures the planner's roofline rests on, measured here (module docstring, 6): ``{"gemm": [{"name", "m",
+    "n", "k", "flop_per_s", "efficiency" (over the datasheet; None without one), "planner" (the planner's
+    efficiency for the shape on ``planner_kind``)}], "memory": {kernel: {"bytes_per_s", "efficiency"}},
+    "attention": [{"seq", "forward_flop_per_s", "backward_flop_per_s", "planner_forward", "planner_backward"}],
+    "hbm_datasheet" (bytes/s)}``."""
+    import torch
+    import torch.nn.functional as F
+
+    from course.hardware import HARDWARE
+    from project.planner.pricing import attention_efficiency, gemm_efficiency
+
+    kind = device.type
+    peak = datasheet["flops"] if datasheet else None
+    hw = HARDWARE.get(planner_kind)
+    gemm_work, gemm_flops, rows = {}, {}, []
+    for name, m, n, k in PLANNER_SHAPES[kind]:
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        calls = max(1, int(MATMUL_FLOPS_PER_REPEAT[kind] // (2.0 * m * n * k)))
+        gemm_work[name] = (lambda a=a, b=b, c=calls: [torch.mm(a, b) for _ in range(c)])
+        gemm_flops[name] = 2.0 * m * n * k * calls
+        rows.append({"name": name, "m": m, "n": n, "k": k})
+    rates = _rate(device, args.repeats, args.warmup, gemm_work, gemm_flops)
+    for row in rows:
+        row["flop_per_s"] = rates[row["name"]]
+        row["efficiency"] = row["flop_per_s"]["median"] / peak if peak else None
+        row["planner"] = gemm_efficiency(hw, row["m"], row["n"], row["k"]) if hw else None
+    del gemm_work
+    release(device)
+    n = MEMORY_ELEMENTS[kind]
+    x = torch.randn(n, device=device, dtype=torch.bfloat16)
+    y = torch.randn(n, device=device, dtype=torch.bfloat16)
+    norm = torch.nn.LayerNorm(1024, device=device, dtype=torch.bfloat16) if kind == "cuda" else \
+        torch.nn.LayerNorm(64, device=device, dtype=torch.bfloat16)
+    rows2 = x.view(-1, norm.normalized_shape[0])
+    memory_work = {"copy": lambda: y.copy_(x), "add": lambda: x + y, "gelu": lambda: F.gelu(x),
+                   "layernorm": lambda: norm(rows2)}
+    moved = {"copy": 4.0 * n, "add": 6.0 * n, "gelu": 4.0 * n, "layernorm": 4.0 * n}  # bytes read + written (bf16)
+    bandwidth = _rate(device, args.repeats, args.warmup, memory_work, moved)
+    hbm = hw.memory_bandwidth if (hw and kind == "cuda") else None
+    memory = {name: {"bytes_per_s": r, "efficiency": r["median"] / hbm if hbm else None}
+              for name, r in bandwidth.items()}
+    del x, y, rows2
+    release(device)
+    attention = []
+    for seq in ATTENTION_SEQS[kind]:
+        heads, d = (16, 128) if kind == "cuda" else (2, 8)
+        batch = max(1, (16384 if kind == "cuda" else 32) // seq)
+        q, k_, v = (torch.randn(batch, heads, seq, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(3))
+        flops = 4.0 * batch * heads * seq * seq * d * 0.5  # causal: half the products (the planner's count, ~)
+        def forward():
+            return F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+
+        def backward():
+            forward().sum().backward()
+
+        times = _rate(device, args.repeats, args.warmup, {"forward": forward, "forward and backward": backward},
+                      {"forward": flops, "forward and backward": 3.5 * flops})
+        out = {"seq": seq, "batch": batch, "heads": heads, "head_dim": d,
+               "forward_flop_per_s": times["forward"], "forward_backward_flop_per_s": times["forward and backward"],
+               "planner_forward": attention_efficiency(hw, seq, "F") * hw.peak_flops["bf16"] if hw else None,
+               "planner_backward": attention_efficiency(hw, seq, "B") * hw.peak_flops["bf16"] if hw else None}
+        attention.append(out)
+        del q, k_, v
+        release(device)
+    return {"gemm": rows, "memory": memory, "attention": attention, "hbm_datasheet": hbm,
+            "planner_hardware": planner_kind, "planner_memory_efficiency": hw.memory_efficiency if hw else None}
+
+
+def planner_step(config, training: dict) -> dict:
+    """The planner's prediction (:func:`project.planner.step.predict` on ``config``'s hardware profile) of the
+    one-GPU training step measured in :func:`throughput` (the plain variant), beside the measured median, with
+    the error and where the planner says the step goes. On the CPU dry run the profile is the H100's and the
+    comparison is not meaningful (``"comparable": False``)."""
+    from course.hardware import HARDWARE
+    from project.planner.step import predict
+
+    comparable = config.hardware != "cpu"
+    kind = config.hardware if comparable else "h100"
+    prediction = predict(config, HARDWARE[kind])
+    measured = training["variants"]["plain"]["step_s"]["median"]
+    return {"hardware": kind, "comparable": comparable, "predicted_s": prediction.step_s, "measured_s": measured,
+            "error": prediction.step_s / measured - 1, "shares": prediction.shares(),
+            "mfu_predicted": prediction.mfu}
 
 
 # ---- the report ---------------------------------------------------------------------------------------
@@ -424,6 +541,10 @@ def measure(args, plans: dict, log=print) -> dict:
     log(f"[{time.monotonic() - start:5.0f} s] activation checkpointing's recomputation ...")
     report["checkpointing"] = recomputation_check(device, args.preset, args.vocab_size, args.model_max_length,
                                                   args.check_batch_size, dropout=DROPOUT)
+    log(f"[{time.monotonic() - start:5.0f} s] the planner's kernel figures: products, memory-bound kernels, SDPA ...")
+    report["kernels"] = kernel_figures(device, args, datasheet, plans["plain"].hardware)
+    release(device)
+    report["planner_step"] = planner_step(plans["plain"], report["training"])
     report["machine"] = benchmarking.finish(info)
     report["seconds"] = time.monotonic() - start
     return report
@@ -486,6 +607,26 @@ def summary(report: dict, path: Path | None = None) -> str:
                  f"{c['blocks']} blocks recomputed equal to the forward pass ({c['forward_dtype']} / "
                  f"{c['recomputed_dtype']}), losses {'equal' if c['loss_equal'] else 'DIFFERENT'}, largest "
                  f"gradient difference {c['max_gradient_difference']:.2g} of the largest gradient")
+    k = report.get("kernels")
+    if k:
+        lines.append("  the planner's kernel figures (measured / the planner's):")
+        for row in k["gemm"]:
+            if row["efficiency"] is not None and row["planner"] is not None:
+                lines.append(f"    {row['name']:24} ({row['m']} x {row['n']} x {row['k']}): {row['efficiency']:.1%} "
+                             f"of the peak measured, {row['planner']:.1%} planned")
+        for name, r in k["memory"].items():
+            if r["efficiency"] is not None:
+                lines.append(f"    {name:24} {r['bytes_per_s']['median'] / 1e12:.2f} TB/s, {r['efficiency']:.0%} of "
+                             f"the datasheet's HBM bandwidth (the planner: {k['planner_memory_efficiency']:.0%})")
+        for a in k["attention"]:
+            if a["planner_forward"]:
+                lines.append(f"    SDPA causal s={a['seq']}: forward {a['forward_flop_per_s']['median'] / 1e12:.0f} "
+                             f"TFLOP/s (planned {a['planner_forward'] / 1e12:.0f})")
+    step = report.get("planner_step")
+    if step:
+        lines.append(f"  the planner's one-GPU step: {step['predicted_s'] * 1e3:.1f} ms predicted on "
+                     f"{step['hardware']}, {step['measured_s'] * 1e3:.1f} ms measured ({step['error']:+.1%})"
+                     + ("" if step["comparable"] else " -- dry run: not comparable"))
     lines.append(f"  machine: {report['machine'].get('conditions', '?')}; {report['seconds']:.0f} s in all")
     if path is not None:
         lines.append(f"written: {path}")

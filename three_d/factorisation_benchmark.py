@@ -34,23 +34,7 @@ import time
 
 import torch
 
-
-def factorisations(world_size: int, n_layer: int, n_head: int, n_inner: int) -> list[tuple[int, int, int]]:
-    """Every ``(dp, pp, tp)`` with ``dp * pp * tp == world_size`` that the model allows."""
-    from course.mesh import ParallelDims
-
-    found = []
-    for pp in range(1, world_size + 1):
-        for tp in range(1, world_size // pp + 1):
-            if world_size % (pp * tp):
-                continue
-            dims = ParallelDims(dp=world_size // (pp * tp), pp=pp, tp=tp)
-            try:
-                dims.check(world_size, n_layer=n_layer, n_head=n_head, n_inner=n_inner)
-            except ValueError:
-                continue
-            found.append((dims.dp, pp, tp))
-    return found
+from course.factorisations import factorisations
 
 
 def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:

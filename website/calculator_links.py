@@ -35,7 +35,7 @@ def link_text(notebook: str) -> str:
     topic, what = NOTEBOOK_TOPICS[notebook]
     target = posixpath.relpath(SOURCE, posixpath.dirname(notebook)) + "#" + ANCHORS[topic]
     return (f"**Calculator:** [{TITLES[topic]}]({target}) — {what}, computed in the browser with the planner's "
-            "formulas (`project/plan.py`) on the course's site (`python -m website`, the page "
+            "formulas (`project/planner/`) on the course's site (`python -m website`, the page "
             "`calculators.html`).")
 
 

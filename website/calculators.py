@@ -2,20 +2,22 @@
 
 The page (``calculators.md`` of the staged site, from the template ``website/calculators.md``) holds four
 calculators written in plain JavaScript (``website/_static/calculators.js``, served with the site; nothing is
-fetched): memory per rank as ``project/plan.py`` counts it per pipeline stage, the pipeline bubble of every
-schedule of the registry, the alpha-beta cost of a collective with the ring / recursive-doubling crossover,
-and MFU. There is one source for every number they use:
+fetched): memory per rank as the planner (:mod:`project.planner.memory`) counts it per pipeline stage, the
+pipeline bubble of every schedule of the registry, the alpha-beta cost of a collective with the ring /
+recursive-doubling crossover, and MFU. There is one source for every number they use:
 
-* **tables emitted here** (:func:`calculator_data`, written into the page as JSON): the presets
-  (:data:`course.model.PRESETS`), Adam's bytes per parameter (:data:`memory.accounting.BYTES_PER_PARAMETER`),
-  the planner's devices (:data:`course.hardware.HARDWARE`: peaks, memory, links) and choices
-  (:class:`project.plan.PlanConfig`'s options), the GPUs' dense bf16 peaks (:data:`course.hardware.GPU_DATASHEETS`),
-  and the schedule registry (:data:`pipeline.schedules.SCHEDULES`: names, titles, sources and each schedule's
-  work per micro-batch ``w(v)``, from which the page computes the bubble ``(p - 1) / (w m + p - 1)``; the build
-  fails if a schedule's ``bubble`` is not that formula, since the page could not show it);
-* **formulas written in JavaScript** (the planner's per-stage memory, the in-flight micro-batches of each
-  schedule in closed form, the ring's steps and bytes, recursive doubling's, model FLOPs per token): checked
-  against the Python in headless Chromium on random configurations (``tests/site/test_calculators.py``).
+* **tables emitted here** (:func:`calculator_data`, written into the page as JSON): the planner's model shapes
+  (:data:`project.planner.model.MODELS`: GPT-2's and Llama's blocks), Adam's bytes per parameter
+  (:data:`memory.accounting.BYTES_PER_PARAMETER`), the planner's devices (:data:`course.hardware.HARDWARE`: peaks,
+  memory, links) and choices (:class:`project.planner.config.PlanConfig`'s options), the allocator headroom, the
+  GPUs' dense bf16 peaks (:data:`course.hardware.GPU_DATASHEETS`), and the schedule registry
+  (:data:`pipeline.schedules.SCHEDULES`: names, titles, sources and each schedule's work per micro-batch ``w(v)``,
+  from which the page computes the bubble ``(p - 1) / (w m + p - 1)``; the build fails if a schedule's ``bubble``
+  is not that formula, since the page could not show it);
+* **formulas written in JavaScript** (the planner's per-stage memory by category and by layer part, the
+  micro-batches each schedule holds in flight in closed form, the ring's steps and bytes, recursive doubling's,
+  model FLOPs per token): checked against the Python in headless Chromium on random configurations
+  (``tests/site/test_calculators.py``).
 
 A schedule added to the registry appears in the bubble calculator at once; the memory calculator offers it
 once its in-flight count has a closed form here (:data:`IN_FLIGHT`) and the planner accepts it.
@@ -42,12 +44,17 @@ MAX_VIRTUAL_STAGES = 16            # w(v) is emitted for v = 1 .. this
 ANCHORS = {"memory": "memory-per-rank", "bubble": "pipeline-bubble", "alpha_beta": "communication-alpha-beta-cost",
            "mfu": "model-flops-utilisation-mfu"}
 
-# Peak micro-batches (chunk, micro-batch pairs) a stage holds activations of, as the planner counts them
-# (project.plan.in_flight: pipeline.peak_in_flight of the schedule's actions), in closed form: the JavaScript
-# implements each name (tests/site/test_calculators.py checks them against peak_in_flight). q is
-# pipeline.schedules.micro_batches_per_round(p, m); r the stage.
-IN_FLIGHT = {"gpipe": "m", "1f1b": "min(p - r, m)", "zb-h1": "min(p - r, m)",
-             "interleaved": "min((v - 1) q + 2 (p - r - 1) + 1, v m)"}
+# (chunk, micro-batch) pairs a stage holds activations of at the peak, as the planner walks them along the
+# schedule's action lists (project.planner.memory.held_until: from F to B, or to W where the list has one), in
+# closed form: "count" on stage r; "first" the first stage's pairs of chunk 0 (its embedding's dropout mask) and
+# "last" the last stage's pairs of its last chunk (the head's logits) at that same peak ("count": the chunk is
+# the only one). The JavaScript implements each name; tests/site/test_calculators.py checks them against the
+# walk. q is pipeline.schedules.micro_batches_per_round(p, m).
+IN_FLIGHT = {"gpipe": {"count": "m", "first": "count", "last": "count"},
+             "1f1b": {"count": "min(p - r, m)", "first": "count", "last": "count"},
+             "zb-h1": {"count": "min(p, m)", "first": "count", "last": "count"},
+             "interleaved": {"count": "min((v - 1) q + 2 (p - r - 1) + 1, v m)",
+                             "first": "min(m, 2 q), or the count when v = 1", "last": "1, or the count when v = 1"}}
 
 # The notebook sections that derive each calculator's formulas: (notebook, the start of the heading's text).
 SECTIONS = {
@@ -158,12 +165,12 @@ def _choices(config_class, name: str) -> list:
 def calculator_data(root: Path) -> dict:
     """Everything the calculators take from the Python, as JSON-able values (see the module)."""
     from course.hardware import GPU_DATASHEETS, HARDWARE, datasheet_bf16_peak
-    from course.model import PRESETS
     from memory.accounting import ACTIVATION_MODELS, BYTES_PER_PARAMETER
-    from project.plan import PlanConfig
+    from project.planner.config import PlanConfig
+    from project.planner.memory import ALLOCATOR_HEADROOM
+    from project.planner.model import MODELS
 
-    presets = {name: {"n_layer": f["n_layer"], "n_embd": f["n_embd"], "n_head": f["n_head"],
-                      "n_inner": f.get("n_inner") or 4 * f["n_embd"]} for name, f in PRESETS.items()}
+    presets = {name: dataclasses.asdict(shape) for name, shape in MODELS.items()}
     hardware, links = {}, {}
     for name, hw in HARDWARE.items():
         hardware[name] = {"peak_flops": dict(hw.peak_flops), "memory_bytes": hw.memory_bytes,
@@ -181,10 +188,10 @@ def calculator_data(root: Path) -> dict:
     planner = {}
     for name, hw in HARDWARE.items():  # the planner's devices: their row of the datasheet table, with fp32
         row = datasheet_bf16_peak(name)
-        if row is None or row["flops"] != hw.peak_flops["bf16"]:
-            raise CalculatorError(f"course.hardware: HARDWARE[{name!r}]'s bf16 peak {hw.peak_flops['bf16']:g} is not "
-                                  f"GPU_DATASHEETS' {row and row['flops']}: make them agree")
-        planner[row["model"]] = name
+        if row is None:
+            raise CalculatorError(f"course.hardware: HARDWARE[{name!r}] has no row in GPU_DATASHEETS: add one")
+        if row["flops"] == hw.peak_flops["bf16"]:  # a profile with another peak (h100-96gb) is not a datasheet's
+            planner.setdefault(row["model"], name)
     for _, model, flops, source in GPU_DATASHEETS:
         name = planner.get(model)
         gpus.append({"model": model, "bf16": flops, "sparse_bf16": 2 * flops, "source": source, "planner": name,
@@ -195,7 +202,9 @@ def calculator_data(root: Path) -> dict:
         "activation_models": list(ACTIVATION_MODELS),
         "hardware": hardware,
         "planner": {name: _choices(PlanConfig, name) for name in ("hardware", "schedule", "zero", "precision",
-                                                                   "activation_model")},
+                                                                   "activation_model", "attention",
+                                                                   "selective_checkpointing", "cp_comm")},
+        "headroom": ALLOCATOR_HEADROOM,
         "schedules": _schedules(),
         "links": list(links.values()),
         "gpus": gpus,

@@ -61,7 +61,8 @@ def _is_summary(s: dict, n: int = 3) -> bool:
 
 @pytest.mark.needs_solution  # the dry run checkpoints (assignment 5.5.4, stubbed in the student release)
 def test_the_dry_run_records_every_figure_of_the_gpu_report(dry_run):
-    from project.plan import PlanConfig, stage_memory
+    from project.planner.config import PlanConfig
+    from project.planner.memory import stage_memory
 
     result, path, r = dry_run
     assert path.name == f"cpu-dry-run-{r['date']}.json"
@@ -87,19 +88,36 @@ def test_the_dry_run_records_every_figure_of_the_gpu_report(dry_run):
         for tokens, step in zip(v["tokens_per_s"]["all"], v["step_s"]["all"]):
             assert tokens == pytest.approx(t["tokens_per_step"] / step, rel=1e-12)
     assert t["checkpointing_vs_plain"]["verdict"] in ("faster", "slower", "indistinguishable")
-    # peak memory beside the planner's prediction of the same configuration (project.plan.stage_memory)
+    # peak memory beside the planner's prediction of the same configuration (project.planner.memory.stage_memory)
     for name, checkpointing in (("plain", False), ("checkpointing", True)):
         v = r["memory"]["variants"][name]
         plan = PlanConfig.for_test(preset="tiny", hardware="cpu", vocab_size=300, model_max_length=16, batch_size=2,
                                    precision="bf16", dropout=0.1, activation_checkpointing=checkpointing,
                                    activation_model="course", device="cpu")
-        assert v["predicted_bytes"] == sum(stage_memory(plan, 0).values()) and _is_summary(v["peak_bytes"])
+        assert v["predicted_bytes"] == stage_memory(plan, 0).total and _is_summary(v["peak_bytes"])
     assert r["memory"]["variants"]["checkpointing"]["predicted"]["recompute"] > 0
     # the recomputation equals the forward pass on the device (the CPU here), in bf16 with dropout
     c = r["checkpointing"]
     assert c["equal"] and c["blocks"] == c["recomputed_blocks"] == c["equal_blocks"] == 4  # tiny: 4 blocks
     assert c["forward_dtype"] == c["recomputed_dtype"] == "torch.bfloat16" and c["dropout"] > 0
-    assert "DRY RUN" in result.stdout and path.name in result.stdout
+    # the planner's kernel figures: every product shape, memory-bound kernel and attention length measured with a
+    # median and a spread (no datasheet on a CPU: no efficiency), and the planner's one-GPU step beside the measured
+    # one, marked not comparable on the dry run
+    from project.gpu_report import ATTENTION_SEQS, PLANNER_SHAPES
+
+    k = r["kernels"]
+    assert [g["name"] for g in k["gemm"]] == [s[0] for s in PLANNER_SHAPES["cpu"]]
+    assert all(_is_summary(g["flop_per_s"]) and g["efficiency"] is None for g in k["gemm"])
+    assert set(k["memory"]) == {"copy", "add", "gelu", "layernorm"}
+    assert all(_is_summary(m["bytes_per_s"]) for m in k["memory"].values())
+    assert [a["seq"] for a in k["attention"]] == ATTENTION_SEQS["cpu"]
+    assert all(_is_summary(a["forward_flop_per_s"]) for a in k["attention"])
+    step = r["planner_step"]
+    assert step["comparable"] is False and step["predicted_s"] > 0
+    assert step["error"] == pytest.approx(step["predicted_s"] / step["measured_s"] - 1, rel=1e-12)
+    assert step["measured_s"] == r["training"]["variants"]["plain"]["step_s"]["median"]
+    assert sum(step["shares"].values()) == pytest.approx(1.0, rel=1e-9)
+    assert "DRY RUN" in result.stdout and path.name in result.stdout and "not comparable" in result.stdout
 
 
 @pytest.mark.needs_solution  # the dry run checkpoints (assignment 5.5.4, stubbed in the student release)

@@ -1,4 +1,4 @@
-"""Rank 517 of a 1024-rank world, built in one process (project/fake_mesh.py), against the planner.
+"""Rank 517 of a 1024-rank world, built in one process (project/planner/fake_mesh.py), against the planner.
 
 A 7B-class GPT-2 (``gpt3-6.7b``: 32 blocks, 4096 wide, 32 heads) on ``dp x pp x tp = 16 x 8 x 8``: the
 course's own mesh, tensor-parallel pipeline stage and ZeRO classes build rank 517's shard on the meta device
@@ -19,7 +19,13 @@ import pytest
 
 from course.dims import ParallelDims
 from memory.zero import shard_range
-from project.plan import PlanConfig, in_flight, shape, stage_communication, stage_flops, stage_layout, stage_memory
+from dataclasses import replace
+
+from project.planner.config import PlanConfig
+from project.planner.communication import stage_communication
+from project.planner.kernels import stage_flops
+from project.planner.layout import sizes, stage_layout
+from project.planner.memory import in_flight, stage_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK, DP, PP, TP = 517, 16, 8, 8
@@ -36,8 +42,8 @@ RUNS = [(name, zero) for name, (_, _, zeros) in CASES.items() for zero in zeros]
 SWEEP = (dict(preset="gpt2", dp=64, pp=1, tp=1, batch_size=1024, zero=1), 37)
 SCRIPT = """
 import json, sys
-from project.fake_mesh import measure, sweep
-from project.plan import PlanConfig
+from project.planner.config import PlanConfig
+from project.planner.fake_mesh import measure, sweep
 common, cases, (values, rank) = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
 found = {f"{name} {z}": measure(PlanConfig.for_test(**values, **common, zero=z), rank)
          for name, (values, rank, zeros) in cases.items() for z in zeros}
@@ -95,9 +101,9 @@ def test_the_rank_holds_the_planners_bytes(found, name, zero):
     buffer to a multiple of dp (at most dp - 1 elements, ``memory.zero.shard_range``; 64 on the "last" case,
     none elsewhere), exactly. The optimizer state is the planner's (8 bytes per element of this rank's slice)
     plus Adam's step counters (one fp32 scalar per tensor stepped: the planner leaves them out,
-    ``project.plan.stage_memory``), exactly."""
+    ``project.planner.memory.stage_memory``), exactly."""
     got, plan = found[name, zero], config(zero, name)
-    assert got["parameters"] == stage_layout(plan, got["stage"])["dense_params"]
+    assert got["parameters"] == stage_layout(plan, got["stage"]).dense_params
     pad = padding(got, plan)
     assert 0 <= pad < plan.dp and (pad > 0) == (name == "last")
     planned, held = got["planned"], got["bytes"]
@@ -123,9 +129,9 @@ def test_the_ranks_collectives_are_the_planners(found, name, zero):
     if plan.tp > 1:
         planned_tp = {}  # per micro-batch: the step's scalars (count 1) do not run here
         for c in calls:
-            if c["group"] == "tp" and c["count"] % plan.micro_batches == 0:
-                key = (c["kind"], c["bytes"])
-                planned_tp[key] = planned_tp.get(key, 0) + c["count"] / plan.micro_batches
+            if c.group == "tp" and c.count % plan.micro_batches == 0:
+                key = (c.kind, c.bytes)
+                planned_tp[key] = planned_tp.get(key, 0) + c.count / plan.micro_batches
         fake_tp = {}
         for c in got["collectives"]:
             if c["group"] == "tp":
@@ -145,8 +151,8 @@ def dp_bytes_match(got, plan, calls) -> bool:
     stage: a call of 0 bytes)."""
     planned = {}
     for c in calls:
-        if c["group"] == "dp" and c["bytes"] > 8:
-            planned[c["kind"]] = planned.get(c["kind"], 0) + c["bytes"] * c["count"]
+        if c.group == "dp" and c.bytes > 8:
+            planned[c.kind] = planned.get(c.kind, 0) + c.bytes * c.count
     fake = {}
     for c in got["collectives"]:
         if c["group"] == "dp":
@@ -160,13 +166,13 @@ def test_planted_wrong_planners_are_rejected(found):
     """The comparison rejects the planner as it was before this check (ZeRO-1 without the all-gather of the
     updated slices), one that reduces 2-byte gradients in an fp32 run, and one that forgets ZeRO-3's
     backward all-gathers."""
-    for zero, wrong in ((1, lambda c: None if c["kind"] == "all_gather" else c),
-                        (1, lambda c: c | {"bytes": c["bytes"] / 2} if c["kind"] == "all_reduce" else c),
-                        (3, lambda c: c | {"count": c["count"] / 2} if c["kind"] == "all_gather" else c)):
+    for zero, wrong in ((1, lambda c: None if c.kind == "all_gather" else c),
+                        (1, lambda c: replace(c, bytes=c.bytes / 2) if c.kind == "all_reduce" else c),
+                        (3, lambda c: replace(c, count=c.count / 2) if c.kind == "all_gather" else c)):
         got, plan = found["517", zero], config(zero)
         calls = stage_communication(plan, got["stage"])
         assert dp_bytes_match(got, plan, calls)
-        planted = [w for w in (wrong(c) if c["group"] == "dp" else c for c in calls) if w is not None]
+        planted = [w for w in (wrong(c) if c.group == "dp" else c for c in calls) if w is not None]
         assert not dp_bytes_match(got, plan, planted)
 
 
@@ -203,9 +209,9 @@ def test_memtracker_activations_are_the_planners_and_the_layer_norm_statistics(f
     out on purpose (``memory.accounting.layer_activation_bytes``): each layer norm's mean and inverse
     deviation, 2 x s x b fp32 values, for 2 layer norms per block. Exact: both are element counts x 4."""
     got, plan = found["517", zero], config(zero)
-    d = shape(plan)
-    per_micro_batch = stage_memory(plan, got["stage"])["activations"] / in_flight(plan, got["stage"])
-    norm_statistics = len(got["blocks"]) * 2 * (2 * d["s"] * d["b"] * 4)
+    d = sizes(plan)
+    per_micro_batch = stage_memory(plan, got["stage"]).activations / in_flight(plan, got["stage"])
+    norm_statistics = len(got["blocks"]) * 2 * (2 * d.s * d.b * 4)
     assert got["memtracker"]["after_forward"]["Activation"] == per_micro_batch + norm_statistics
 
 
@@ -217,10 +223,10 @@ def test_zero1_reduction_peaks_at_four_copies_of_the_gradient(found):
     new tensor) and the copy divided by dp: four. MemTracker files the three made outside the backward pass as
     activations; beside them only the stage's output (b x s x h fp32, kept by the caller) is an activation."""
     got, plan = found["517", 1], config(1)
-    d = shape(plan)
+    d = sizes(plan)
     peak, grads = got["memtracker"]["peak"], got["bytes"]["grads"]
     assert peak["Gradient"] == grads == 4 * got["parameters"]
-    assert peak["Activation"] == 3 * grads + d["b"] * d["s"] * d["h"] * 4
+    assert peak["Activation"] == 3 * grads + d.b * d.s * d.h * 4
 
 
 @pytest.mark.parametrize("extra,message", [(["--rank", "1024"], "--rank 1024 is outside 0..1023"),
@@ -229,7 +235,7 @@ def test_zero1_reduction_peaks_at_four_copies_of_the_gradient(found):
                                            (["--cp", "2", "--dp", "8"], "--cp (context parallelism runs on"),
                                            (["--ep", "2", "--num_experts", "8"], "--ep (the expert dispatch")])
 def test_bad_input_is_refused_before_the_fake_world(extra, message, capsys):
-    from project.fake_mesh import main
+    from project.planner.fake_mesh import main
 
     argv = ["--preset", "gpt3-6.7b", "--dp", "16", "--pp", "8", "--tp", "8", "--vocab_size", "50257",
             "--model_max_length", "1024", "--batch_size", "256", "--micro_batches", "16", *extra]
@@ -247,7 +253,7 @@ def test_every_factorisation_of_a_64_rank_world_holds_the_planners_bytes(found):
     """Rank 37 at each of the 12 dp x pp x tp of 64 ranks the 124M GPT-2 allows (tp divides its 12 heads, pp
     at most its 12 blocks): its stage (``ParallelDims``' arithmetic) and its bytes, the planner's plus ZeRO-1's
     padding and the step counter, exactly, as in the 1024-rank cases."""
-    from three_d.factorisation_benchmark import factorisations
+    from course.factorisations import factorisations
 
     rows = found["sweep"]
     assert [tuple(r["dims"].values()) for r in rows] == factorisations(64, 12, 12, 4 * 768)
@@ -255,14 +261,14 @@ def test_every_factorisation_of_a_64_rank_world_holds_the_planners_bytes(found):
         d = r["dims"]
         plan = PlanConfig.for_test(**COMMON, preset="gpt2", zero=1, **d, batch_size=16 * d["dp"])
         assert r["stage"] == ParallelDims(**d).coordinates(37).pp
-        assert r["parameters"] == stage_layout(plan, r["stage"])["dense_params"], d
+        assert r["parameters"] == stage_layout(plan, r["stage"]).dense_params, d
         pad = padding(r, plan)
         assert r["bytes"]["params"] == r["planned"]["params"] + 4 * pad, d
         assert r["bytes"]["grads"] == r["planned"]["grads"] + 4 * pad, d
         assert r["bytes"]["optimizer"] == r["planned"]["optimizer"] + 8 * pad / d["dp"] + 4, d
 
 
-# ---- the pipeline's point-to-point messages (project.fake_mesh.pipeline_messages) ----------------------------------
+# ---- the pipeline's point-to-point messages (project.planner.fake_mesh.pipeline_messages) ----------------------------------
 
 def message_counts(messages) -> dict:
     """``{(kind, bytes, peer): calls}`` of the fake rank's pp messages."""
@@ -280,7 +286,7 @@ def planned_messages(plan, stage, groups, calls=None) -> dict:
     them: forward to the next stage, backward to the previous; received from the same neighbours. The 3D step's
     8-byte scalar all-reduce over pp is not a message."""
     calls = stage_communication(plan, stage) if calls is None else calls
-    entries = {c["kind"]: c for c in calls if c["group"] == "pp" and c["kind"] in ("send", "recv")}
+    entries = {c.kind: c for c in calls if c.group == "pp" and c.kind in ("send", "recv")}
     if not entries:
         return {}
     m = plan.micro_batches
@@ -288,9 +294,9 @@ def planned_messages(plan, stage, groups, calls=None) -> dict:
     neighbours += [(groups[stage - 1], m)] if stage > 0 else []               # gradients out, activations in
     out = {}
     for kind, c in entries.items():
-        assert c["count"] == sum(n for _, n in neighbours), (kind, c)         # the planner's total
+        assert c.count == sum(n for _, n in neighbours), (kind, c)            # the planner's total
         for peer, n in neighbours:
-            out[kind, c["bytes"], peer] = n
+            out[kind, c.bytes, peer] = n
     return out
 
 
@@ -326,12 +332,12 @@ def test_planted_wrong_pipeline_planners_are_rejected(found):
     stage send gradients back (m v sends on every side), and one that sends one message per step, not per
     micro-batch."""
     groups = found["517", 0]["mesh"]["groups"]["pp"]
-    for name, wrong in (("517", lambda c: c | {"bytes": c["bytes"] / 2}),
-                        ("first", lambda c: c | {"count": 2 * c["count"]}),
-                        ("517", lambda c: c | {"count": 2.0})):
+    for name, wrong in (("517", lambda c: replace(c, bytes=c.bytes / 2)),
+                        ("first", lambda c: replace(c, count=2 * c.count)),
+                        ("517", lambda c: replace(c, count=2.0))):
         got = found[name, CASES[name][2][0]]
         plan = config(CASES[name][2][0], name)
-        calls = [wrong(c) if c["group"] == "pp" and c["kind"] in ("send", "recv") else c
+        calls = [wrong(c) if c.group == "pp" and c.kind in ("send", "recv") else c
                  for c in stage_communication(plan, got["stage"])]
         groups = got["mesh"]["groups"]["pp"]
         try:

@@ -1,5 +1,5 @@
 """A 1024-rank world of a Llama-shaped 7B in one process, and one micro-batch's activation peak with and without
-recomputation, against the planner (project/fake_mesh.py, project/plan.py).
+recomputation, against the planner (project/planner/fake_mesh.py, project/planner/).
 
 ``llama-7b`` (32 blocks, 4096 wide, 32 heads, MLP 16384 wide: course.model.PRESETS) on dp x pp x tp =
 32 x 4 x 8 = 1024 ranks; rank 517 builds its stage (blocks 16..23, tp shard 5 of 8) on the meta device over
@@ -17,8 +17,11 @@ import pytest
 
 from course.dims import ParallelDims
 from memory.zero import shard_range
-from project.plan import (PlanConfig, in_flight, shape, stage_communication, stage_flops, stage_layout,
-                          stage_memory)
+from project.planner.config import PlanConfig
+from project.planner.communication import stage_communication
+from project.planner.kernels import stage_flops
+from project.planner.layout import sizes, stage_layout
+from project.planner.memory import in_flight, stage_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK = 517
@@ -32,8 +35,8 @@ ACTIVATIONS = [dict(preset="gpt3-6.7b", dp=16, pp=8, tp=8, batch_size=256, micro
                     activation_checkpointing=ckpt) for s in (1024, 512) for ckpt in (False, True)]
 SCRIPT = """
 import json, sys
-from project.fake_mesh import measure, measure_activations
-from project.plan import PlanConfig
+from project.planner.config import PlanConfig
+from project.planner.fake_mesh import measure, measure_activations
 what, values, rank = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 run = measure if what == "rank" else measure_activations
 print(json.dumps([run(PlanConfig.for_test(**v), rank) for v in values]))
@@ -73,13 +76,13 @@ def test_rank_517_of_1024_holds_the_planners_memory(rank_517):
     assert got["stage"] == c.pp == 2 and got["blocks"] == list(range(16, 24))
     assert got["mesh"]["groups"]["tp"] == [dims.rank_of(c.pp, c.dp, t) for t in range(8)]
     assert got["mesh"]["groups"]["pp"] == [dims.rank_of(s, c.dp, c.tp) for s in range(4)]
-    assert got["parameters"] == stage_layout(plan, 2)["dense_params"] == 201_551_872
+    assert got["parameters"] == stage_layout(plan, 2).dense_params == 201_551_872
     assert shard_range(got["parameters"], 32, 0)[2] == got["parameters"]  # no padding
     planned = stage_memory(plan, 2)
-    assert got["bytes"]["params"] == planned["params"] == 4 * got["parameters"]
-    assert got["bytes"]["grads"] == planned["grads"] == 4 * got["parameters"]
+    assert got["bytes"]["params"] == planned.params == 4 * got["parameters"]
+    assert got["bytes"]["grads"] == planned.grads == 4 * got["parameters"]
     assert got["step_counters"] == 1
-    assert got["bytes"]["optimizer"] == planned["optimizer"] + 4 == 8 * got["parameters"] / 32 + 4
+    assert got["bytes"]["optimizer"] == planned.optimizer + 4 == 8 * got["parameters"] / 32 + 4
 
 
 @pytest.mark.needs_solution  # the fake rank runs the reference ZeRO, TP, stage and checkpointing code
@@ -92,16 +95,16 @@ def test_rank_517_of_1024_keeps_the_planners_checkpoints_and_sends_its_messages(
     16 activations forward and 16 gradients back, each b s h x 4 bytes, received the same: the planner's pp
     entries."""
     plan = PlanConfig.for_test(**WORLD)
-    d, got = shape(plan), rank_517
+    d, got = sizes(plan), rank_517
     assert in_flight(plan, 2) == 2  # 1F1B: stage 2 of 4 keeps p - s = 2 micro-batches in flight
-    one_micro_batch = stage_memory(plan, 2)["activations"] / 2
-    assert one_micro_batch == 8 * d["s"] * d["b"] * d["h"] * 4
-    assert got["memtracker"]["after_forward"]["Activation"] == one_micro_batch + d["s"] ** 2 * 4
-    planned = {c["kind"]: (c["bytes"], c["count"]) for c in stage_communication(plan, 2) if c["group"] == "pp"
-               and c["kind"] in ("send", "recv")}
+    one_micro_batch = stage_memory(plan, 2).activations / 2
+    assert one_micro_batch == 8 * d.s * d.b * d.h * 4
+    assert got["memtracker"]["after_forward"]["Activation"] == one_micro_batch + d.s ** 2 * 4
+    planned = {c.kind: (c.bytes, c.count) for c in stage_communication(plan, 2) if c.group == "pp"
+               and c.kind in ("send", "recv")}
     for kind in ("send", "recv"):
         sent = [m["bytes"] for m in got["messages"] if m["kind"] == kind]
-        assert (sent[0], len(sent)) == planned[kind] == (d["b"] * d["s"] * d["h"] * 4, 32)
+        assert (sent[0], len(sent)) == planned[kind] == (d.b * d.s * d.h * 4, 32)
         assert set(sent) == {sent[0]}
 
 
@@ -114,10 +117,10 @@ def test_rank_517_of_1024_recomputes_what_the_planner_counts(rank_517):
     plan, got = PlanConfig.for_test(**WORLD), rank_517
     assert got["flops"] == stage_flops(plan, 2) / plan.micro_batches > stage_flops(plan, 2, model_only=True) / 16
     tp = [c["bytes"] for c in got["collectives"] if c["group"] == "tp"]
-    planned = [c for c in stage_communication(plan, 2) if c["group"] == "tp" and c["count"] > 1]
-    assert [(c["kind"], c["bytes"], c["count"] / plan.micro_batches) for c in planned] == \
-        [("all_reduce", tp[0], len(tp))]
-    assert len(tp) == 6 * 8 and set(tp) == {shape(plan)["b"] * shape(plan)["s"] * shape(plan)["h"] * 4}
+    planned = [c for c in stage_communication(plan, 2) if c.group == "tp" and c.count > 1]
+    assert [(c.kind, c.bytes, c.count / plan.micro_batches) for c in planned] == [("all_reduce", tp[0], len(tp))]
+    d = sizes(plan)
+    assert len(tp) == 6 * 8 and set(tp) == {d.b * d.s * d.h * 4}
 
 
 def peak_terms(plan, blocks: int) -> dict:
@@ -139,8 +142,8 @@ def peak_terms(plan, blocks: int) -> dict:
       above, freed when its backward pass ended (the peak falls in the second block back-propagated: the
       first has its own output gradient and no gradient from above, the later ones see fewer inputs kept).
     """
-    d = shape(plan)
-    s, b, h, t, inner = d["s"], d["b"], d["h"], plan.tp, d["inner"]
+    d = sizes(plan)
+    s, b, h, t, inner = d.s, d.b, d.h, plan.tp, d.f
     sbh = s * b * h * 4
     terms = {"norm_statistics": (1 if plan.activation_checkpointing else blocks) * 2 * 2 * s * b * 4,
              "output_gradient": sbh, "weight_gradient": inner // t * h * 4, "input_gradient": s * b * inner // t * 4}
@@ -173,7 +176,7 @@ def test_the_activation_peak_is_the_planners_plus_the_backward_temporaries(activ
     plan, got = PlanConfig.for_test(**values), activations[index]
     assert got["stage"] == 4 and len(got["blocks"]) == 4
     planned = got["planned"]["activations"] + got["planned"]["recompute"]
-    assert planned == stage_memory(plan, 4)["activations"] / in_flight(plan, 4) + stage_memory(plan, 4)["recompute"]
+    assert planned == stage_memory(plan, 4).activations / in_flight(plan, 4) + stage_memory(plan, 4).recompute
     peak = got["peak"]["Activation"] + got["peak"]["Temp"]
     assert peak == planned + sum(peak_terms(plan, 4).values()), (peak - planned, peak_terms(plan, 4))
     assert got["op"] == "aten.mm.default"
@@ -186,8 +189,8 @@ def test_the_activations_after_the_forward_pass_are_the_planners(activations):
     Exact."""
     for values, got in zip(ACTIVATIONS, activations):
         plan = PlanConfig.for_test(**values)
-        d = shape(plan)
-        extra = d["s"] ** 2 * 4 if plan.activation_checkpointing else 4 * 2 * 2 * d["s"] * d["b"] * 4
+        d = sizes(plan)
+        extra = d.s ** 2 * 4 if plan.activation_checkpointing else 4 * 2 * 2 * d.s * d.b * 4
         assert got["after_forward"]["Activation"] == got["planned"]["activations"] + extra
 
 
@@ -202,7 +205,7 @@ def test_planted_wrong_activation_models_are_rejected(activations):
         right = got["planned"]["activations"] + got["planned"]["recompute"]
         assert peak == right + terms
         keep = PlanConfig.for_test(**(values | {"activation_checkpointing": False}))
-        full = stage_memory(keep, 4)["activations"] / in_flight(keep, 4)
+        full = stage_memory(keep, 4).activations / in_flight(keep, 4)
         wrong = [right / 2]
         if plan.activation_checkpointing:
             wrong += [got["planned"]["activations"], full + got["planned"]["recompute"]]

@@ -1,7 +1,7 @@
 """The exercise checks of notebooks/09_plan_a_large_run.ipynb: right answers pass, the plausible wrong ones fail."""
 import pytest
 
-from project import plan_checks as C
+from project.planner import checks as C
 
 RIGHT = {C.check_zero3_state_bytes: 16 * 7e9 / 64, C.check_rank_coordinates: (2, 23, 4), C.check_bubble: 3 / 19,
          C.check_micro_batches_for_bubble: 63, C.check_recomputed_activation_bytes: 2 * 4096 * 4096 * 8 * 4}

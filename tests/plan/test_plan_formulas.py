@@ -1,4 +1,4 @@
-"""The planner's formulas (project/plan.py), each against a count or a published formula it must equal:
+"""The planner's formulas (project/planner/), each against a count or a published formula it must equal:
 Adam's bytes per parameter, the built model's parameters, model FLOPs split over tp and pp, the schedule
 registry's bubble, the ring alpha-beta times, Korthikanti et al.'s activation table, and clear errors for
 bad input. No processes start here (tests/plan/test_plan_measured.py checks against runs)."""
@@ -10,15 +10,21 @@ from communication.alpha_beta import collective_seconds, per_step_alpha_beta
 from course.hardware import HARDWARE, Hardware, Link
 from course.model import build_gpt2, count_parameters, model_flops_per_token
 from memory.accounting import layer_activation_bytes, model_state_bytes
-from project.plan import PlanConfig, in_flight, main, predict, stage_flops, stage_layout, stage_memory
+from project.planner.cli import main
+from project.planner.config import PlanConfig
+from project.planner.kernels import stage_flops
+from project.planner.layout import pipeline_actions, stage_layout
+from project.planner.memory import in_flight, stage_memory
+from project.planner.step import predict, replay_step
 
 # a device with round figures: 1 GFLOP/s, 10 us and 1 ns per byte per ring step, no base latency
+# (no memory bandwidth, no SMs: every kernel at its FLOPs and the peak)
 TOY = Hardware("toy", {"fp32": 1e9, "bf16": 4e9}, 1e12, Link("toy", 1e-5, 1e-9), None, 64)
 
 
 def plan(**values):
     base = dict(preset="tiny", hardware="h100", vocab_size=1000, model_max_length=64, batch_size=16,
-                micro_batches=1, precision="fp32")
+                micro_batches=1, precision="fp32", attention="eager")
     return PlanConfig.for_test(**(base | values))
 
 
@@ -35,9 +41,9 @@ def test_adam_bytes_per_parameter_and_zero_sharding(precision, per_param):
 def test_one_rank_holds_the_built_models_parameters():
     config = plan()
     model = build_gpt2("tiny", 1000, n_positions=64, seed=0)
-    assert stage_layout(config, 0)["dense_params"] == count_parameters(model)
+    assert stage_layout(config, 0).dense_params == count_parameters(model)
     memory = stage_memory(config, 0)
-    assert memory["params"] == 4 * count_parameters(model) and memory["optimizer"] == 8 * count_parameters(model)
+    assert memory.params == 4 * count_parameters(model) and memory.optimizer == 8 * count_parameters(model)
 
 
 @pytest.mark.parametrize("mesh", [dict(dp=2), dict(tp=2), dict(pp=2, micro_batches=4), dict(dp=2, pp=2, tp=2,
@@ -51,7 +57,7 @@ def test_model_flops_are_shared_out_over_the_mesh(mesh):
     total = per_rank * config.tp * config.dp
     want = model_flops_per_token("tiny", 1000, 64) * config.batch_size * 64
     assert math.isclose(total, want, rel_tol=1e-12)
-    assert math.isclose(predict(config, TOY)["model_flops"], want, rel_tol=1e-12)
+    assert math.isclose(predict(config, TOY).model_flops, want, rel_tol=1e-12)
 
 
 def test_checkpointing_recomputes_one_forward():
@@ -70,7 +76,6 @@ def test_the_replayed_bubble_is_the_schedules_with_equal_stages(schedule, virtua
     its input and weight gradients 1 each — split over the chunks) the replay's idle share is the registry's
     formula (p - 1) / (w m + p - 1) (sums of a few small integers and halves: exact in floats up to 1e-12)."""
     from pipeline.metrics import measured_bubble_fraction
-    from project.plan import pipeline_actions, replay_step
 
     p, m = 2, 4
     config = plan(pp=p, micro_batches=m, schedule=schedule, virtual_stages=virtual)
@@ -85,27 +90,34 @@ def test_the_step_is_compute_bubble_and_exposed_communication(schedule, virtual)
     p, m = 2, 4
     config = plan(pp=p, micro_batches=m, schedule=schedule, virtual_stages=virtual)
     out = predict(config, TOY)
-    # the tiny model's stages differ (the head is on the last): the replay's bubble is near the formula's,
-    # not equal to it; it is the critical stage's idle share of the replay without transfer latency
-    assert 0 < out["bubble"] < 2 * out["bubble_theory"]
-    assert math.isclose(out["bubble_s"] / (out["compute_s"] + out["bubble_s"]), out["bubble"], rel_tol=1e-12)
-    assert math.isclose(out["step_s"], out["compute_s"] + out["bubble_s"] + out["comm_s"], rel_tol=1e-12)
-    assert math.isclose(out["comm_s"], sum(out["exposed_s"].values()), rel_tol=1e-12)
-    assert out["exposed_s"]["pp"] > 0  # every hand-over between the stages costs a send
-    assert math.isclose(out["mfu"], out["model_flops"] / (out["step_s"] * 2 * TOY.peak_flops["fp32"]), rel_tol=1e-12)
+    # the tiny model's stages differ (the head is on the last): the replay's bubble is near the formula's, not
+    # equal to it; both are fractions of a step (the planner's of its step, the formula's of an ideal one)
+    assert 0 < out.bubble < 2 * out.bubble_theory
+    assert math.isclose(out.bubble_s / out.step_s, out.bubble, rel_tol=1e-12)
+    assert math.isclose(out.step_s, out.compute_s + out.bubble_s + out.comm_s + out.optimizer_s, rel_tol=1e-12)
+    assert math.isclose(out.compute_s, sum(out.compute_by_class.values()), rel_tol=1e-12)
+    assert math.isclose(sum(out.shares().values()), 1.0, rel_tol=1e-12)
+    assert math.isclose(out.comm_s, sum(out.exposed_s.values()), rel_tol=1e-12)
+    assert out.exposed_s["pp"] > 0  # every hand-over between the stages costs a send
+    assert math.isclose(out.mfu, out.model_flops / (out.step_s * 2 * TOY.peak_flops["fp32"]), rel_tol=1e-12)
 
 
 def test_no_pipeline_no_bubble():
     out = predict(plan(dp=2), TOY)
-    assert out["bubble"] == 0 and out["bubble_s"] == 0
+    assert out.bubble == 0 and out.bubble_s == 0
 
 
 @pytest.mark.needs_solution  # calls reference code the student release stubs
 def test_micro_batches_in_flight():
-    """GPipe keeps every micro-batch; 1F1B at most p on the first stage and 1 on the last."""
+    """GPipe keeps every micro-batch; 1F1B at most p on the first stage and 1 on the last; ZB-H1 holds each
+    micro-batch's graph until its weight gradient (W), so a stage holds more than 1F1B's; one stage with gradient
+    accumulation holds one micro-batch at a time."""
     assert [in_flight(plan(pp=4, micro_batches=8, schedule="gpipe"), s) for s in range(4)] == [8] * 4
     assert [in_flight(plan(pp=4, micro_batches=8), s) for s in range(4)] == [4, 3, 2, 1]
     assert [in_flight(plan(pp=4, micro_batches=2), s) for s in range(4)] == [2, 2, 2, 1]
+    zb = [in_flight(plan(pp=4, micro_batches=8, schedule="zb-h1"), s) for s in range(4)]
+    assert all(z >= o for z, o in zip(zb, [4, 3, 2, 1])) and zb[-1] > 1
+    assert in_flight(plan(micro_batches=4), 0) == 1
 
 
 def test_ring_alpha_beta():
@@ -122,12 +134,12 @@ def test_ring_alpha_beta():
 def test_data_parallel_time_is_the_gradients_ring(zero, kinds):
     """Without overlap (the course's own steps reduce after the backward pass) the dp ring adds in full."""
     dp = 4
-    config = plan(dp=dp, zero=zero, overlap=False)
-    grads = stage_layout(config, 0)["dense_params"] * 4
+    config = plan(dp=dp, zero=zero, dp_overlap="off")
+    grads = stage_layout(config, 0).dense_params * 4
     want = sum(collective_seconds(k, grads, dp, TOY.intra.alpha, TOY.intra.beta) * c for k, c in kinds.items())
     out = predict(config, TOY)
-    assert math.isclose(out["comm_s"], want, rel_tol=1e-12)
-    assert math.isclose(out["step_s"], out["compute_s"] + want, rel_tol=1e-12)
+    assert math.isclose(out.comm_s, want, rel_tol=1e-12)
+    assert math.isclose(out.step_s, out.compute_s + want + out.optimizer_s, rel_tol=1e-12)
 
 
 def test_activations_are_korthikantis_table_2():
@@ -141,8 +153,8 @@ def test_activations_are_korthikantis_table_2():
 
 def test_tensor_parallelism_splits_the_weights_and_activations():
     one, two = stage_memory(plan(hardware="cpu"), 0), stage_memory(plan(hardware="cpu", tp=2), 0)
-    assert 0.5 < two["params"] / one["params"] < 0.6  # layer norms and some biases stay whole
-    assert 0.5 < two["activations"] / one["activations"] < 0.75
+    assert 0.5 < two.params / one.params < 0.6  # layer norms and some biases stay whole
+    assert 0.5 < two.activations / one.activations < 0.75
 
 
 def test_published_figures():

@@ -1,13 +1,14 @@
-"""The planner's memory and communication predictions against measured runs on the CPU (project/plan.py
+"""The planner's memory and communication predictions against measured runs on the CPU (python -m project.planner
 --measure): every rank's parameters and gradients must be exact, its optimizer state exact but for Adam's
 step counters (a 4-byte scalar per parameter tensor, which the planner leaves out), its saved activations
 within 2 % (the layer norms' statistics are left out), and every group's bytes per step exact. Times are not asserted here (a loaded 2-core machine;
-``python project/plan.py --hardware cpu --measure`` reports their errors)."""
+``python -m project.planner --hardware cpu --measure`` reports their errors)."""
 import pytest
 
 from course.hardware import Hardware, Link
-from project.plan import PlanConfig, predict
-from project.plan_measure import compare, measure_run
+from project.planner.config import PlanConfig
+from project.planner.measure import compare, measure_run
+from project.planner.step import predict
 
 # the times do not matter for these terms: a device with round figures
 CPU = Hardware("cpu", {"fp32": 1e10, "bf16": 1e10}, 1e12, Link("loopback", 1e-5, 1e-9), None, 8)

@@ -1,4 +1,4 @@
-"""The planner's time model (project/plan.py) on hand-worked cases: communication fully hidden, partly hidden
+"""The planner's time model (project/planner/step.py) on hand-worked cases: communication fully hidden, partly hidden
 and not hidden behind the backward pass; ZeRO-3's prefetched all-gathers; the hierarchical all-reduce of a
 group that spans nodes against its arithmetic; where each group of the mesh lands on DGX nodes; and the L4
 profile's published figures. No processes start; every number is a sum of a few products of round figures,
@@ -9,7 +9,8 @@ import pytest
 
 from communication.alpha_beta import collective_seconds, hierarchical_seconds
 from course.hardware import HARDWARE, IB_NDR, NVLINK4, Hardware, Link
-from project.plan import PlanConfig, exposed_gathers, predict, reduction_finish
+from project.planner.config import PlanConfig
+from project.planner.step import exposed_gathers, predict, reduction_finish
 
 REL = 1e-12
 
@@ -89,41 +90,42 @@ def test_where_each_group_lands_on_dgx_nodes():
 
 # ---- the whole step ------------------------------------------------------------------------------------
 
-# two nodes' worth of round figures: compute 100 TFLOP/s, NVLink 1 us + 1 ns/B per step... network slower
+# two nodes' worth of round figures: compute 100 TFLOP/s, NVLink 1 us + 1 ns/B per step... network slower (no memory
+# bandwidth or SMs given: every kernel at its FLOPs and the peak)
 TWO_LEVEL = Hardware("two-level", {"bf16": 100e12, "fp32": 100e12}, 1e12, Link("fast", 1e-6, 1e-11),
                      Link("slow", 1e-5, 1e-10), 8, matmul_efficiency=1.0)
 
 
 def plan(**values):
     base = dict(preset="gpt2", hardware="h100", vocab_size=5000, model_max_length=128, batch_size=64,
-                micro_batches=1, precision="bf16")
+                micro_batches=1, precision="bf16", attention="eager")
     return PlanConfig.for_test(**(base | values))
 
 
 def test_overlap_hides_the_data_parallel_reduction_behind_the_backward():
     """dp 16 with tp 1 (two nodes): 248 MB of bf16 gradients in 25 MiB buckets. With overlap the exposed dp time
     is max(0, C - C_last - B) + C_last (B: the backward of the one micro-batch); without, C."""
-    on, off = predict(plan(dp=16, overlap=True), TWO_LEVEL), predict(plan(dp=16, overlap=False), TWO_LEVEL)
-    total = off["comm_total_s"]["dp"]
-    assert math.isclose(off["exposed_s"]["dp"], total, rel_tol=REL)
-    stage = on["stages"][0]
-    backward = stage["backward_s"]
-    grads = [c for c in stage["comm"] if c["group"] == "dp" and c["kind"] == "all_reduce" and c["bytes"] > 8][0]
-    last = grads["seconds"] * 25 * 2**20 / grads["bytes"]
+    on, off = predict(plan(dp=16, dp_overlap="on"), TWO_LEVEL), predict(plan(dp=16, dp_overlap="off"), TWO_LEVEL)
+    total = off.comm_total_s["dp"]
+    assert math.isclose(off.exposed_s["dp"], total, rel_tol=REL)
+    stage = on.stages[0]
+    backward = stage.backward_s
+    grads = [c for c in stage.comm if c.group == "dp" and c.kind == "all_reduce" and c.bytes > 8][0]
+    last = grads.seconds * 25 * 2**20 / grads.bytes
     want = max(0.0, total - last - backward) + last
-    assert math.isclose(on["exposed_s"]["dp"], want, rel_tol=1e-9)
-    assert on["step_s"] < off["step_s"]
-    assert math.isclose(on["hidden_s"]["dp"], total - want, rel_tol=1e-9)
+    assert math.isclose(on.exposed_s["dp"], want, rel_tol=1e-9)
+    assert on.step_s < off.step_s
+    assert math.isclose(on.hidden_s["dp"], total - want, rel_tol=1e-9)
     for out in (on, off):
-        assert math.isclose(out["step_s"], out["compute_s"] + out["bubble_s"] + out["comm_s"], rel_tol=REL)
+        assert math.isclose(out.step_s, out.compute_s + out.bubble_s + out.comm_s + out.optimizer_s, rel_tol=REL)
 
 
 def test_tensor_parallel_traffic_is_exposed_and_costs_more_across_nodes():
     inside, across = predict(plan(tp=4, dp=2), TWO_LEVEL), predict(plan(tp=4, dp=2, devices_per_node=2), TWO_LEVEL)
     for out in (inside, across):  # nothing of it hidden (up to the rounding of summing it per micro-batch)
-        assert out["hidden_s"]["tp"] <= REL * out["comm_total_s"]["tp"]
-    assert across["exposed_s"]["tp"] > 3 * inside["exposed_s"]["tp"]  # a network 10x slower carries half of it
-    assert "tp across nodes" in across["limit"] or across["limit"].startswith("exposed tp")
+        assert out.hidden_s["tp"] <= REL * out.comm_total_s["tp"]
+    assert across.exposed_s["tp"] > 3 * inside.exposed_s["tp"]  # a network 10x slower carries half of it
+    assert "tp across nodes" in across.limit or across.limit.startswith("exposed tp")
 
 
 def test_l4_is_the_datasheets():

@@ -5,15 +5,19 @@ inputs — the first few typed key by key as a reader would, the rest set in one
 writes each input's value and fires its ``input`` and ``change`` events, the events the page listens to — and
 the result the page shows is read back from its text and compared with the Python for the same inputs:
 
-* memory per rank: ``project.plan.stage_memory`` of every stage (its sum is ``plan.predict``'s stage total), and
-  where ``PlanConfig`` refuses the configuration, the page shows an error instead of numbers;
+* memory per rank: ``project.planner.memory.stage_memory`` of every stage (its total is the planner's stage
+  total), and the bars of the fullest stage by category and by layer part, for GPT-2's and Llama's shapes, a free
+  shape, every recomputation policy and attention kernel; where ``PlanConfig`` refuses the configuration, the page
+  shows an error instead of numbers;
 * the bubble: ``pipeline.schedules.SCHEDULES[name].bubble(p, m, v)`` (what ``plan.predict`` adds to the step) for
   every schedule of the registry;
 * alpha-beta: ``communication.alpha_beta.collective_seconds``, ``communication.cost_model.predict_allreduce``
   and ``predicted_crossover`` on the planner's links (``course.hardware``) and on custom ones;
-* MFU: ``course.model.model_flops_per_token`` times tokens/s over devices times the dense peak of
-  ``course.hardware.GPU_DATASHEETS`` (the planner's MFU, ``plan.predict``, with tokens/s = tokens per step /
-  step time), and the table of dense and 2:4-sparse peaks.
+* MFU: ``project.planner.model.ModelShape.model_flops_per_token`` times tokens/s over devices times the dense
+  peak of ``course.hardware.GPU_DATASHEETS`` (the planner's MFU with tokens/s = tokens per step / step time), and
+  the table of dense and 2:4-sparse peaks; an MFU above 100 % is an error, not a number;
+* the page's own rules: every input bounded with a message naming its label (a blank is not 0, 1e30 GPUs is
+  refused), and the setup kept in the page's address (a link reproduces it).
 
 **Tolerance.** The page computes in float64 like Python, with the same operations in nearly the same order, so
 the two values differ by a few roundings: at most ~100 operations, each off by at most 2^-53 of an
@@ -92,6 +96,9 @@ return batch.map(pairs => {
   reads.forEach(id => { out[id] = document.getElementById(id).textContent; });
   out.cells = Array.from(document.querySelectorAll('#mem-rows td[data-field]'))
                    .map(td => [Number(td.dataset.stage), td.dataset.field, td.textContent]);
+  out.bars = Array.from(document.querySelectorAll('#mem-bars [data-bytes]'))
+                  .map(el => [el.dataset.category ? 'category' : 'part', el.dataset.category || el.dataset.part,
+                              Number(el.dataset.bytes)]);
   out.error_shown = !document.getElementById('mem-error').hidden;
   return out;
 });
@@ -102,6 +109,8 @@ def type_in(driver, pairs):
     """Set each (id, value) as a reader does: choose the option, tick the box, or clear and type."""
     for id_, value in pairs:
         element = driver.find_element(By.ID, id_)
+        if element.get_attribute("type") != "checkbox" and element.get_attribute("value") == str(value):
+            continue  # already so: a reader leaves it
         if not element.is_enabled():  # e.g. v for a schedule without chunks: the page has set it already
             assert element.get_attribute("value") == str(value), (id_, element.get_attribute("value"), value)
         elif element.tag_name == "select":
@@ -141,29 +150,44 @@ def page(course_site, chromium, screenshots):
 MEMORY_FIELDS = ("params", "grads", "optimizer", "activations", "recompute", "total")
 
 
+FREE_SHAPE = ("n_layer", "n_embd", "n_head", "n_kv_head", "n_inner", "mlp")
+
+
 def memory_configs(data, rng):
-    """Random planner configurations: ``CONFIGS`` that PlanConfig accepts and up to 15 it refuses."""
+    """Random planner configurations: ``CONFIGS`` that PlanConfig accepts and up to 15 it refuses; a fifth of them
+    with a free shape (blank fields: the preset's)."""
     from course.config import ConfigError
-    from project.plan import PlanConfig
+    from project.planner.config import PlanConfig
 
     schedules = [s["name"] for s in data["schedules"] if s["in_flight"] and s["name"] in data["planner"]["schedule"]]
+    presets = [p for p in data["presets"] if p not in ("llama3-405b",)]  # 126 layers: drawn below, rarely
     valid, refused = [], []
     while len(valid) < CONFIGS:
         schedule = rng.choice(schedules)
         chunked = next(s for s in data["schedules"] if s["name"] == schedule)["chunks"]
         dp, m = rng.choice([1, 2, 3, 4, 8]), rng.randint(1, 12)
-        c = dict(preset=rng.choice(list(data["presets"])), vocab_size=rng.randint(300, 60000),
-                 model_max_length=rng.choice([64, 128, 256, 512, 1024, 2048]), dp=dp,
+        full = rng.random() < 0.3
+        c = dict(preset=rng.choice(presets + ["llama3-405b"] * (rng.random() < 0.1)), vocab_size=rng.randint(300, 130000),
+                 model_max_length=rng.choice([64, 128, 256, 512, 1024, 2048, 8192]), dp=dp,
                  pp=rng.choice([1, 1, 2, 3, 4, 8]), tp=rng.choice([1, 1, 2, 4, 5, 8]), cp=rng.choice([1, 1, 2, 4]),
                  ep=rng.choice([1, 1, 2, 4]), micro_batches=m, virtual_stages=rng.choice([1, 2, 3]) if chunked else 1,
                  schedule=schedule, zero=rng.choice(data["planner"]["zero"]),
                  precision=rng.choice(data["planner"]["precision"]), hardware=rng.choice(data["planner"]["hardware"]),
                  activation_model=rng.choice([None, *data["planner"]["activation_model"]]),
+                 attention=rng.choice(data["planner"]["attention"]),
+                 selective_checkpointing="none" if full else rng.choice(data["planner"]["selective_checkpointing"]),
                  dropout=rng.choice([0.0, 0.1]), num_experts=rng.choice([1, 1, 2, 4, 8]), moe_every=rng.randint(1, 3),
-                 activation_checkpointing=rng.random() < 0.4, sequence_parallel=rng.random() < 0.4,
+                 activation_checkpointing=full, sequence_parallel=rng.random() < 0.4,
+                 fused_kernels=rng.random() < 0.4,
                  batch_size=dp * m * rng.randint(1, 4) if rng.random() < 0.9 else rng.randint(1, 100))
+        c |= {k: None for k in FREE_SHAPE}
+        if rng.random() < 0.2:
+            heads = rng.choice([4, 8, 16])
+            c |= dict(n_layer=rng.randint(2, 16), n_embd=heads * rng.choice([16, 32, 64]), n_head=heads,
+                      n_kv_head=rng.choice([None, heads, heads // 2, 1]), n_inner=rng.choice([None, 256, 1024]),
+                      mlp=rng.choice([None, "gelu", "swiglu"]))
         try:
-            config = PlanConfig.for_test(**c)
+            config = PlanConfig.for_test(**{k: v for k, v in c.items() if v is not None or k not in FREE_SHAPE})
         except ConfigError:
             if len(refused) < 15:
                 refused.append((c, None))
@@ -178,17 +202,19 @@ def memory_inputs(c, unit):
 
 
 def planner_memory(config):
-    from project.plan import stage_memory
+    """Per stage the planner's categories and total, and the stage's parts of one micro-batch."""
+    from project.planner.memory import stage_memory
 
     rows = []
     for stage in range(config.pp):
         memory = stage_memory(config, stage)
-        rows.append(memory | {"total": sum(memory.values())})
+        rows.append(memory.categories() | {"total": memory.total, "parts": dict(memory.parts)})
     return rows
 
 
 def memory_mismatches(readings, expected):
-    """Every (configuration, stage, field) where the page and ``expected`` rows disagree."""
+    """Every (configuration, stage, field) where the page and ``expected`` rows disagree: the table, and the bars of
+    the fullest stage (its categories and one micro-batch's parts, each value exact to the float tolerance)."""
     bad = []
     for i, (reading, rows) in enumerate(zip(readings, expected)):
         cells = {(stage, field): text for stage, field, text in reading["cells"]}
@@ -199,6 +225,12 @@ def memory_mismatches(readings, expected):
             for field in MEMORY_FIELDS:
                 if not agrees(cells[stage, field], row[field]):
                     bad.append((i, stage, field, cells[stage, field], row[field]))
+        worst = max(rows, key=lambda r: r["total"])
+        want = {("category", k): worst[k] for k in MEMORY_FIELDS[:-1] if worst[k] > 0}
+        want |= {("part", k): v for k, v in worst["parts"].items() if v > 0}
+        got = {(kind, name): value for kind, name, value in reading["bars"]}
+        if set(got) != set(want) or any(not math.isclose(got[k], want[k], rel_tol=FLOAT) for k in want):
+            bad.append((i, "bars", got, want))
     return bad
 
 
@@ -207,12 +239,13 @@ def test_memory_per_rank_agrees_with_the_planner(page):
     driver, data = page
     rng = random.Random(SEED)
     valid, refused = memory_configs(data, rng)
+    assert any(c["preset"].startswith("llama3") for c, _ in valid) and any(c["n_layer"] for c, _ in valid)
     units = ["bytes"] * 38 + ["GB"] * 6 + ["GiB"] * 6
     batches = [memory_inputs(c, units[i]) for i, (c, _) in enumerate(valid)]
-    readings = run(driver, batches, ["mem-error"])
+    readings = run(driver, batches, ["mem-error"], typed=1)  # 27 inputs a configuration: one typed key by key
     expected = [planner_memory(config) for _, config in valid]
     bad = memory_mismatches(readings, expected)
-    assert not bad, f"{len(bad)} values differ from project/plan.py, e.g. {bad[:5]} for {valid[bad[0][0]][0]}"
+    assert not bad, f"{len(bad)} values differ from project/planner/, e.g. {bad[:3]} for {valid[bad[0][0]][0]}"
     assert all(not r["error_shown"] for r in readings)
 
     # what PlanConfig refuses, the page refuses too (an error, no numbers)
@@ -222,22 +255,41 @@ def test_memory_per_rank_agrees_with_the_planner(page):
         assert reading["error_shown"] and reading["mem-error"] and not reading["cells"], (c, reading)
 
     # planted mistakes are caught at this tolerance: ZeRO sharding forgotten, the vocabulary not padded to a
-    # multiple of tp, the schedule's micro-batches in flight taken as 1
+    # multiple of tp, one micro-batch in flight, ZB-H1's micro-batches let go at B (not at W), SwiGLU's saved
+    # tensors counted as GeLU's
     from unittest import mock
 
     import memory.accounting as accounting
-    import project.plan as plan
+    import project.planner.layout as layout
+    import project.planner.memory as planner_memory_module
 
-    real_state, real_shape = accounting.model_state_bytes, plan.shape
+    real_state, real_sizes, real_held = accounting.model_state_bytes, layout.sizes, planner_memory_module.held_until
+
+    def padded_not(config):
+        from dataclasses import replace
+
+        return replace(real_sizes(config), V=config.vocab_size)
+
+    def let_go_at_b(actions):
+        return [(s, k) for s, k in real_held([a for a in actions if a[0] != "W"])]
+
     plants = {
-        "ZeRO sharding forgotten": mock.patch.object(
-            accounting, "model_state_bytes", lambda stage, n, dp, precision="fp32": real_state(0, n, dp, precision)),
-        "vocabulary not padded": mock.patch.object(plan, "shape", lambda config: real_shape(config) | {"V": config.vocab_size}),
-        "one micro-batch in flight": mock.patch.object(plan, "in_flight", lambda config, stage: 1),
+        "ZeRO sharding forgotten": [mock.patch.object(
+            accounting, "model_state_bytes", lambda stage, n, dp, precision="fp32": real_state(0, n, dp, precision))],
+        "vocabulary not padded": [mock.patch.object(layout, "sizes", padded_not),
+                                  mock.patch.object(planner_memory_module, "sizes", padded_not)],
+        "one micro-batch in flight": [mock.patch.object(planner_memory_module, "in_flight_bytes",
+                                                        lambda config, stage, unit: (max(unit.values()), 1))],
+        "ZB-H1 lets go at B": [mock.patch.object(planner_memory_module, "held_until", let_go_at_b)],
     }
-    for name, patch in plants.items():
-        with patch:
+    for name, patches in plants.items():
+        for patch in patches:
+            patch.start()
+        try:
             wrong = [planner_memory(config) for _, config in valid]
+        finally:
+            for patch in patches:
+                patch.stop()
         assert memory_mismatches(readings, wrong), f"the planted mistake {name!r} passed the comparison"
 
 
@@ -284,12 +336,12 @@ def test_alpha_beta_cost_and_crossover_agree_with_the_cost_model(page):
 
     driver, data = page
     rng = random.Random(SEED + 2)
-    units = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+    units = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
     configs, batches = [], []
     for i in range(CONFIGS):
         kind = rng.choice(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"])
         p = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 100, 128])
-        unit = rng.choice(["B", "B", "KB", "MB", "GB"])
+        unit = rng.choice(["B", "B", "KiB", "MiB", "GiB"])
         size = rng.randint(0, 10**10) // units[unit] if unit != "B" else int(10 ** rng.uniform(0, 10))
         pairs = [("ab-kind", kind), ("ab-p", p), ("ab-size", size), ("ab-unit", unit)]
         if i % 2 == 0:
@@ -303,13 +355,16 @@ def test_alpha_beta_cost_and_crossover_agree_with_the_cost_model(page):
             pairs += [("ab-alpha", repr(a_us)), ("ab-bandwidth", repr(bandwidth)), ("ab-base", repr(base_us))]
         configs.append((kind, p, size * units[unit], alpha, beta, base))
         batches.append(pairs)
-    reads = ["ab-seconds", "ab-steps", "ab-traffic", "ab-ring", "ab-rd", "ab-crossover", "ab-link"]
+    reads = ["ab-seconds", "ab-steps", "ab-traffic", "ab-ring", "ab-rd", "ab-crossover", "ab-link",
+             "ab-seconds-label", "ab-steps-label", "ab-traffic-label"]
     readings = run(driver, batches, reads)
 
     def mismatches(seconds_of):
         bad = []
         for (kind, p, n, alpha, beta, base), r in zip(configs, readings):
-            ok = agrees(r["ab-seconds"], seconds_of(kind, n, p, alpha, beta, base))
+            name = kind.replace("_", "-")  # each row names the collective chosen
+            ok = all(name in r[label] for label in ("ab-seconds-label", "ab-steps-label", "ab-traffic-label"))
+            ok &= agrees(r["ab-seconds"], seconds_of(kind, n, p, alpha, beta, base))
             ok &= int(r["ab-steps"]) == (RING_STEPS[kind](p) if p > 1 or kind == "send" else 0)
             ok &= agrees(r["ab-traffic"], ring_traffic_bytes(kind, n, p) if p > 1 or kind == "send" else 0.0)
             if p >= 2:
@@ -334,7 +389,7 @@ def test_alpha_beta_cost_and_crossover_agree_with_the_cost_model(page):
 
 def test_mfu_agrees_with_the_model_flops_and_the_dense_peaks(page):
     from course.hardware import GPU_DATASHEETS, HARDWARE
-    from course.model import PRESETS, model_flops_per_token
+    from project.planner.model import MODELS
 
     driver, data = page
     # the table of peaks: every GPU of the datasheet table, dense, and the sparse figure twice it
@@ -346,14 +401,14 @@ def test_mfu_agrees_with_the_model_flops_and_the_dense_peaks(page):
 
     rng = random.Random(SEED + 3)
     configs, batches = [], []
-    for i in range(CONFIGS):
-        preset = rng.choice([*PRESETS, "custom"])
+    while len(configs) < CONFIGS:
+        preset = rng.choice([*MODELS, "custom"])
         shape = {} if preset != "custom" else {"n_layer": rng.randint(1, 96), "n_embd": 64 * rng.randint(1, 128)}
         vocab, seq = rng.randint(300, 256000), rng.choice([64, 128, 512, 1024, 2048, 4096, 8192, 32768])
-        tps, devices = float(f"{10 ** rng.uniform(2, 8):.6g}"), rng.randint(1, 4096)
+        tps, devices = float(f"{10 ** rng.uniform(2, 7):.6g}"), rng.randint(1, 4096)
         pairs = [("mfu-preset", preset), *[(f"mfu-{k}", v) for k, v in shape.items()], ("mfu-vocab_size", vocab),
                  ("mfu-seq", seq), ("mfu-tokens_per_s", repr(tps)), ("mfu-devices", devices)]
-        if i % 5 == 4:
+        if len(configs) % 5 == 4:
             peak_tflops = float(f"{rng.uniform(10, 2000):.6g}")
             pairs += [("mfu-gpu", "custom"), ("mfu-peak", repr(peak_tflops))]
             peak, sparse = peak_tflops * 1e12, None
@@ -364,8 +419,11 @@ def test_mfu_agrees_with_the_model_flops_and_the_dense_peaks(page):
             pairs += [("mfu-gpu", j), ("mfu-precision", precision)]
             peak = HARDWARE[planner].peak_flops["fp32"] if precision == "fp32" else GPU_DATASHEETS[j][2]
             sparse = 2 * GPU_DATASHEETS[j][2] if precision == "bf16" else None
-        base_preset = "gpt2" if preset == "custom" else preset
-        flops = model_flops_per_token(base_preset, vocab, seq, **shape)
+        # the page's custom shape is GPT-2's block of width h with its attention one head of width h (a d = h)
+        model = MODELS[preset].replace(**shape) if preset != "custom" else MODELS["gpt2"].replace(**shape, n_head=1)
+        flops = model.model_flops_per_token(vocab, seq)
+        if flops * tps / (devices * peak) > 1:
+            continue  # above the peak: the page's refusal is checked below
         configs.append((flops, tps, devices, peak, sparse))
         batches.append(pairs)
     reads = ["mfu-flops-per-token", "mfu-value", "mfu-peak-shown", "mfu-achieved", "mfu-sparse"]
@@ -386,40 +444,117 @@ def test_mfu_agrees_with_the_model_flops_and_the_dense_peaks(page):
         return bad
 
     bad = mismatches(lambda peak, sparse: peak)
-    assert not bad, f"{len(bad)} differ from course/model.py and course/hardware.py, e.g. {bad[:3]}"
+    assert not bad, f"{len(bad)} differ from project/planner/model.py and course/hardware.py, e.g. {bad[:3]}"
     # planted: the datasheet's sparse figure taken as the peak
     assert mismatches(lambda peak, sparse: sparse or peak)
+
+
+# ---- the page's own rules: bounded inputs, the setup in the address --------------------------------------------
+
+READ_ERRORS = """
+return Object.fromEntries(['mem-error', 'bubble-error', 'ab-error', 'mfu-error', 'mfu-value', 'mem-rows']
+  .map(id => [id, document.getElementById(id).hidden ? '' : document.getElementById(id).textContent]));
+"""
+
+
+def test_bad_inputs_are_refused_with_the_fields_own_label(page):
+    """A blank field is not 0, a number out of its bounds (1e30 GPUs) is refused, and an MFU above 100 % is an
+    error, not a number: each message names the input by the words of its label on the page."""
+    driver, _ = page
+    cases = [([("mem-dp", "")], "mem-error", "“dp” is empty"),
+             ([("mem-dp", "1e30")], "mem-error", "“dp” must be a whole number from 1 to 1,000,000, not 1e30"),
+             ([("mem-dp", "2.5")], "mem-error", "“dp” must be a whole number"),
+             ([("mem-dropout", "1.5")], "mem-error", "“dropout” must be a number from 0 to 0.99"),
+             ([("bubble-p", "")], "bubble-error", "“stages p” is empty"),
+             ([("ab-bandwidth", "0")], "ab-error", "“bandwidth per direction (GB/s)” must be a number"),
+             ([("mfu-devices", "1e30")], "mfu-error", "“devices n” must be a whole number from 1 to 10,000,000"),
+             ([("mfu-preset", "gpt2"), ("mfu-gpu", "custom"), ("mfu-peak", "1"), ("mfu-tokens_per_s", "1e9"),
+               ("mfu-devices", "1")], "mfu-error", "above 100 %")]
+    driver.get(driver.current_url.split("?")[0])  # a fresh page: its defaults
+    for pairs, box, message in cases:
+        before = driver.execute_script("return arguments[0].map(([id]) => [id, document.getElementById(id).value]);",
+                                       pairs)
+        driver.execute_script(_BATCH, [pairs], [])  # sets the inputs and fires their events
+        errors = driver.execute_script(READ_ERRORS)
+        assert message in errors[box], (pairs, errors[box])
+        if box == "mfu-error":
+            assert errors["mfu-value"] == "", "an MFU above 100 % shows no number"
+        if box == "mem-error":
+            assert errors["mem-rows"] == "", "a refused configuration shows no rows"
+        driver.execute_script(_BATCH, [before], [])  # the defaults again, and no error left
+        assert driver.execute_script(READ_ERRORS)[box] == "", (pairs, "the error stays after the input is mended")
+
+
+def test_the_setup_is_kept_in_the_address(page):
+    """Set inputs of every calculator, take the page's address, open it afresh: the same inputs, the same
+    results."""
+    driver, _ = page
+    driver.get(driver.current_url.split("?")[0])
+    pairs = [("mem-preset", "llama3-8b"), ("mem-tp", 4), ("mem-dp", 2), ("mem-batch_size", 32),
+             ("mem-micro_batches", 4), ("mem-selective_checkpointing", "matmuls"), ("mem-attention", "flash"),
+             ("mem-vocab_size", 128256), ("bubble-schedule", "interleaved"), ("bubble-v", 3), ("ab-kind", "all_gather"),
+             ("ab-p", 16), ("mfu-preset", "llama3-70b"), ("mfu-devices", 64), ("mem-unit", "GiB")]
+    reads = ["mem-summary", "bubble-fraction", "ab-seconds", "ab-seconds-label", "mfu-value"]
+    first = driver.execute_script(_BATCH, [pairs], reads)[0]
+    url = driver.current_url
+    assert "mem-preset=llama3-8b" in url and "ab-kind=all_gather" in url
+    driver.get(url)
+    again = driver.execute_script(_BATCH, [[]], reads)[0]
+    for id_, value in pairs:
+        element = driver.find_element(By.ID, id_)
+        assert element.get_attribute("value") == str(value), (id_, element.get_attribute("value"))
+    assert {k: again[k] for k in reads} == {k: first[k] for k in reads} and first["mem-summary"]
 
 
 # ---- what the page is built from --------------------------------------------------------------------------
 
 @pytest.mark.needs_solution  # runs the schedules' reference action lists
 def test_every_planner_schedule_has_its_in_flight_count_in_closed_form():
-    """The memory calculator's in-flight counts (website/calculators.py, IN_FLIGHT, written in JavaScript) are
-    the planner's (pipeline.peak_in_flight of the schedule's actions) on every small pipeline."""
+    """The memory calculator's in-flight counts (website/calculators.py, IN_FLIGHT, written in JavaScript) are the
+    planner's walk along the schedule's action lists (``project.planner.memory.held_until``: a pair held from its
+    F to its B, or to its W) on every small pipeline: the count on each stage, and at that same peak the first
+    stage's pairs of chunk 0 and the last stage's of its last chunk (the peaks coincide, so the stage's peak bytes
+    are the count's units plus those chunks' extras)."""
     import dataclasses
 
-    import pipeline
-    from pipeline.schedules import SCHEDULES, micro_batches_per_round
-    from project.plan import PlanConfig
+    from pipeline.schedules import SCHEDULES, all_actions, micro_batches_per_round
+    from project.planner.config import PlanConfig
+    from project.planner.memory import held_until
     from website.calculators import IN_FLIGHT
 
     planner = next(f for f in dataclasses.fields(PlanConfig) if f.name == "schedule").metadata["choices"]
     missing = [s for s in planner if s not in IN_FLIGHT]
     assert not missing, (f"the planner's schedule(s) {missing} have no closed-form in-flight count: add one to "
                          "website/calculators.py, IN_FLIGHT, and to website/_static/calculators.js")
+    q = micro_batches_per_round
     formulas = {"m": lambda r, p, m, v: m, "min(p - r, m)": lambda r, p, m, v: min(p - r, m),
+                "min(p, m)": lambda r, p, m, v: min(p, m),
                 "min((v - 1) q + 2 (p - r - 1) + 1, v m)":
-                    lambda r, p, m, v: min((v - 1) * micro_batches_per_round(p, m) + 2 * (p - r - 1) + 1, v * m)}
+                    lambda r, p, m, v: min((v - 1) * q(p, m) + 2 * (p - r - 1) + 1, v * m),
+                "min(m, 2 q), or the count when v = 1": lambda r, p, m, v, n: n if v == 1 else min(m, 2 * q(p, m)),
+                "1, or the count when v = 1": lambda r, p, m, v, n: n if v == 1 else 1, "count": lambda r, p, m, v, n: n}
     for name in planner:
+        forms = IN_FLIGHT[name]
         for p in range(2, 7):
             for m in range(1, 13):
                 if SCHEDULES[name].chunks and m % max(1, m // p):
                     continue
                 for v in (range(1, 4) if SCHEDULES[name].chunks else (1,)):
+                    lists = all_actions(name, p, m, v)
                     for r in range(p):
-                        got = pipeline.peak_in_flight(pipeline.schedule_actions(name, r, p, m, v))
-                        assert formulas[IN_FLIGHT[name]](r, p, m, v) == got, (name, r, p, m, v)
+                        special = 0 if r == 0 else v - 1
+                        held = chunk = 0
+                        points = []
+                        for sign, (c, _) in held_until(lists[r]):
+                            held += sign
+                            chunk += sign if c == special else 0
+                            points.append((held, chunk))
+                        count = max(h for h, _ in points)
+                        assert formulas[forms["count"]](r, p, m, v) == count, (name, r, p, m, v)
+                        for end, key in ((0, "first"), (p - 1, "last")):
+                            if r == end:
+                                want = formulas[forms[key]](r, p, m, v, count)
+                                assert (count, want) in points, (name, key, r, p, m, v, points)
 
 
 def test_a_schedule_whose_bubble_the_page_cannot_show_or_a_lost_section_fails_the_build(monkeypatch):

@@ -1,4 +1,4 @@
-"""The planner's measurements on this machine's CPU (``project/plan.py --hardware cpu``, ``--measure``).
+"""The planner's measurements on this machine's CPU (``python -m project.planner --hardware cpu``, ``--measure``).
 
 * :func:`cpu_hardware` — the CPU as a :class:`course.hardware.Hardware`: the matrix-product FLOP/s one
   rank reaches while every rank of the run computes at once (the ranks share the cores), and, per group
@@ -23,10 +23,33 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22]  # all-reduce sizes fitted (bytes)
 MAX_CPU_RANKS = 8
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """The course GPT-2 block the CPU's figures are measured on: a micro-batch of ``batch`` sequences of ``seq``
+    tokens, ``hidden`` wide, ``heads`` heads, an MLP ``inner`` wide, built from preset ``preset``."""
+
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    inner: int
+    preset: str
+    dropout: float
+
+    @classmethod
+    def of(cls, config) -> "BlockShape":
+        """The block of ``config``'s model and micro-batch."""
+        from project.planner.layout import sizes
+
+        z = sizes(config)
+        return cls(z.b, z.s, z.h, z.a, z.f, config.preset, config.dropout)
 
 
 def measurable(config) -> str:
@@ -66,13 +89,13 @@ def _rate(work, flops: float, repeats: int, world) -> float:
     return statistics.median(rates)
 
 
-def device_worker(rank: int, world_size: int, block: dict, group_sizes: list[int], repeats: int) -> dict:
+def device_worker(rank: int, world_size: int, block: BlockShape, group_sizes: list[int], repeats: int) -> dict:
     """This rank's FLOP/s while every rank computes at once — of one matrix product ``(b s, h) x (h, inner)``
     (``flops``) and of one course GPT-2 block's forward and backward pass on a micro-batch (``block_flops``:
     the block's model FLOPs, :func:`course.model.model_flops_per_token` per layer, over its time: what the
     layer norms, softmax, GeLU and Python add to the products) — and, for each group size p, the all-reduce
     time per size of :data:`SIZES` in groups of p consecutive ranks (every group at once; the slowest rank's
-    median over ``repeats``). ``block``: ``b, s, h, a, inner, preset``."""
+    median over ``repeats``)."""
     import torch
     import torch.distributed as dist
 
@@ -81,11 +104,11 @@ def device_worker(rank: int, world_size: int, block: dict, group_sizes: list[int
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
     world = dist.group.WORLD
-    b, s, h, inner = block["b"], block["s"], block["h"], block["inner"]
+    b, s, h, inner = block.batch, block.seq, block.hidden, block.inner
     x, w = torch.randn(b * s, h, device="cpu"), torch.randn(h, inner, device="cpu")
     flops = _rate(lambda: x @ w, 2.0 * b * s * h * inner, repeats, world)
     alone = [dist.new_group([r]) for r in range(world_size)][rank]  # collective: every rank makes every group
-    layer = TensorParallelGPT2(build_gpt2(block["preset"], 256, n_positions=s, dropout=block["dropout"], seed=0,
+    layer = TensorParallelGPT2(build_gpt2(block.preset, 256, n_positions=s, dropout=block.dropout, seed=0,
                                           n_layer=1), group=alone).h[0]
     hidden = torch.randn(b, s, h, device="cpu", requires_grad=True)
     bias = torch.zeros(1, 1, s, s, device="cpu").masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -1e9)
@@ -114,10 +137,12 @@ def device_worker(rank: int, world_size: int, block: dict, group_sizes: list[int
     return {"flops": flops, "block_flops": block_flops, "all_reduce_seconds": lines}
 
 
-def measure_cpu(world_size: int, block: dict, group_sizes: list[int], repeats: int = 5) -> dict:
+def measure_cpu(world_size: int, block: BlockShape, group_sizes: list[int], repeats: int = 5) -> dict:
     """This machine's figures for ``world_size`` ranks: ``{"world_size", "flops", "block_flops" (FLOP/s: the
     median over ranks of each rank's median), "all_reduce_fits": {p: (alpha, beta)}, "all_reduce_seconds":
     {p: {size: seconds}}, "cores", "block"}`` (see :func:`device_worker`)."""
+    from dataclasses import asdict
+
     from communication.alpha_beta import fit_alpha_beta
     from course.launch import launch
 
@@ -128,15 +153,17 @@ def measure_cpu(world_size: int, block: dict, group_sizes: list[int], repeats: i
             "block_flops": statistics.median(r["block_flops"] for r in out.values()),
             "all_reduce_fits": fits, "all_reduce_seconds": {str(p): {str(s): t for s, t in times.items()}
                                                               for p, times in lines.items()},
-            "cores": os.cpu_count(), "block": block}
+            "cores": os.cpu_count(), "block": asdict(block)}
 
 
-def cpu_hardware(config, block: dict, group_sizes: list[int]):
-    """The CPU as a :class:`course.hardware.Hardware` for ``config``'s world size: measured now (a block of
-    ``block``'s shape, all-reduces in groups of each of ``group_sizes``), or read from ``config.cpu_figures``
-    (the file keeps one entry per world size and block; a missing one is measured and added)."""
+def cpu_hardware(config, group_sizes: list[int]):
+    """The CPU as a :class:`course.hardware.Hardware` for ``config``'s world size: measured now (the block of
+    ``config``'s model and micro-batch, :class:`BlockShape`; all-reduces in groups of each of ``group_sizes``), or
+    read from ``config.cpu_figures`` (the file keeps one entry per world size and block; a missing one is measured
+    and added)."""
     from course.hardware import Hardware, Link
 
+    block = BlockShape.of(config)
     path = Path(config.cpu_figures) if config.cpu_figures else None
     stored = json.loads(path.read_text()) if path and path.exists() else {}
     key = f"{config.devices} ranks, {block}"
@@ -261,25 +288,26 @@ def compare(config, prediction: dict, measurement: dict) -> list[dict]:
         rows.append({"term": term, "stage": stage, "predicted": predicted, "measured": measured, "error": error})
 
     for stage, measured in sorted(firsts.items()):
-        predicted = prediction["stages"][stage]
+        predicted = prediction.stages[stage]
+        held = predicted.memory.categories()
         for category in ("params", "grads", "optimizer"):
-            row(f"memory: {category} (bytes)", stage, predicted["memory"][category], measured["held"][category])
-        row("memory: activations (bytes)", stage, predicted["memory"]["activations"], measured["activations"])
-        groups = sorted({c["group"] for c in predicted["comm"]} | set(measured["comm"]))
+            row(f"memory: {category} (bytes)", stage, held[category], measured["held"][category])
+        row("memory: activations (bytes)", stage, held["activations"], measured["activations"])
+        groups = sorted({c.group for c in predicted.comm} | set(measured["comm"]))
         for group in groups:
-            want = sum(c["count"] * c["bytes"] for c in predicted["comm"] if c["group"] == group)
+            want = sum(c.count * c.bytes for c in predicted.comm if c.group == group)
             got = sum(v["bytes"] for v in measured["comm"].get(group, {}).values())
             row(f"communication: {group} (bytes per step)", stage, want, got)
         # time: this rank's compute (its step less its time inside communication calls), the time inside
         # the calls of each group but pp, and inside pp's send/recv: the pipeline's wait (bubble, transfers
         # and slower stages; predicted: the step less this stage's compute and other communication)
         waits = measured.get("comm_seconds", {})
-        other = {g: t for g, t in predicted["comm_s"].items() if g != "pp"}
-        row("time: compute (s)", stage, predicted["compute_s"], measured["own_step_s"] - sum(waits.values()))
+        other = {g: t for g, t in predicted.comm_s.items() if g != "pp"}
+        row("time: compute (s)", stage, predicted.compute_s, measured["own_step_s"] - sum(waits.values()))
         for group in sorted(set(other) | set(waits) - {"pp"}):
             row(f"time: communication {group} (s)", stage, other.get(group, 0.0), waits.get(group, 0.0))
         if config.pp > 1:
             row("time: pipeline wait: bubble + pp (s)", stage,
-                prediction["step_s"] - predicted["compute_s"] - sum(other.values()), waits.get("pp", 0.0))
-    row("step time (s)", "all", prediction["step_s"], max(r["step_s"] for r in measurement["ranks"]))
+                prediction.step_s - predicted.compute_s - sum(other.values()), waits.get("pp", 0.0))
+    row("step time (s)", "all", prediction.step_s, max(r["step_s"] for r in measurement["ranks"]))
     return rows

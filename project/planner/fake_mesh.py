@@ -1,6 +1,6 @@
 """One rank of a large world in one process: the course's own mesh, 3D stage and ZeRO on a fake process group.
 
-    python -m project.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
+    python -m project.planner.fake_mesh --rank 517 --preset gpt3-6.7b --dp 16 --pp 8 --tp 8 --zero 1 \\
         --vocab_size 50257 --model_max_length 1024 --batch_size 256 --micro_batches 16 --precision fp32
 
 builds, for rank ``--rank`` of a ``dp x pp x tp`` world of up to thousands of ranks, what that rank would
@@ -23,34 +23,36 @@ build in a real run — and nothing else:
 
 It then reports the rank's coordinates and groups, the bytes of its parameters, gradients and optimizer
 state (counted by storage, as :mod:`memory.accounting` counts real runs) beside the planner's
-(:func:`project.plan.stage_memory`), and the collectives beside the planner's
-(:func:`project.plan.stage_communication`), and one step's point-to-point messages of the pipeline schedule
+(:func:`project.planner.memory.stage_memory`), and the collectives beside the planner's
+(:func:`project.planner.communication.stage_communication`), and one step's point-to-point messages of the pipeline schedule
 (``--schedule``: the batches :class:`pipeline.StageRunner` posts, :func:`pipeline_messages`) with their peers.
 The 3D step's scalar all-reduces (:mod:`three_d.step`) do not run (they read values: ``.item()`` has nothing
 to read on the meta device), so those calls of the planner have no fake counterpart here.
 
 With ``--activation_checkpointing`` every block is recomputed (:mod:`memory.checkpointing`, the course's
-``CheckpointFunction``, unchanged: :func:`meta_autocast` lets it ask autocast about the meta device).
-:func:`measure_activations` measures one micro-batch's activations alone: after the forward pass, and at their
-peak in the backward pass (``MemTracker``'s activations and temporaries read after every operation).
+``CheckpointFunction``, unchanged: :func:`project.planner.fake_activations.meta_autocast` lets it ask autocast
+about the meta device). :func:`measure_activations` measures one micro-batch's activations alone: after the
+forward pass, and at their peak in the backward pass (:mod:`project.planner.fake_activations`).
 
 What is supported: cp = ep = 1, dense models, ``--precision fp32`` (the course's training keeps fp32 weights,
 gradients and Adam moments: 4 + 4 + 8 bytes per parameter), no sequence parallelism, one chunk per rank.
 Anything else raises ValueError before the fake world is made: the expert-parallel layout (:mod:`moe`) and
 the context-parallel ring (:mod:`context_parallel`) are not built on the fake rank (their all-to-all and ring
-bytes are the planner's alone, ``project.plan.stage_communication``).
+bytes are the planner's alone, ``project.planner.communication.stage_communication``).
 
 Sources: PyTorch ``FakeProcessGroup`` (torch.testing._internal.distributed.fake_pg) and the meta device;
 torchtitan ``COMM_MODE=fake_backend``; Rajbhandari et al. 2020 (ZeRO, Sec. 5); Narayanan et al. 2021 (PTD-P).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
+
+from project.planner.fake_activations import activation_peak, meta_autocast, tracker_bytes
 
 
 @contextlib.contextmanager
@@ -73,7 +75,27 @@ def fake_world(rank: int, world_size: int):
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        with _cpp_warnings_off():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _cpp_warnings_off():
+    """Inside: the process's C++ stderr (file descriptor 2) goes nowhere. Destroying the fake group makes c10 warn
+    "No backend of type 0 found for Process Group with name undefined. Assuming no hooks are registered." — the
+    fake back-end registers no hooks, so it is true and harmless, and c10's log level cannot be changed once torch
+    has loaded; exceptions still propagate."""
+    import os
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def held_bytes(tensors) -> int:
@@ -114,7 +136,7 @@ def check_supported(config) -> None:
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad:
         raise ValueError(f"the fake rank builds dense dp x pp x tp runs in fp32 only (the planner alone predicts the "
-                         f"others: python project/plan.py with the same options); drop or reset {', '.join(bad)}")
+                         f"others: python -m project.planner with the same options); drop or reset {', '.join(bad)}")
 
 
 def meta_stage(config):
@@ -150,7 +172,7 @@ def meta_stage(config):
 
 def build_rank(config, rank: int) -> dict:
     """Inside a :func:`fake_world` of ``config.world_size`` ranks: build rank ``rank``'s mesh, stage and ZeRO
-    step for ``config`` (a :class:`project.plan.PlanConfig`), run one micro-batch's forward and backward, the
+    step for ``config`` (a :class:`project.planner.cli.PlanConfig`), run one micro-batch's forward and backward, the
     gradient reduction and the optimizer step on meta tensors, and report what the rank holds.
 
     Returns:
@@ -178,7 +200,9 @@ def build_rank(config, rank: int) -> dict:
     inner = getattr(step.optimizer, "optimizer", step.optimizer)
     tracker.track_external(stage, inner, x)
     snapshots = {}
-    with CommCounter() as counter, tracker, meta_autocast():
+    with CommCounter() as counter, tracker, meta_autocast(), warnings.catch_warnings():
+        # MemTracker warns for each optimizer state or gradient that is None (not made yet): harmless
+        warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass of tensor")
         step.optimizer.zero_grad(set_to_none=True)
         with FlopCounterMode(display=False) as flop_counter:
             out = stage(x)
@@ -238,135 +262,45 @@ def pipeline_messages(config, pp_group, stage: int, x: torch.Tensor, out: torch.
         exchange(ops, pp_group)
 
 
-@contextlib.contextmanager
-def meta_autocast():
-    """Inside: autocast's queries about the ``meta`` device answer for the CPU (``torch.is_autocast_enabled``,
-    ``torch.get_autocast_dtype``, ``torch.autocast``), restored on exit.
-
-    autocast knows no meta device (``torch.get_autocast_dtype("meta")`` raises), and the course's
-    :class:`memory.checkpointing.CheckpointFunction` records and replays the autocast state of its inputs'
-    device, as ``torch.utils.checkpoint`` does: with this, it runs unchanged on the fake rank's meta tensors,
-    with the CPU's autocast state (off in fp32 runs). Only for a process of its own (the fake world's).
-    """
-    real = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast
-
-    def cpu(device_type):
-        return "cpu" if device_type == "meta" else device_type
-
-    class Autocast(real[2]):
-        def __init__(self, device_type, *args, **kwargs):
-            super().__init__(cpu(device_type), *args, **kwargs)
-
-    torch.is_autocast_enabled = lambda *device_type: real[0](*map(cpu, device_type))
-    torch.get_autocast_dtype = lambda device_type: real[1](cpu(device_type))
-    torch.autocast = Autocast
-    try:
-        yield
-    finally:
-        torch.is_autocast_enabled, torch.get_autocast_dtype, torch.autocast = real
-
-
-def _peak_watch(tracker):
-    """A dispatch mode that reads ``tracker``'s current snapshot after every operation and keeps the one where
-    activations and temporaries together peaked (``.peak``, ``.op``): ``MemTracker``'s own peak snapshot is
-    taken where the *total* peaks, which in a backward pass is where the gradients are complete, not where the
-    activations are."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class PeakWatch(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.peak, self.op = {"Activation": 0, "Temp": 0}, None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            now = tracker_bytes(tracker, "current")
-            if now["Activation"] + now["Temp"] > self.peak["Activation"] + self.peak["Temp"]:
-                self.peak, self.op = now, str(func)
-            return out
-
-    return PeakWatch()
-
-
-def activation_peak(config, rank: int) -> dict:
-    """Inside a :func:`fake_world`: one micro-batch's forward and backward pass of rank ``rank``'s stage (no
-    ZeRO, no optimizer: they change no activation), with activation checkpointing if
-    ``config.activation_checkpointing`` (:func:`memory.checkpointing.apply_activation_checkpointing`), under
-    torch's ``MemTracker``. The stage's input is ``b x s`` token ids on the first stage, else ``b x s x h``
-    fp32 requiring its gradient; the backward pass starts from a gradient of ones for the stage's output (on
-    the last stage: for its logits, no loss).
-
-    Returns:
-        ``{"stage", "blocks", "after_forward": MemTracker's categories after the forward pass, "peak": the
-        categories where Activation + Temp peaked (during the backward pass), "op": the operation that made
-        that peak}``; bytes.
-    """
-    from memory.checkpointing import apply_activation_checkpointing
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    mesh, stage, x = meta_stage(config)
-    if config.activation_checkpointing:
-        apply_activation_checkpointing(list(stage.h.values()))
-    tracker = MemTracker()
-    tracker.track_external(stage, x)
-    watch = _peak_watch(tracker)
-    with tracker, meta_autocast(), watch:
-        out = stage(x)
-        after_forward = tracker_bytes(tracker, "current")
-        out.backward(torch.ones_like(out))
-    return {"stage": mesh.stage, "blocks": list(stage.blocks), "after_forward": after_forward, "peak": watch.peak,
-            "op": watch.op}
-
-
 def measure_activations(config, rank: int) -> dict:
-    """:func:`activation_peak` in its own :func:`fake_world`, beside the planner's activations of one
-    micro-batch (``stage_memory``'s ``activations`` over the micro-batches in flight) and ``recompute`` (one
-    block's full activations while the backward pass recomputes it; 0 without checkpointing)."""
-    from project.plan import in_flight, stage_memory
+    """:func:`project.planner.fake_activations.activation_peak` of rank ``rank``'s stage (its input ``b x s`` token
+    ids on the first stage, else ``b x s x h`` fp32 requiring its gradient) in its own :func:`fake_world`, beside
+    the planner's activations of one micro-batch (``stage_memory``'s ``activations`` over the micro-batches in
+    flight) and ``recompute`` (one block's full activations while the backward pass recomputes it; 0 without
+    checkpointing)."""
+    from project.planner.memory import stage_memory
 
     check_supported(config)
     with fake_world(rank, config.world_size):
-        found = activation_peak(config, rank)
+        mesh, stage, x = meta_stage(config)
+        found = {"stage": mesh.stage, **activation_peak(stage, x, config.activation_checkpointing)}
     planned = stage_memory(config, found["stage"])
-    found["planned"] = {"activations": planned["activations"] / in_flight(config, found["stage"]),
-                        "recompute": planned["recompute"]}
+    found["planned"] = {"activations": sum(planned.parts.values()), "recompute": planned.recompute}
     return found
-
-
-def tracker_bytes(tracker, kind: str) -> dict[str, int]:
-    """A ``MemTracker`` snapshot (``"current"`` or ``"peak"``) as ``{category: bytes}`` summed over devices (the
-    meta device's tensors, and the optimizer's step counters, which AdamW keeps on the CPU); categories are
-    MemTracker's: ``Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total``. A peak snapshot
-    is per device: the categories at the moment that device's total peaked."""
-    out: dict[str, int] = {}
-    for per_device in tracker.get_tracker_snapshot(kind).values():
-        for category, nbytes in per_device.items():
-            name = getattr(category, "value", category)
-            out[name] = out.get(name, 0) + nbytes
-    return out
 
 
 def measure(config, rank: int) -> dict:
     """:func:`build_rank` in its own :func:`fake_world`, beside the planner's memory of the rank's stage."""
-    from project.plan import stage_memory
+    from project.planner.memory import stage_memory
 
     check_supported(config)
     with fake_world(rank, config.world_size):
         found = build_rank(config, rank)
-    found["planned"] = {k: stage_memory(config, found["stage"])[k] for k in ("params", "grads", "optimizer")}
+    held = stage_memory(config, found["stage"]).categories()
+    found["planned"] = {k: held[k] for k in ("params", "grads", "optimizer")}
     return found
 
 
 def sweep(config, rank: int) -> list[dict]:
     """:func:`measure` of rank ``rank`` at every ``(dp, pp, tp)`` of ``config``'s world that the model allows
-    (:func:`three_d.factorisation_benchmark.factorisations`), each with ``config``'s other options and
+    (:func:`course.factorisations.factorisations`), each with ``config``'s other options and
     ``config``'s rows per micro-batch (``batch_size`` scaled with dp). Each result also has ``"dims"``.
 
     Raises:
         ValueError: as :func:`check_supported`; ``rank`` outside the world.
     """
-    from project.plan import PlanConfig
-    from three_d.factorisation_benchmark import factorisations
+    from course.factorisations import factorisations
+    from project.planner.config import PlanConfig
 
     check_supported(config)
     world = config.world_size
@@ -434,32 +368,25 @@ def format_report(found: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from project.plan import PlanConfig
+    """``python -m project.planner.fake_mesh``: the planner's options (:class:`project.planner.cli.PlanConfig`, with
+    its ``--rank`` and ``--factorisations``); ``--out`` writes the report as JSON."""
+    from pathlib import Path
 
-    parser = argparse.ArgumentParser(description="Build one rank of a large fake world (the course's mesh, 3D "
-                                                 "stage and ZeRO on meta tensors) and compare it with the planner. "
-                                                 "Every other option is project/plan.py's (--json writes the "
-                                                 "report there).")
-    parser.add_argument("--rank", type=int, default=0, help="the global rank to build (default 0)")
-    parser.add_argument("--factorisations", action="store_true",
-                        help="build the rank at every dp x pp x tp of the world the model allows, one line each")
-    args, rest = parser.parse_known_args(argv)
-    config = PlanConfig.from_command_line(rest, environment=False)
+    from course.results import write_json
+    from project.planner.config import PlanConfig
+
+    config = PlanConfig.from_command_line(argv, environment=False, prog="python -m project.planner.fake_mesh")
     try:
         check_supported(config)
-        if not 0 <= args.rank < config.world_size:
-            raise ValueError(f"--rank {args.rank} is outside 0..{config.world_size - 1}")
+        if not 0 <= config.rank < config.world_size:
+            raise ValueError(f"--rank {config.rank} is outside 0..{config.world_size - 1}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    found = sweep(config, args.rank) if args.factorisations else measure(config, args.rank)
-    print(format_sweep(found) if args.factorisations else format_report(found))
-    if config.json:
-        from pathlib import Path
-
-        from course.results import write_json
-
-        write_json(Path(config.json), found)
+    found = sweep(config, config.rank) if config.factorisations else measure(config, config.rank)
+    print(format_sweep(found) if config.factorisations else format_report(found))
+    if config.out:
+        write_json(Path(config.out), found)
     return 0
 
 
