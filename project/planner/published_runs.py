@@ -347,9 +347,10 @@ def missing_lines(rows: list[Row]) -> list[str]:
     lines = ["outside the band, and what the remaining gap would require (everything else as predicted):"]
     for hardware, entry in gap.items():
         names = "; ".join(f"{r.run.split(',')[0]} {r.error:+.0%}" for r in entry["rows"])
-        (p0, p1), (n0, n1) = entry["planner"], entry["needed"]
-        lines.append(f"  {hardware}, {len(entry['rows'])} rows ({names}): matrix products at {n0:.0%}-{n1:.0%} of the "
-                     f"peak instead of the planner's {p0:.0%}-{p1:.0%}")
+        needed, planner = (f"{a:.0%}" if f"{a:.0%}" == f"{b:.0%}" else f"{a:.0%}-{b:.0%}"
+                           for a, b in (entry["needed"], entry["planner"]))
+        lines.append(f"  {hardware}, {len(entry['rows'])} rows ({names}): matrix products at {needed} of the peak "
+                     f"instead of the planner's {planner}")
     return lines
 
 
