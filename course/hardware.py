@@ -1,7 +1,7 @@
 """Devices as the planner (``python -m project.planner``) and notebooks 04-06 describe them: peak FLOP/s, memory, links.
 
 Profiles: :data:`HARDWARE` ``h100``, ``h200``, ``a100`` (DGX nodes of 8 SXM GPUs), ``h100-96gb`` (the 96 GB HBM2e
-H100 at 500 W of torchtitan's published runs) and ``l4`` (nodes of 8 PCIe L4).
+SXM H100 held to 500 W of torchtitan's published runs) and ``l4`` (nodes of 8 PCIe L4).
 
 A :class:`Link` is the alpha-beta model of one kind of connection between two devices (Hockney 1994):
 a message of N bytes takes ``alpha + beta * N`` seconds per step of a collective. A :class:`Hardware`
@@ -65,6 +65,19 @@ kernels reach, each from a named measurement:
   abstract: "50-73 % of the theoretical maximum FLOPs/s on A100");
 * ``sms``: streaming multiprocessors (A100 108, H100 SXM and H200 132, L4 58; the GPUs' whitepapers and
   datasheets), over which a matrix product's tiles run in waves;
+* ``power_w`` and ``reference_power_w``: the board power limit the profile runs at, and the limit of the part its
+  efficiency figures were measured on (the H100 SXM5's 700 W, the A100 SXM4's 400 W, the H200 SXM's 700 W: the
+  datasheets' maximum TDP, the default limit). A GPU held below the power its matrix products draw lowers its
+  clock until they fit: dynamic power is ``C V^2 f`` and the voltage scales with the clock in that range, so power
+  goes as ``f^3`` and the clock a limit allows as its cube root (:func:`project.planner.pricing.clock_factor`).
+  The reference figures come from sustained products, the kernels that draw the most power, so they already
+  carry the clock the reference limit holds; a whole step draws no more, and only a lower limit changes it. Two
+  checks on GH100 and GA100 parts held to less power: NVIDIA's datasheet rates the H100 NVL (350-400 W) at 835 of
+  the SXM5's 989 TFLOP/s, 0.844, where the cube root of 400 / 700 gives 0.830; the MAMF table's A100 PCIe (250 or
+  300 W; the table does not say which card) reached 252.9 TFLOP/s against the 400 W A100 SXM's 271.2, 0.933, where
+  the cube root gives 0.855 or 0.909: the law errs, if anything, toward too large a loss;
+* ``comm_sms``: the SMs a running collective holds (:data:`NCCL_CTAS`), which the computation it overlaps loses
+  (:func:`project.planner.pricing.contention_seconds`);
 * a link's ``efficiency``: the bus bandwidth ``nccl-tests`` measures over the link's per-direction bandwidth —
   NVLink 4 (8 x H200, ring): all-reduce 367.2, all-gather 361.4, reduce-scatter 362.9 of 450 GB/s, 81 % (S. Bekman,
   Machine Learning Engineering, network/README.md, "SHARP", nccl 2.27.7, 16 GiB); NVLink 3: 235 of 300 GB/s, 78 %
@@ -153,6 +166,10 @@ class Hardware:
         attention_efficiency: FlashAttention-2's fraction of the peak (``attention_source``); ``attention_table``:
             its published throughput by sequence length where there is one (``(seq, forward FLOP/s, backward
             FLOP/s)``, :data:`FA2_H100_TABLE`).
+        power_w: the board power limit the device runs at; reference_power_w: the limit of the part the
+            efficiency figures were measured on (0: not modelled; module docstring).
+        comm_sms: SMs a running collective holds (NCCL's CTAs, one per channel), taken from the computation it
+            overlaps (:data:`NCCL_CTAS`; 0: not modelled).
     """
 
     name: str
@@ -171,6 +188,9 @@ class Hardware:
     attention_efficiency: float = 1.0
     attention_source: str = "the datasheet peak itself"
     attention_table: tuple = ()
+    power_w: float = 0.0
+    reference_power_w: float = 0.0
+    comm_sms: int = 0
 
     def placement(self, size: int, stride: int, devices_per_node: int | None = None) -> tuple[int, int]:
         """``(members per node, nodes)`` of a group of ``size`` ranks ``stride`` device numbers apart (the mesh
@@ -227,6 +247,11 @@ ETH_L4 = Link("ethernet", 9.6 * US, 1 / (100 / 8 / 8 * GB), NCCL_BASE,
               *NETWORK_EFF)
 MAMF = "Bekman, ML Engineering, compute/accelerator/README.md, MAMF BF16 table"
 
+# SMs a running collective holds: an FSDP-style all-gather beside a matrix product on an H100 launched 24 blocks (NVIDIA
+# developer forum, "Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect");
+# NCCL runs one CTA per channel. Taken for the A100 and H200 on NVLink too (an assumption: their channel counts are not
+# measured); not modelled on the L4, whose PCIe rings NCCL runs on far fewer channels.
+NCCL_CTAS = 24
 HBM = 0.88  # memory-bound kernels: 1.80 of 2.04 TB/s on an A100 (module docstring)
 FA2_H100 = (333 / 989, "Shah et al. 2024, FlashAttention-3, Figs. 5 and 6: FlashAttention-2 on H100 SXM5, head "
                        "dimension 128, forward (causal) and backward TFLOP/s by sequence length")
@@ -240,21 +265,22 @@ HARDWARE: dict[str, Hardware] = {
     "h100": Hardware("h100", {"bf16": 989e12, "fp32": 67e12}, 80 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense figures); DGX H100", {"pcie": PCIE5},
                      794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s", 3.35e12, HBM, 132, *FA2_H100,
-                     FA2_H100_TABLE),
-    "h100-96gb": Hardware("h100-96gb", {"bf16": (989e12 + 835e12) / 2, "fp32": 67e12}, 96 * GB, NVLINK4, IB_NDR, 8,
-                          "torchtitan's Grand Teton H100 (benchmarks/llama3_h100_202412_torchtitan.md): 96 GB HBM2e at "
-                          "2.4 TB/s, 500 W power limit, 400 Gb/s RDMA per GPU; its bf16 peak 'between SXM and NVL, we "
-                          "don't know its exact value' (torchtitan): the middle of the H100 SXM5's 989 and the H100 "
-                          "NVL's 835 TFLOP/s (NVIDIA H100 datasheet)", {"pcie": PCIE5},
+                     FA2_H100_TABLE, 700.0, 700.0, NCCL_CTAS),
+    "h100-96gb": Hardware("h100-96gb", {"bf16": 989e12, "fp32": 67e12}, 96 * GB, NVLINK4, IB_NDR, 8,
+                          "torchtitan's Grand Teton H100 (benchmarks/llama3_h100_202412_torchtitan.md): an SXM H100 "
+                          "with 96 GB HBM2e at 2.4 TB/s, held to a 500 W power limit ('tuning it up to 700W TDP can "
+                          "potentially provide further speedups'), 400 Gb/s RDMA per GPU; the SXM5's datasheet peak "
+                          "(the same 132 SMs), its clock lowered by the 500 W limit (power_w)", {"pcie": PCIE5},
                           794.5 / 989, f"{MAMF}: H100 SXM 794.5 of 989 TFLOP/s (at 700 W)", 2.4e12, HBM, 132,
-                          *FA2_H100, FA2_H100_TABLE),
+                          *FA2_H100, FA2_H100_TABLE, 500.0, 700.0, NCCL_CTAS),
     "h200": Hardware("h200", {"bf16": 989e12, "fp32": 67e12}, 141 * GB, NVLINK4, IB_NDR, 8,
                      "NVIDIA H200 Tensor Core GPU datasheet (SXM, dense figures); DGX H200", {"pcie": PCIE5},
                      828.6 / 989, f"{MAMF}: GH200 (H100 compute, 141 GB HBM3e) 828.6 of 989 TFLOP/s", 4.8e12, HBM,
-                     132, *FA2_H100, FA2_H100_TABLE),
+                     132, *FA2_H100, FA2_H100_TABLE, 700.0, 700.0, NCCL_CTAS),
     "a100": Hardware("a100", {"bf16": 312e12, "fp32": 19.5e12}, 80 * GB, NVLINK3, IB_HDR, 8,
                      "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB, dense figures); DGX A100", {"pcie": PCIE4},
-                     271.2 / 312, f"{MAMF}: A100 SXM 271.2 of 312 TFLOP/s", 2.039e12, HBM, 108, *FA2_A100),
+                     271.2 / 312, f"{MAMF}: A100 SXM 271.2 of 312 TFLOP/s", 2.039e12, HBM, 108, *FA2_A100,
+                     power_w=400.0, reference_power_w=400.0, comm_sms=NCCL_CTAS),
     "l4": Hardware("l4", {"bf16": 121e12, "fp32": 30.3e12}, 24 * GB, PCIE4_L4, ETH_L4, 8,
                    "NVIDIA L4 Tensor Core GPU datasheet (dense figures: 242 with sparsity halved); 8 per node "
                    "(GCP g2-standard-96, AWS g6.48xlarge)", {"pcie": PCIE4_L4},

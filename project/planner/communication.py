@@ -71,7 +71,8 @@ def stage_communication(config, stage: int) -> list[Call]:
     m, v, t, e = config.micro_batches, config.virtual_stages, config.tp, z.e
     first, last = stage == 0, stage == config.pp - 1
     act = z.tokens * z.h * e                                # one micro-batch's hidden state (bytes)
-    grad_bytes = weight_bytes = 4 if config.precision == "fp32" else 2  # reduced and gathered in their precision
+    weight_bytes = 4 if config.precision == "fp32" else 2  # gathered in their precision
+    grad_bytes = config.gradient_bytes  # reduced in --reduce_dtype's
     calls: list[Call] = []
 
     def call(group, kind, nbytes, count):

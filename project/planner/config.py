@@ -65,6 +65,15 @@ class PlanConfig(RunConfig):
                             choices=("auto", "flash", "eager"))
     fused_kernels: bool = option(False, "elementwise chains fused into one kernel each (torch.compile; Megatron-LM's "
                                         "fused bias-GeLU, bias-dropout-add and scale-mask-softmax)", group=PLAN)
+    norm_kernel: str = option("auto", "how the norms run: fused (one kernel: torch's LayerNorm, Megatron-LM's, "
+                                      "nanotron's Triton RMSNorm, torch.compile) or composite (RMSNorm as eight "
+                                      "PyTorch operations, each a kernel: torchtitan's and transformers' RMSNorm "
+                                      "modules in eager mode); auto: composite for an RMSNorm without "
+                                      "--fused_kernels, else fused", group=PLAN,
+                              choices=("auto", "fused", "composite"))
+    reduce_dtype: str = option("auto", "the precision the data-parallel gradient reduction runs in (auto: "
+                                       "--precision's; fp32 as torchtitan's FSDP2, training.mixed_precision_reduce)",
+                               group=PLAN, choices=("auto", "bf16", "fp32"))
     cp_comm: str = option("ring", "context parallelism's K and V exchange: ring (sends around the cp group) or "
                                   "all_gather (Llama 3's: K, V gathered, their gradients reduce-scattered)",
                           group=PLAN, choices=("ring", "all_gather"))
@@ -129,6 +138,20 @@ class PlanConfig(RunConfig):
         if self.cp > 1:
             return "flash"
         return self.attention
+
+    @property
+    def norms(self) -> str:
+        """``fused`` or ``composite``: how the norms run (``--norm_kernel``; auto: composite for an RMSNorm
+        without ``--fused_kernels``)."""
+        if self.norm_kernel != "auto":
+            return self.norm_kernel
+        return "composite" if self.model.norm == "rmsnorm" and not self.fused_kernels else "fused"
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes per element of the data-parallel gradient reduction (``--reduce_dtype``; auto: the precision's)."""
+        dtype = self.reduce_dtype if self.reduce_dtype != "auto" else self.precision
+        return 4 if dtype == "fp32" else 2
 
     @property
     def recompute(self) -> str:

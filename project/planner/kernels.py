@@ -13,13 +13,17 @@ the weights' gradients (``W``: separate so that ZB-H1 can defer them) and, once 
   products over the full ``s x S`` — causal masking saves nothing there — with the scaling, mask, softmax and
   dropout as memory-bound kernels over the scores: transformers' eager GPT-2 as separate kernels, Megatron-LM's
   fused scale-mask-softmax as one);
-* **memory-bound kernels** (bytes read and written, no FLOPs counted): the norms, residual adds, dropouts, GeLU or
-  SwiGLU, rotary embeddings, Llama's ``repeat_kv`` for grouped-query attention, the embedding lookup, the
+* **memory-bound kernels** (bytes read and written, no FLOPs counted): the norms, residual adds, dropouts, GeLU (the
+  course's blocks run transformers' tanh GeLU, eight operations; ``--activation_model korthikanti`` torch's or
+  Megatron-LM's, one kernel) or SwiGLU, rotary embeddings, Llama's ``repeat_kv`` for grouped-query attention, the embedding lookup, the
   cross-entropy over this rank's vocabulary (fp32 logits), and AdamW's update (each of the parameter, gradient and
   two moments read once and the parameter and moments written once, in fp32 with a bf16 copy in mixed precision,
   plus a read of the gradient for the norm clip and a write to zero it: 36 bytes per parameter). ``eager`` runs
   each elementwise operation as its own kernel; ``--fused_kernels`` (torch.compile, Megatron-LM's fused kernels)
-  reads each chain's inputs once and writes its outputs once.
+  reads each chain's inputs once and writes its outputs once. The norms follow ``--norm_kernel``: one kernel
+  (LayerNorm, a fused RMSNorm) or RMSNorm as the reference Llama code writes it (torchtitan's ``RMSNorm``,
+  transformers' ``LlamaRMSNorm``: the input cast to fp32, squared, averaged, ``rsqrt``, multiplied, cast back,
+  times the weight — eight kernels, :func:`norm_bytes`).
 
 Per-element byte counts are those of the operations as the frameworks run them; they are counts, not fitted
 numbers.
@@ -81,6 +85,21 @@ def attention_kernels(config) -> list[Kernel]:
     return out
 
 
+def norm_bytes(config) -> tuple[float, float]:
+    """Bytes per element of one norm, ``(forward, backward)``: one kernel reads its input and writes its output
+    (``2e``; backward ``3e``: the output's gradient and the input read, the input's gradient written), or, with
+    ``--norm_kernel composite``, RMSNorm's eight operations on fp32 intermediates (4 bytes):
+
+    forward ``x.float()`` e+4, ``pow(2)`` 8, ``mean`` 4, ``x * rsqrt`` 8, ``type_as`` 4+e, ``* weight`` 2e: 4e + 28;
+    backward, the same in reverse through autograd: the weight's product 2e and its gradient 4e, the cast e+4, the
+    ``rsqrt`` product 8 and its row sum 16, ``mean``'s expansion 4, ``pow``'s 12, the two gradients added 12, the
+    cast back 4+e: 8e + 60."""
+    e = sizes(config).e
+    if config.norms == "composite":
+        return 4 * e + 28, 8 * e + 60
+    return 2 * e, 3 * e
+
+
 def elementwise_kernels(config) -> list[Kernel]:
     """The memory-bound kernels of one block, forward and backward (module docstring)."""
     z, model = sizes(config), config.model
@@ -88,7 +107,8 @@ def elementwise_kernels(config) -> list[Kernel]:
     x = z.tokens * z.h / (z.t if config.sequence_parallel else 1)   # a hidden state (split with SP)
     f = z.tokens * z.f_t
     m = z.mask if config.dropout > 0 else 0
-    out = [memory("norms", "F", 2 * 2 * e * x), memory("norms (backward)", "B", 2 * 3 * e * x)]
+    norm_f, norm_b = norm_bytes(config)
+    out = [memory("norms", "F", 2 * norm_f * x), memory("norms (backward)", "B", 2 * norm_b * x)]
     if config.dropout > 0 and fused:  # Megatron-LM's bias-dropout-add: one kernel per residual
         out += [memory("dropout + residual", "F", 2 * (3 * e + m) * x),
                 memory("dropout + residual (backward)", "B", 2 * (2 * e + m) * x + 2 * 3 * e * x)]
@@ -99,9 +119,10 @@ def elementwise_kernels(config) -> list[Kernel]:
     if model.mlp == "swiglu":
         out += [memory("swiglu", "F", (3 if fused else 5) * e * f),
                 memory("swiglu (backward)", "B", (5 if fused else 8) * e * f)]
-    else:  # transformers' tanh GeLU is eight elementwise operations; fused (Megatron's bias-GeLU) one
-        out += [memory("gelu", "F", (2 if fused else 18) * e * f),
-                memory("gelu (backward)", "B", (3 if fused else 30) * e * f)]
+    else:  # transformers' tanh GeLU (the course's blocks) is eight elementwise operations; torch's GeLU, Megatron's
+        eight = config.activation_model == "course" and not fused  # bias-GeLU and a compiled one are one kernel
+        out += [memory("gelu", "F", (18 if eight else 2) * e * f),
+                memory("gelu (backward)", "B", (30 if eight else 3) * e * f)]
     if model.positions == "rotary":
         qk = z.tokens * (z.a_t + z.kv_t) * z.d
         out += [memory("rotary", "F", (2 if fused else 6) * e * qk),
@@ -154,7 +175,8 @@ def stage_kernels(config, stage: int) -> list[Kernel]:
         out += [memory("embedding", "F", 2 * e * x + (3 * e * x if z.P else 0)),
                 memory("embedding (backward)", "B", x * (e + 8) + (e * x if z.P else 0))]
     if lay.head:
-        out += [memory("final norm", "F", 2 * e * x), memory("final norm (backward)", "B", 3 * e * x)]
+        norm_f, norm_b = norm_bytes(config)
+        out += [memory("final norm", "F", norm_f * x), memory("final norm (backward)", "B", norm_b * x)]
         out += linear_kernels(config, "lm head", z.h, z.V_t, tokens, e)
         logits = tokens * z.V_t
         out += [memory("cross-entropy (fp32)", "F", (e + 12) * logits),

@@ -17,9 +17,31 @@ the output is computed in tiles of 128 x 256 (or 256 x 128, or 128 x 128, whiche
 run in waves of one per streaming multiprocessor, so a product of ``M x N`` outputs does the work of
 ``ceil(tiles / SMs) x SMs`` whole tiles. No constant here is fitted to the published runs.
 
+**A power limit** (:func:`clock_factor`): a device held below the power limit its efficiency figures were measured
+at runs its compute-bound kernels (matrix products, attention) at the cube root of the power ratio
+(:mod:`course.hardware`, "power_w"); memory-bound kernels keep their bandwidth (the memory's clock is its own).
+
+**Streaming multiprocessors taken by communication** (:func:`contention_seconds`): a collective runs as a kernel of
+its own, one CTA per channel, each CTA holding an SM for the collective's whole length (NCCL: one block per channel,
+bounded by ``NCCL_MIN_CTAS`` / ``NCCL_MAX_CTAS``), so the computation it overlaps runs on the SMs left:
+:attr:`course.hardware.Hardware.comm_sms` of them taken (:data:`course.hardware.NCCL_CTAS`). Measured: an
+FSDP-style all-gather beside a matrix product on an H100 (132 SMs) launched 24 blocks and pushed the product into
+a second wave (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe GEMM Performance Degradation
+because of Tail Effect"); across GPT and Llama training on A100s and H100s, overlapping communication slowed the
+computation it overlapped by 18.9 % on average ("Characterizing Compute-Communication Overlap in GPU-Accelerated
+Distributed Deep Learning: Performance and Power Implications", arXiv:2507.03114, 2025, abstract) — 24 of 132 SMs
+is 18.2 %. The planner adds, for every second of a collective hidden behind computation, the share of the SMs it
+holds (the computation that did not run then runs afterwards); a pipeline's point-to-point sends run on a few
+channels per peer and are left out.
+
 **A collective** (:func:`call_seconds`): the alpha-beta cost of its ring on the link it crosses (NCCL's per-step
 latencies), at the link's achievable bus bandwidth (:attr:`course.hardware.Link.efficiency`, nccl-tests figures),
 in two levels where a group spans nodes (:func:`communication.alpha_beta.hierarchical_seconds`).
+
+Not modelled (no sourced figure): the gap the GPU leaves between two dependent kernels and the CPU's time to issue
+each kernel without CUDA graphs. Both are microseconds per kernel, so they matter where kernels are that short
+(the course's own one-GPU GPT-2 step at 128 tokens: ``project/gpu_report.py`` prints the planner's prediction
+beside the measured step) and not in the published runs' millisecond kernels.
 """
 from __future__ import annotations
 
@@ -28,7 +50,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 TILES = ((128, 256), (256, 128), (128, 128))  # cuBLAS / CUTLASS output tiles (NVIDIA's GEMM guide)
-LAUNCH_SECONDS = 0.0                          # kernel launch gaps are not modelled (the CPU runs ahead of the GPU)
 
 
 @dataclass(frozen=True)
@@ -179,10 +200,29 @@ def attention_efficiency(hardware, seq: int, phase: str) -> float:
     return points[-1][1]
 
 
+def clock_factor(hardware) -> float:
+    """The fraction of its reference clock ``hardware`` holds under its power limit: ``(power_w /
+    reference_power_w) ** (1/3)``, at most 1 (power goes as the clock cubed: :mod:`course.hardware`); 1 where the
+    profile does not say (``power_w`` or ``reference_power_w`` 0)."""
+    if hardware.power_w <= 0 or hardware.reference_power_w <= 0:
+        return 1.0
+    return min(1.0, (hardware.power_w / hardware.reference_power_w) ** (1.0 / 3.0))
+
+
+def contention_seconds(hidden_s: float, hardware) -> float:
+    """Seconds the computation loses to ``hidden_s`` seconds of communication running beside it: the SMs the
+    collective holds (:attr:`course.hardware.Hardware.comm_sms`) as a share of the device's (module docstring); 0
+    where they are not modelled (the CPU)."""
+    if hardware.sms <= 0 or hardware.comm_sms <= 0 or hidden_s <= 0:
+        return 0.0
+    return hidden_s * min(1.0, hardware.comm_sms / hardware.sms)
+
+
 def kernel_seconds(kernel: Kernel, hardware, precision: str, override: float | None = None) -> float:
-    """Seconds of ``kernel`` (all its ``count`` runs) on ``hardware``: the roofline of the module docstring. On a
-    device without a memory bandwidth (the CPU), FLOPs at the measured rate only."""
-    peak = hardware.peak_flops[precision]
+    """Seconds of ``kernel`` (all its ``count`` runs) on ``hardware``: the roofline of the module docstring, its
+    compute at the clock the power limit holds (:func:`clock_factor`). On a device without a memory bandwidth (the
+    CPU), FLOPs at the measured rate only."""
+    peak = hardware.peak_flops[precision] * clock_factor(hardware)
     if "achieved_flops" in hardware.notes:  # the CPU: a whole block's measured FLOP/s, kernels and Python together
         return kernel.count * kernel.flops / hardware.notes["achieved_flops"]
     if kernel.kind == "gemm":
@@ -194,4 +234,4 @@ def kernel_seconds(kernel: Kernel, hardware, precision: str, override: float | N
         compute = kernel.flops / peak
     reached = measured_memory_efficiency(hardware.name) or hardware.memory_efficiency
     memory = kernel.bytes / (hardware.memory_bandwidth * reached) if hardware.memory_bandwidth else 0.0
-    return kernel.count * (max(compute, memory) + LAUNCH_SECONDS)
+    return kernel.count * max(compute, memory)

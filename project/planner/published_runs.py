@@ -1,6 +1,7 @@
 """The planner beside published training runs: each row set up as its source ran it, compared in its own unit.
 
-    python -m project.planner.published_runs            # the table: unit, source, published, predicted, error
+    python -m project.planner.published_runs               # the table: unit, source, published, predicted, error
+    python -m project.planner.published_runs --mechanisms  # and each mechanism's effect on every row's error
 
 No constant of the planner is fitted to these rows (every constant names its source where it is defined:
 :mod:`course.hardware`, :mod:`project.planner.pricing`, :mod:`project.planner.kernels`); what each row states about
@@ -17,24 +18,32 @@ its run is set as the run had it, and what its source leaves unsaid is an assump
 * **torchtitan** (github.com/pytorch/torchtitan, ``benchmarks/llama3_h100_202412_torchtitan.md``), Llama 3.1 8B with
   FSDP (ZeRO-3), local batch 2 x 8192, selective activation checkpointing (its ``op`` policy: every other matrix
   product recomputed), bf16: **Table 1** (8 H100: 5,762 tokens/s per GPU, and 6,667 with torch.compile) and
-  **Table 3** (128 H100: 5,605 and 6,514). The H100s are Grand Teton's 96 GB HBM2e at 2.4 TB/s and a 500 W power
-  limit (``--hardware h100-96gb``). Unit: tokens/s per GPU.
+  **Table 3** (128 H100: 5,605 and 6,514). The H100s are Grand Teton's SXM parts with 96 GB HBM2e at 2.4 TB/s held
+  to a 500 W power limit (``--hardware h100-96gb``). As its commit of the table (9dec370, 2024-12-26) runs it: the
+  gradients reduce-scattered in fp32 (``training.mixed_precision_reduce``, float32 its only choice), the RMSNorm
+  written as PyTorch operations (``models/norms.py``; compiled with the blocks under torch.compile), rotary
+  embeddings through fp32 complex numbers, the 8B preset's ``selective_ac_option = 'op'``. Unit: tokens/s per GPU.
 * **The Ultra-Scale Playbook** (Hugging Face 2025): its TP + SP scaling figure (``tp_sp_scaling``), whose runs are
   listed in nanotron's ``scaling_benchmarks.py`` (github.com/huggingface/nanotron): a 3B Llama (28 x 3072, MLP 8192,
   32 heads, no GQA, tied embeddings, vocabulary 131,072), sequence 4096, dp 1, TP 2 to 32 with the largest
   micro-batch that fit (3, 9, 18, 40, 90 sequences), sequence parallelism (``REDUCE_SCATTER``), FlashAttention, ZeRO
-  0, no recomputation, H100 nodes of 8 (AWS p5, EFA). Unit: tokens/s per GPU.
+  0, no recomputation, H100 nodes of 8 (AWS p5, EFA); nanotron's Llama runs its norms as one Triton kernel
+  (``TritonRMSNorm``: ``--norm_kernel fused``). Unit: tokens/s per GPU.
 * **MosaicML's llm-foundry** (github.com/mosaicml/llm-foundry, ``scripts/train/benchmarking/README.md``, table
   "H100 80GB BF16"): MPT-7B on 8 H100 (sequence 2048, micro-batch 6, global batch 48, no checkpointing: 10,643
-  tokens/s per GPU) and MPT-13B on 64 H100 (micro-batch 2, global batch 128: 4,800), both FSDP ``FULL_SHARD``.
-  MPT is GPT-2's block without biases (planned with them: under 0.01 % of its parameters), vocabulary 50,368,
-  FlashAttention. Unit: tokens/s per GPU.
+  tokens/s per GPU) and MPT-13B on 64 H100 (micro-batch 2, global batch 128: 4,800), both FSDP ``FULL_SHARD``,
+  published 2023-10-19 (llm-foundry #543). As the benchmark's ``submit_benchmarks.py`` and ``mpt-13b.yaml`` of that
+  commit set it up: GPT-2's block (learned positions, GeLU 4h, biases: ``no_bias`` left at False), a low-precision
+  LayerNorm (one kernel), vocabulary 50,368, ``attn_impl: triton`` (the Triton FlashAttention, priced as
+  FlashAttention-2: no published H100 figure of it), Composer's ``DEFAULT`` mixed precision (bf16 parameters; its
+  gradients reduced in bf16 before Composer's 2023-10-10 change, fp32 after — which the runs had is not said:
+  bf16 planned). Unit: tokens/s per GPU.
 """
 from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 NARAYANAN = "Narayanan et al. 2021, Megatron-LM (SC21), Table 1"
 TORCHTITAN = "torchtitan, benchmarks/llama3_h100_202412_torchtitan.md"
@@ -71,6 +80,7 @@ class Row:
     prediction: object = None
     assumed: str = ""
     notes: dict = field(default_factory=dict)
+    figure: object = None  # prediction -> the row's figure in its unit (for predictions of changed set-ups)
 
     @property
     def error(self) -> float:
@@ -90,6 +100,11 @@ def predicted(config):
     return predict(config, HARDWARE[config.hardware])
 
 
+def tokens_per_gpu(prediction, gpus: int) -> float:
+    """Tokens/s per GPU of a predicted step."""
+    return prediction.tokens / prediction.step_s / gpus
+
+
 def megatron_rows() -> list[Row]:
     """Narayanan et al. 2021, Table 1: teraFLOP/s per GPU, the paper's FLOP count of the predicted step."""
     from three_d.choosing import megatron_flops_per_step
@@ -104,10 +119,14 @@ def megatron_rows() -> list[Row]:
                       dropout=0.1, dp_overlap="off", n_devices=gpus)
         out = predicted(config)
         flops = megatron_flops_per_step(batch, 2048, layers, hidden, 51200, recomputation=True)
+
+        def figure(prediction, flops=flops, gpus=gpus):
+            return flops / prediction.step_s / gpus / 1e12
+
         rows.append(Row(NARAYANAN, f"GPT {size}B, {gpus} A100 (tp {tp}, pp {pp}, dp {dp}), batch {batch}",
-                        "teraFLOP/s per GPU (paper's count)", float(tflops), flops / out.step_s / gpus / 1e12, config,
-                        out, "one sequence per micro-batch" + (", 1F1B" if pp > 1 else "") +
-                        "; all-reduce after the backward"))
+                        "teraFLOP/s per GPU (paper's count)", float(tflops), figure(out), config, out,
+                        "one sequence per micro-batch" + (", 1F1B" if pp > 1 else "") +
+                        "; all-reduce after the backward", figure=figure))
     return rows
 
 
@@ -117,13 +136,14 @@ def torchtitan_rows() -> list[Row]:
     for gpus, compiled, tps in TORCHTITAN_ROWS:
         config = plan(preset="llama3-8b", hardware="h100-96gb", model_max_length=8192, batch_size=2 * gpus, dp=gpus,
                       zero=3, micro_batches=1, selective_checkpointing="matmuls", attention="flash",
-                      fused_kernels=compiled, precision="bf16", n_devices=gpus)
+                      fused_kernels=compiled, precision="bf16", reduce_dtype="fp32", n_devices=gpus)
         out = predicted(config)
         table = "Table 1" if gpus == 8 else "Table 3"
         rows.append(Row(f"{TORCHTITAN}, {table}", f"Llama 3.1 8B, FSDP on {gpus} H100 (96 GB, 500 W)"
                         + (", torch.compile" if compiled else ""), "tokens/s per GPU", tps,
-                        out.tokens / out.step_s / gpus, config, out,
-                        "FlashAttention-2 in SDPA; peak and GEMM efficiency of a 700 W H100 (the 500 W part's unknown)"))
+                        tokens_per_gpu(out, gpus), config, out,
+                        "FlashAttention-2 in SDPA; the 700 W H100's products at the clock a 500 W limit holds",
+                        figure=lambda prediction, gpus=gpus: tokens_per_gpu(prediction, gpus)))
     return rows
 
 
@@ -133,12 +153,13 @@ def playbook_rows() -> list[Row]:
     for tp, micro, tps in PLAYBOOK_ROWS:
         config = plan(preset="llama3.2-3b", n_head=32, n_kv_head=32, vocab_size=131072, hardware="h100",
                       model_max_length=4096, batch_size=micro, tp=tp, sequence_parallel=True, attention="flash",
-                      precision="bf16", n_devices=tp)
+                      norm_kernel="fused", precision="bf16", n_devices=tp)
         out = predicted(config)
         rows.append(Row(PLAYBOOK, f"3B Llama, TP + SP {tp} on H100 nodes of 8, micro-batch {micro}"
                         + (" (across nodes)" if tp > 8 else ""), "tokens/s per GPU", tps,
-                        out.tokens / out.step_s / tp, config, out,
-                        "tp communication exposed (nanotron overlaps part of it: tp_linear_async_communication)"))
+                        tokens_per_gpu(out, tp), config, out,
+                        "tp communication exposed (nanotron overlaps part of it: tp_linear_async_communication)",
+                        figure=lambda prediction, tp=tp: tokens_per_gpu(prediction, tp)))
     return rows
 
 
@@ -151,7 +172,9 @@ def mosaic_rows() -> list[Row]:
                       attention="flash", precision="bf16", n_devices=gpus)
         out = predicted(config)
         rows.append(Row(MOSAIC, f"{name}, FSDP on {gpus} H100, micro-batch {micro}", "tokens/s per GPU", tps,
-                        out.tokens / out.step_s / gpus, config, out, "GPT-2 block with biases for MPT's (none)"))
+                        tokens_per_gpu(out, gpus), config, out,
+                        "its Triton FlashAttention priced as FlashAttention-2; gradients reduced in bf16",
+                        figure=lambda prediction, gpus=gpus: tokens_per_gpu(prediction, gpus)))
     return rows
 
 
@@ -168,6 +191,82 @@ def summary(rows: list[Row]) -> dict:
     within = sum(e <= TARGET for e in errors)
     return {"rows": len(rows), "within": within, "median": median, "worst": max(rows, key=lambda r: abs(r.error)),
             "target_met": within == len(rows) and median <= MEDIAN_TARGET}
+
+
+# The mechanisms and set-up facts the planner adds beyond the kernels' roofline, each as the change that takes it out
+# of a row's prediction: (name, where it comes from, change of the configuration or None, change of the hardware or
+# None). A change that leaves a row's set-up as it was does not concern that row. The last two are set-up checks, not
+# mechanisms: nanotron's norms are one Triton kernel, where --norm_kernel auto would have run them as eight, and MPT's
+# GeLU is torch's one kernel, where the course's GPT-2 blocks (transformers') run eight.
+MECHANISMS = (
+    ("SMs held by hidden collectives", "NCCL's CTAs: 24 of an H100's 132 SMs (pricing.contention_seconds)",
+     None, lambda hw: replace(hw, comm_sms=0)),
+    ("clock under a power limit", "cube root of the power ratio, 500 of 700 W (pricing.clock_factor)",
+     None, lambda hw: replace(hw, power_w=hw.reference_power_w)),
+    ("RMSNorm as 8 eager kernels", "torchtitan's models/norms.py (kernels.norm_bytes)",
+     {"norm_kernel": "fused"}, None),
+    ("gradients reduced in fp32", "torchtitan's training.mixed_precision_reduce",
+     {"reduce_dtype": "bf16"}, None),
+    ("nanotron's fused RMSNorm", "nanotron's TritonRMSNorm, where --norm_kernel auto would run 8 kernels",
+     {"norm_kernel": "composite"}, None),
+    ("GeLU as one kernel", "llm-foundry's nn.GELU, where the course's GPT-2 blocks run transformers' 8 operations",
+     {"activation_model": "course"}, None),
+)
+
+
+def with_change(row: Row, config_change: dict | None, hardware_change) -> float | None:
+    """The row's figure predicted with one change (:data:`MECHANISMS`), or None where the change leaves the row's
+    set-up as it was (or, for a norm run as eight kernels, where the row's norm is not an eager RMSNorm)."""
+    from course.hardware import HARDWARE
+    from project.planner.config import PlanConfig
+    from project.planner.step import predict
+
+    config, hardware = row.config, HARDWARE[row.config.hardware]
+    if config_change:
+        if all(getattr(config, k) == v for k, v in config_change.items()):
+            return None
+        if config_change.get("norm_kernel") == "composite" and (config.model.norm != "rmsnorm" or config.fused_kernels
+                                                                or config.norms == "composite"):
+            return None
+        if config_change.get("norm_kernel") == "fused" and config.norms == "fused":
+            return None
+        if config_change.get("reduce_dtype") == "bf16" and config.gradient_bytes == 2:
+            return None
+        if "activation_model" in config_change and (config.model.mlp != "gelu" or config.fused_kernels):
+            return None
+        config = PlanConfig.for_test(**(config.record() | config_change))
+    if hardware_change:
+        changed = hardware_change(hardware)
+        if changed == hardware:
+            return None
+        hardware = changed
+    return row.figure(predict(config, hardware))
+
+
+def mechanism_effects(rows: list[Row]) -> list[dict]:
+    """Per row, each mechanism's effect on its error: ``{"run", "error", <mechanism name>: the error with it
+    minus the error without it (None: not in this row's set-up)}``, in the order of :data:`MECHANISMS`."""
+    out = []
+    for r in rows:
+        entry = {"run": r.run, "error": r.error}
+        for name, _, config_change, hardware_change in MECHANISMS:
+            without = with_change(r, config_change, hardware_change)
+            entry[name] = None if without is None else r.error - (without / r.published - 1)
+        out.append(entry)
+    return out
+
+
+def format_effects(effects: list[dict]) -> str:
+    """:func:`mechanism_effects` as text: one column per mechanism, in points of error (``.``: not in the row)."""
+    names = [m[0] for m in MECHANISMS]
+    width = max(len(e["run"]) for e in effects)
+    lines = ["each mechanism's effect on the error (points; the error with it minus without it):",
+             f"{'run':{width}} {'error':>7} " + " ".join(f"{n[:14]:>14}" for n in names)]
+    for e in effects:
+        cells = " ".join(f"{'.':>14}" if e[n] is None else f"{e[n]:>+14.1%}" for n in names)
+        lines.append(f"{e['run']:{width}} {e['error']:>+7.1%} {cells}")
+    lines += [f"  {n}: {src}" for n, src, _, _ in MECHANISMS]
+    return "\n".join(lines)
 
 
 def gemm_efficiency_needed(row: Row) -> tuple[float, float]:
@@ -207,9 +306,12 @@ def format_table(rows: list[Row]) -> str:
             lines.append(f"-- {source}")
         lines.append(f"{r.run:{width}} {r.unit[:34]:34} {r.published:>10.4g} {r.predicted:>10.4g} {r.error:>+7.1%}")
     s = summary(rows)
+    fast = sum(r.error > 0 for r in rows)
     lines += ["", f"{s['within']} of {s['rows']} rows within ±{TARGET:.0%}; median absolute error {s['median']:.1%} "
-                  f"(target ±{MEDIAN_TARGET:.0%}): {'met' if s['target_met'] else 'NOT met'}; no constant of the "
-                  "planner is fitted to these rows", "largest errors:"]
+                  f"(target ±{MEDIAN_TARGET:.0%}): {'met' if s['target_met'] else 'NOT met'}; too fast on {fast} of "
+                  f"{s['rows']} rows; no constant of the planner is fitted to these rows"]
+    lines += missing_lines(rows)
+    lines.append("largest errors:")
     for r in sorted(rows, key=lambda r: -abs(r.error))[:4]:
         planner, needed = gemm_efficiency_needed(r)
         lines.append(f"  {r.error:+.1%} {r.run}: predicted step {where_time_goes(r)}; its matrix products at "
@@ -218,8 +320,47 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def remaining_gap(rows: list[Row]) -> dict:
+    """The rows outside the ±15 % band, by device: ``{hardware: {"rows": [...], "planner": (low, high), "needed":
+    (low, high)}}``, the matrix-product efficiency the planner gives those rows and the one their published figures
+    imply with everything else as predicted (:func:`gemm_efficiency_needed`), each as its range over the rows."""
+    out: dict = {}
+    for r in rows:
+        if abs(r.error) <= TARGET:
+            continue
+        planner, needed = gemm_efficiency_needed(r)
+        entry = out.setdefault(r.config.hardware, {"rows": [], "planner": [], "needed": []})
+        entry["rows"].append(r)
+        entry["planner"].append(planner)
+        entry["needed"].append(needed)
+    for entry in out.values():
+        entry["planner"] = (min(entry["planner"]), max(entry["planner"]))
+        entry["needed"] = (min(entry["needed"]), max(entry["needed"]))
+    return out
+
+
+def missing_lines(rows: list[Row]) -> list[str]:
+    """Which rows miss the band and what closing them would take (:func:`remaining_gap`), as text."""
+    gap = remaining_gap(rows)
+    if not gap:
+        return ["every row within the band"]
+    lines = ["outside the band, and what the remaining gap would require (everything else as predicted):"]
+    for hardware, entry in gap.items():
+        names = "; ".join(f"{r.run.split(',')[0]} {r.error:+.0%}" for r in entry["rows"])
+        needed, planner = (f"{a:.0%}" if f"{a:.0%}" == f"{b:.0%}" else f"{a:.0%}-{b:.0%}"
+                           for a, b in (entry["needed"], entry["planner"]))
+        lines.append(f"  {hardware}, {len(entry['rows'])} rows ({names}): matrix products at {needed} of the peak "
+                     f"instead of the planner's {planner}")
+    return lines
+
+
 def main(argv=None) -> int:
-    print(format_table(table()))
+    argv = sys.argv[1:] if argv is None else argv
+    rows = table()
+    print(format_table(rows))
+    if "--mechanisms" in argv:
+        print()
+        print(format_effects(mechanism_effects(rows)))
     return 0
 
 

@@ -2,7 +2,8 @@
 measurement."""
 from __future__ import annotations
 
-CLASS_NAMES = {"gemm": "matrix products", "attention": "attention core", "memory": "memory-bound kernels"}
+CLASS_NAMES = {"gemm": "matrix products", "attention": "attention core", "memory": "memory-bound kernels",
+               "contention": "SMs held by collectives"}
 
 
 def readable_bytes(n: float) -> str:
@@ -97,7 +98,9 @@ def format_prediction(config, prediction) -> str:
               f"bubble: {p.bubble:.1%} of the step (the schedule's formula for equal stages: {p.bubble_theory:.1%} of "
               f"an ideal step); hidden behind computation: {hidden}; limited by: {p.limit}",
               format_breakdown(p),
-              f"matrix products at the GPU's measured or published efficiency by shape ({p.efficiency_source})",
+              f"matrix products at the GPU's measured or published efficiency by shape ({p.efficiency_source})"
+              + (f", at {p.extra['clock_factor']:.1%} of its clock (power limit)" if p.extra.get("clock_factor", 1) < 1
+                 else ""),
               f"memory: {readable_bytes(p.memory_bytes)} on the fullest rank of {readable_bytes(p.usable_memory_bytes)} "
               f"usable ({'fits' if p.fits else 'does NOT fit'})",
               f"FLOPs per step: model {p.model_flops / 1e12:.4g} TFLOP (PaLM's 6N + 12 L a d s), hardware "

@@ -21,6 +21,12 @@ def check_plan(config) -> None:
     if config.activation_checkpointing and config.selective_checkpointing != "none":
         raise ConfigError(f"--activation_checkpointing recomputes every block already: drop --selective_checkpointing "
                           f"{config.selective_checkpointing}")
+    if config.norm_kernel == "composite" and model.norm != "rmsnorm":
+        raise ConfigError(f"--norm_kernel composite is RMSNorm written as PyTorch operations: --preset {config.preset} "
+                          f"has a {model.norm}, one kernel (--norm_kernel fused)")
+    if config.precision == "fp32" and config.reduce_dtype == "bf16":
+        raise ConfigError("--reduce_dtype bf16 with --precision fp32: the gradients are fp32; use --reduce_dtype fp32 "
+                          "or auto")
     if (config.measure or config.verify) and (config.shape_overrides or config.preset not in COURSE_PRESETS):
         raise ConfigError(f"--measure and --verify build the course's GPT-2 presets {COURSE_PRESETS}: drop the free "
                           f"shape options and choose one of them")

@@ -6,10 +6,13 @@ and, for ZB-H1, a weight-gradient ``W`` per micro-batch, adds the calls that sit
 (tp, cp, ep), replays the schedule's action lists (``pipeline.SCHEDULES``, :func:`pipeline.metrics.replay`) with a pp
 send per hand-over, hides ZeRO-3's per-block gathers behind the previous block (:func:`exposed_gathers`) and each
 stage's gradient reduction behind its last backward (:func:`reduction_finish`) when ``--dp_overlap`` is on, then
-runs the tied embedding's all-reduce, the 3D step's scalars, ZeRO-1/2's gathers and the optimizer.
+runs the tied embedding's all-reduce, the 3D step's scalars, ZeRO-1/2's gathers and the optimizer. Communication
+hidden behind computation still holds SMs while it runs: the computation it overlaps loses their share
+(:func:`project.planner.pricing.contention_seconds`), added to the step as compute.
 
 The step splits exactly into ``compute + bubble + exposed communication + optimizer`` (see :class:`Prediction`);
-compute splits further into the kernel classes (matrix products, attention, memory-bound kernels). The bubble is
+compute splits further into the kernel classes (matrix products, attention, memory-bound kernels) and the SMs'
+share lost to hidden communication (``contention``). The bubble is
 one thing throughout: the critical stage's idle time as a **fraction of the step**, beside the schedule's
 formula for equal stages ``(p - 1) / (w m + p - 1)`` (``pipeline.Schedule.bubble``), which is the same fraction of
 an ideal step.
@@ -22,7 +25,7 @@ from project.planner.communication import Call, call_seconds, group_placement, g
 from project.planner.kernels import stage_kernels
 from project.planner.layout import pipeline_actions, stage_layout
 from project.planner.memory import ALLOCATOR_HEADROOM, StageMemory, stage_memory
-from project.planner.pricing import kernel_seconds
+from project.planner.pricing import clock_factor, contention_seconds, kernel_seconds
 
 BUCKET_BYTES = 25 * 2**20  # gradient bucket of DDP (torch.nn.parallel.DistributedDataParallel, bucket_cap_mb=25)
 IN_ACTION = ("tp", "cp", "ep")  # groups whose calls sit inside a forward or backward: on the critical path
@@ -51,7 +54,8 @@ class Prediction:
     """The prediction for one configuration (times in seconds, memory in bytes).
 
     ``step_s = compute_s + bubble_s + comm_s + optimizer_s`` exactly: ``compute_s`` is the critical stage's
-    computation (the stage busiest in the replay; ``compute_by_class`` splits it), ``bubble_s`` its idle time in the
+    computation (the stage busiest in the replay; ``compute_by_class`` splits it into the kernel classes and
+    ``contention``, the computation lost to the SMs hidden communication holds), ``bubble_s`` its idle time in the
     replay without transfer latency (``bubble`` = ``bubble_s / step_s``; ``bubble_theory`` the schedule's formula),
     ``comm_s`` the exposed communication (per group in ``exposed_s``; ``hidden_s`` the rest of each group's seconds),
     ``optimizer_s`` the optimizer step at the end. ``model_flops`` (PaLM's) and ``hardware_flops`` (as executed,
@@ -296,7 +300,9 @@ def predict(config, hardware) -> Prediction:
         for group, seconds in s.comm_s.items():
             totals[group] = max(totals.get(group, 0.0), seconds)
     hidden = {g: max(0.0, t - exposed.get(g, 0.0)) for g, t in totals.items()}
-    compute = priced[crit][4]
+    contention = contention_seconds(sum(t for g, t in hidden.items() if g != "pp"), hardware)  # collectives only
+    step += contention
+    compute = priced[crit][4] + contention
     bubble_s = t0 - busy[crit]
     tokens = config.batch_size * config.model_max_length
     model_flops = config.model.model_flops_per_token(config.vocab_size, config.model_max_length) * tokens
@@ -308,14 +314,14 @@ def predict(config, hardware) -> Prediction:
         gemm_base_efficiency(hardware, 1e12, config.flops_efficiency)[1]
     out = Prediction(stages=stages, memory_bytes=memory_bytes, device_memory_bytes=hardware.memory_bytes,
                      usable_memory_bytes=usable, fits=memory_bytes <= usable, compute_s=compute,
-                     compute_by_class=dict(stages[crit].compute_by_class), bubble=bubble_s / step if step else 0.0,
+                     compute_by_class=dict(stages[crit].compute_by_class) | {"contention": contention}, bubble=bubble_s / step if step else 0.0,
                      bubble_theory=SCHEDULES[config.schedule].bubble(config.pp, m, config.virtual_stages)
                      if config.pp > 1 else 0.0, bubble_s=bubble_s, comm_s=sum(exposed.values()), exposed_s=exposed,
                      hidden_s=hidden, comm_total_s=totals, optimizer_s=optimizer_s, pipeline_s=t1, step_s=step,
                      tokens=tokens, model_flops=model_flops, hardware_flops=hardware_flops,
                      mfu=model_flops / (step * config.devices * peak), hfu=hardware_flops / (step * config.devices * peak),
                      hardware=hardware.name, peak_flops=peak, efficiency_source=source, overlap=overlap,
-                     critical_stage=crit)
+                     critical_stage=crit, extra={"clock_factor": clock_factor(hardware)})
     from project.planner.report import limiting_term
 
     out.limit = limiting_term(config, hardware, out)
