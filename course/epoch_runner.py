@@ -412,8 +412,10 @@ class _Checkpoints:
         """
         from course.checkpoint import choose_checkpoint
 
+        group = self.mode.world_group
+        shared = dist.is_initialized() and group is not None and dist.get_world_size(group) > 1
         decision: list = [None]
-        if self.mode.rank == 0:
+        if not shared or dist.get_rank(group) == 0:  # the deciding rank: the group's first, or each lone rank
             try:
                 point = choose_checkpoint(self.mode.args.resume, self.root)
                 decision[0] = ("ok", None if point.path is None else str(point.path))
@@ -424,9 +426,8 @@ class _Checkpoints:
                     print("no intact checkpoint is left: starting afresh", flush=True)
             except (ValueError, FileNotFoundError) as exc:
                 decision[0] = ("error", str(exc))
-        group = self.mode.world_group
-        if dist.is_initialized() and group is not None and dist.get_world_size(group) > 1:
-            dist.broadcast_object_list(decision, src=0, group=group)  # pickled: over the group's gloo back-end
+        if shared:
+            dist.broadcast_object_list(decision, group=group, group_src=0)  # pickled: over the group's gloo back-end
         status, value = decision[0]
         if status == "error":
             raise ValueError(value)
