@@ -23,8 +23,7 @@ its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face data
 The run modes are the registry's (``project/modes.py``; ``data`` and ``tensor`` are Modal's names of ``dp`` and
 ``tp``, which work too): a mode registered there runs here. The options are the script's configuration's
 (``project/options``), with dashes: ``--micro-batches``,
-``--virtual-stages``, ``--dp --pp --tp --cp --ep`` (``--n-chunk`` and ``--tp-size`` still work, with a
-note naming the new name). They are checked here before anything is sent, by that configuration's own
+``--virtual-stages``, ``--dp --pp --tp --cp --ep``. They are checked here before anything is sent, by that configuration's own
 rules, without torch (see ``project/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
 local Python sources (among them ``instructor/grade.py`` and ``instructor/keys.py``, which
@@ -41,8 +40,8 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OLD_OPTIONS,  # noqa: E402
-                                   OPTIONS, make_request, options_from_argv, print_grade, remote_run, run_name,
+from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OPTIONS,  # noqa: E402
+                                   make_request, options_from_argv, print_grade, remote_run, run_name,
                                    save_files, summarize, summarize_gpu_tier)
 
 APP_NAME = "llmsys-parallel-course"
@@ -87,13 +86,12 @@ def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epoc
          virtual_stages: Optional[int] = None, model_parallel_mode: Optional[str] = None,
          schedule: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
          precision: Optional[str] = None, activation_checkpointing: bool = False, bucket_mb: Optional[float] = None,
-         overlap: bool = False, compression: Optional[str] = None, n_chunk: Optional[int] = None,
-         tp_size: Optional[int] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
+         overlap: bool = False, compression: Optional[str] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
          gpu_tests: bool = False, results_dir: str = "workdir/modal"):
     """Run --mode data|pipeline|tensor|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
     --world-size GPUs of type --gpu (or --grade, or --gpu-tests). The other options are the script's
-    configuration's (project/options); --n-chunk and --tp-size are the former names of --micro-batches, --tp."""
-    options = {name: value for name, value in locals().items() if name in (*OPTIONS, *OLD_OPTIONS)}
+    configuration's (project/options)."""
+    options = {name: value for name, value in locals().items() if name in OPTIONS}
     try:
         request = make_request(mode=mode, world_size=world_size, gpu=gpu, launcher=launcher, extra=extra,
                                grade=grade, gpu_tests=gpu_tests, **options)
@@ -126,7 +124,7 @@ if modal.is_local():  # under `modal run modal_run.py ...`: check the options be
     if _cli is not None:
         _cli.pop("results_dir", None)
         try:
-            make_request(**_cli, notes=False)  # the entry point says the notes
+            make_request(**_cli)
         except ValueError as _exc:
             print(f"modal_run.py: {_exc}", file=sys.stderr)
             raise SystemExit(2)

@@ -21,9 +21,8 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
 * **JSON** — :func:`write_report` writes ``{"machine", "config", ...results}`` atomically;
 * **the command line** — :func:`parser` gives every benchmark the same options for the same thing
   (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``; mesh sizes and
-  ``--micro_batches`` named as in :class:`course.config.RunConfig`), :func:`old_name` keeps a former
-  option name working with a note naming the new one, and :func:`check` validates before any process
-  starts.
+  ``--micro_batches`` named as in :class:`course.config.RunConfig`), and :func:`check` validates before any
+  process starts.
 """
 from __future__ import annotations
 
@@ -371,18 +370,6 @@ def gpt2_step_options(group) -> None:
     group.add_argument("--vocab_size", type=int, default=5000)
     group.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     group.add_argument("--per_rank_batch", type=int, default=8, help="sequences per rank per step")
-
-
-def old_name(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
-    """Keep ``old`` working as ``new`` (same value) with a note naming ``new`` (:class:`course.config.RunConfig`'s
-    former names do the same). ``kwargs``: ``type``/``nargs`` of the new option."""
-    from course.config import OldName
-
-    dest = new.lstrip("-")
-    action = next(a for a in parser._actions if a.dest == dest)
-    kwargs = {"type": action.type, "nargs": action.nargs, **kwargs}
-    parser.add_argument(old, dest=dest, action=OldName, new=new, help=argparse.SUPPRESS,
-                        **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> argparse.Namespace:

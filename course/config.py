@@ -6,9 +6,7 @@ run shares: data, model and training, mesh, run, checkpoints) with its own field
 starts with ``config = MyConfig.from_command_line()``. The command line is made from the fields
 (``--name``, the field's type, default and help), so every script takes the same option names for
 the same thing — ``--dp --pp --tp --cp --ep``, ``--micro_batches``, ``--virtual_stages``,
-``--device``, ``--backend`` — and a field's declaration is its documentation. Old names
-(``--world_size``, ``--n_stages``, ``--tp_size``, ``--n_chunk``, ``--n_virtual``) still work for a
-while and say which name replaces them.
+``--device``, ``--backend`` — and a field's declaration is its documentation.
 
 :meth:`RunConfig.from_command_line` parses, fills in what ``auto`` means (device and back-end,
 model preset, a mesh size taken from torchrun's ``WORLD_SIZE``), runs :meth:`RunConfig.check`
@@ -29,7 +27,6 @@ import argparse
 import dataclasses
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,8 +41,7 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message says which option to change and how."""
 
 
-def option(default: Any, help: str, *, group: str, choices: tuple | None = None, old: tuple[str, ...] = (),
-           metavar: str | None = None):
+def option(default: Any, help: str, *, group: str, choices: tuple | None = None, metavar: str | None = None):
     """A configuration field that is also a command-line option ``--<field name>``.
 
     Args:
@@ -53,25 +49,9 @@ def option(default: Any, help: str, *, group: str, choices: tuple | None = None,
         help: what it is, with its unit.
         group: the ``--help`` section (one of :data:`GROUPS`, or the script's own).
         choices: the allowed values.
-        old: former option names that still work, with a note naming the new one.
+        metavar: how ``--help`` names the value.
     """
-    return field(default=default, metadata={"help": help, "group": group, "choices": choices, "old": old,
-                                            "metavar": metavar})
-
-
-class OldName(argparse.Action):
-    """An option's former name: sets the field and says once which name replaces it."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        self.new = new
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"note: {option_string} is now {self.new}; the old name will go away", file=sys.stderr)
-        setattr(namespace, self.dest, True if self.nargs == 0 else values)
-
-
-_OldName = OldName  # its former name
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices, "metavar": metavar})
 
 
 def _kind(f: dataclasses.Field) -> type:
@@ -120,10 +100,8 @@ class RunConfig:
     tp: int | None = option(1, "tensor-parallel ranks per stage", group="mesh")
     cp: int = option(1, "context-parallel ranks (each holds a part of every sequence)", group="mesh")
     ep: int = option(1, "expert-parallel ranks (carved out of dp x cp)", group="mesh")
-    micro_batches: int = option(1, "micro-batches per (per-dp-rank) batch in a pipeline", group="mesh",
-                                old=("n_chunk",))
-    virtual_stages: int | None = option(1, "model chunks per pipeline rank (interleaved 1F1B)", group="mesh",
-                                        old=("n_virtual",))
+    micro_batches: int = option(1, "micro-batches per (per-dp-rank) batch in a pipeline", group="mesh")
+    virtual_stages: int | None = option(1, "model chunks per pipeline rank (interleaved 1F1B)", group="mesh")
     # ---- run ----
     workdir: str = option("workdir", "where results, translations, checkpoints and the tokenizer go", group="run")
     overwrite: bool = option(False, "replace this mode's results already in --workdir (without it, the run "
@@ -184,14 +162,9 @@ class RunConfig:
             kind = _kind(f)
             if kind is bool:
                 group.add_argument(f"--{f.name}", action="store_true", help=meta["help"])
-                extra: dict = {"nargs": 0}
             else:
                 group.add_argument(f"--{f.name}", type=kind, default=f.default, choices=meta["choices"],
                                    help=meta["help"], metavar=meta["metavar"])
-                extra = {"type": kind, "choices": meta["choices"]}
-            for old in meta["old"]:
-                group.add_argument(f"--{old}", dest=f.name, action=_OldName, new=f"--{f.name}", help=argparse.SUPPRESS,
-                                   **extra)
         # "-1e-3" looks like an option to argparse; read it as a number so that a negative value gets the
         # clear "must be positive" message instead of "expected one argument".
         parser._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d*\.?\d+[eE][-+]?\d+$")

@@ -116,8 +116,6 @@ def parse_args(argv=None):
     parser.add_argument("--root", type=Path, default=Path("workdir/async_checkpoint_benchmark"),
                         help="where the checkpoints go while it runs (a new folder, removed at the end)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of the launch (seconds)")
-    benchmarking.old_name(parser, "--vocab", "--vocab_size")
-    benchmarking.old_name(parser, "--batch", "--per_rank_batch")
     args = parser.parse_args(argv)
     if args.repeats < 3:
         parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")

@@ -8,19 +8,16 @@ False. tests/pipeline/test_checks.py checks the formulas against the schedules t
 from __future__ import annotations
 
 from course.exercise_checks import report as _report
-from course.renames import renamed_keywords
 
 from pipeline.schedules import get_schedule
 
 
-@renamed_keywords(n_micro="micro_batches")
 def forward_clock_cycles(micro_batches: int, n_stages: int) -> int:
     """Clock cycles of a GPipe forward pass of ``m`` micro-batches over ``n`` stages: ``m + n - 1``
     (Huang et al. 2019, Sec. 2.2, Fig. 2c)."""
     return micro_batches + n_stages - 1
 
 
-@renamed_keywords(n_micro="micro_batches")
 def peak_in_flight_formula(schedule: str, rank: int, n_stages: int, micro_batches: int) -> int:
     """Micro-batches ``rank`` holds activations of at once: GPipe ``m``; 1F1B ``min(p - rank, m)``
     (Narayanan et al. 2021, Sec. 2.2.1)."""
@@ -31,7 +28,6 @@ def peak_in_flight_formula(schedule: str, rank: int, n_stages: int, micro_batche
     raise ValueError(f"the formula covers 'gpipe' and '1f1b', got {schedule!r}")
 
 
-@renamed_keywords(n_chunks="virtual_stages")
 def fewest_micro_batches(schedule: str, n_stages: int, max_bubble: float, virtual_stages: int = 1) -> int:
     """The smallest ``m`` whose theoretical bubble (:meth:`pipeline.schedules.Schedule.bubble`) is at most
     ``max_bubble``."""

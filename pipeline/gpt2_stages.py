@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.renames import renamed_keywords
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
@@ -57,7 +56,6 @@ def gpt2_stage(model, stage: int, n_stages: int,
 
 
 
-@renamed_keywords(n_chunks="virtual_stages")
 def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
                 balance: list[int] | None = None,
                 placement: str = "loop") -> tuple[list[nn.Sequential], nn.Parameter | None]:

@@ -6,7 +6,6 @@ bytes of the tensors autograd saves for the backward pass while micro-batches ar
 """
 from __future__ import annotations
 
-from course.renames import renamed_keywords
 
 
 SCHEDULE_NAMES = ("gpipe", "1f1b")
@@ -48,7 +47,6 @@ def gpt2_memory_worker(rank: int, world_size: int, batch: dict, vocab_size: int,
     return out
 
 
-@renamed_keywords(n_micro="micro_batches")
 def measure_gpt2_memory(batch: dict, vocab_size: int, n_stages: int = 2, micro_batches: int = 8, preset: str = "tiny",
                         timeout: float = 300.0) -> list[dict]:
     """Launch ``n_stages`` processes; rows ``{schedule, stage, peak_activation_bytes, peak_in_flight}``."""

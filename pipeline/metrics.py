@@ -17,11 +17,9 @@ unit time slots for the idealised ones of :func:`simulate`).
 """
 from __future__ import annotations
 
-from course.renames import renamed_keywords
 from pipeline.placement import flatten_pairs, rank_of, stage_of
 
 
-@renamed_keywords(n_micro="micro_batches")
 def bubble_fraction(n_stages: int, micro_batches: int) -> float:
     """Ideal bubble fraction of GPipe and 1F1B: ``(p - 1) / (m + p - 1)`` (equal stage costs).
 

@@ -272,8 +272,6 @@ def make_parser():
     parser.add_argument("--schedules", nargs="+", default=list(BENCHMARKED), choices=list(BENCHMARKED))
     parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
     parser.add_argument("--n_layer", type=int, default=12)
-    for old, new in (("--p", "--pp"), ("--m", "--micro_batches"), ("--v", "--virtual_stages")):
-        benchmarking.old_name(parser, old, new)
     return parser
 
 

@@ -68,8 +68,6 @@ def make_parser():
     dp.add_argument("--dp_steps", type=int, default=8, help="steps per timed repeat")
     dp.add_argument("--dp_repeats", type=int, default=7, help="timed repeats (interleaved)")
     dp.add_argument("--bucket_mb", type=float, default=1.0, help="bucket size of the bucketed reducer and of DDP (MB)")
-    benchmarking.old_name(parser, "--json", "--out")
-    benchmarking.old_name(parser, "--dp_world_size", "--dp")
     return parser
 
 

@@ -53,8 +53,6 @@ MODES = (*SCRIPTS, *BENCHMARKS)
 OPTIONS = ("n_epochs", "batch_size", "preset", "max_batches", "dataset", "dp", "pp", "tp", "cp", "ep",
            "micro_batches", "virtual_stages", "model_parallel_mode", "schedule", "attention", "zero", "precision",
            "activation_checkpointing", "bucket_mb", "overlap", "compression")
-# Modal's former option names (one release): the name each now is.
-OLD_OPTIONS = {"n_chunk": "micro_batches", "tp_size": "tp"}
 MESH_SIZES = ("dp", "pp", "tp", "cp", "ep")
 # --gpu-tests: the GPU tier (tests/gpu, NCCL against gloo) and its JUnit report.
 GPU_TIER_XML = "gpu_tier.xml"
@@ -117,13 +115,11 @@ def _positive(name: str, value) -> None:
 
 
 def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
-                 extra: str = "", grade: bool = False, gpu_tests: bool = False, notes: bool = True,
-                 **options) -> RunRequest:
+                 extra: str = "", grade: bool = False, gpu_tests: bool = False, **options) -> RunRequest:
     """Check the options of ``modal run modal_run.py`` on the laptop, before anything is sent, and return the
     :class:`RunRequest`.
 
-    ``options`` are configuration options of :data:`OPTIONS` (None or False: not given) and the former names
-    of :data:`OLD_OPTIONS` (they work, with a note on stderr naming the new one unless ``notes`` is False).
+    ``options`` are configuration options of :data:`OPTIONS` (None or False: not given).
     A run mode's request is checked by its own configuration (:func:`config_class`): the command line the
     script will get (these options, ``--device cuda`` and ``extra``) is parsed by the script's parser and
     the configuration built from it is resolved for ``world_size`` GPUs and checked
@@ -154,19 +150,9 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
         raise ValueError(f"--world-size {world_size} needs {world_size} GPUs in one container, but Modal attaches "
                          f"at most {limit} {gpu_type} to a container; use --world-size <= {limit}, or a GPU type "
                          "that allows 8 (e.g. --gpu L4, --gpu H100); beyond 8, use torchrun across nodes (README)")
-    unknown = set(options) - set(OPTIONS) - set(OLD_OPTIONS)
+    unknown = set(options) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(_dashed(n) for n in sorted(unknown))}")
-    for old, new in OLD_OPTIONS.items():
-        value = options.pop(old, None)
-        if value is None:
-            continue
-        if options.get(new) is not None and options[new] != value:
-            raise ValueError(f"{_dashed(old)} {value} and {_dashed(new)} {options[new]} are the same option "
-                             f"(its former and its new name): give {_dashed(new)} only")
-        if notes:
-            print(f"note: {_dashed(old)} is now {_dashed(new)}; the old name will go away", file=sys.stderr)
-        options[new] = value
     options = {k: v for k, v in options.items() if v is not None and v is not False}
     extra_args = shlex.split(extra or "")
     if grade or gpu_tests:

@@ -183,8 +183,6 @@ def make_parser():
     parser.add_argument("--seq", type=int, default=32, help="tokens per row")
     parser.add_argument("--vocab_size", type=int, default=5000, help="vocabulary size (the course tokenizer's order)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per factorisation and repeat")
-    for old, new in (("--batch", "--batch_size"), ("--micro_batch", "--micro_batch_size"), ("--vocab", "--vocab_size")):
-        benchmarking.old_name(parser, old, new)
     return parser
 
 

@@ -22,7 +22,7 @@ class ThreeDConfig(RunConfig):
     dp: int | None = option(1, "data-parallel replicas", group="mesh")
     pp: int | None = option(4, "pipeline stages", group="mesh")
     tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
-    micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
+    micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh")
     schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D,
                            choices=(*SCHEDULES, *V_SCHEDULES))
     scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "

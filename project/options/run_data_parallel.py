@@ -38,8 +38,8 @@ class DataParallelConfig(RunConfig):
     world_option = "dp"
     resumes_at_another_world_size = True  # data_parallel/data_order.py; ZeRO: memory/sharded_checkpoint.py
 
-    dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
-                            old=("world_size",))
+    dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)",
+                            group="mesh")
     save_checkpoint: bool = option(False, "save the final weights to <workdir>/checkpoint_data_parallel.pt (a "
                                           "torch.save file made from a DCP checkpoint)",
                                    group="checkpoints and restarts")

@@ -25,11 +25,11 @@ class PipelineConfig(RunConfig):
     max_batches: int | None = option(150, "stop each epoch after this many batches (quick runs)",
                                      group="model and training")
     pp: int | None = option(None, "pipeline stages (default: torchrun's WORLD_SIZE for the multi-process modes, "
-                                  "else 2)", group="mesh", old=("n_stages",))
+                                  "else 2)", group="mesh")
     micro_batches: int = option(4, "micro-batches per batch (micro-batch size = batch_size // micro_batches)",
-                                group="mesh", old=("n_chunk",))
+                                group="mesh")
     virtual_stages: int | None = option(None, "interleaved: model chunks (virtual stages) per process, default 2; "
-                                              "other modes: 1", group="mesh", old=("n_virtual",))
+                                              "other modes: 1", group="mesh")
     model_parallel_mode: str = option("pipeline_parallel", "model_parallel: stages one after another; "
                                                            "pipeline_parallel: Pipe with micro-batches in one "
                                                            "process; a schedule name: one process per stage running "

@@ -20,7 +20,7 @@ class TensorParallelConfig(RunConfig):
 
     batch_size: int = option(32, "global batch size (sequences per optimizer step)", group="model and training")
     tp: int | None = option(None, "ranks the model is split over (default: torchrun's WORLD_SIZE, else 2)",
-                            group="mesh", old=("tp_size",))
+                            group="mesh")
     sequence_parallel: bool = option(False, "also split layer norms and dropout along the sequence (Korthikanti et "
                                             "al. 2022)", group="tensor parallelism")
     block_types: str = option("tp", "tp, spd or parallel: one for every layer, or one per layer comma-separated",

@@ -1,5 +1,5 @@
 """The run configuration (course.config): one dataclass per run, the same option names in every script,
-old names still accepted with a note naming the new one, checks before any process starts."""
+checks before any process starts."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,23 +30,6 @@ def test_every_script_takes_the_shared_options_and_its_mesh_sizes_by_the_same_na
         assert f"--{name}" in options
     for name in ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages"):
         assert (f"--{name}" in options) == (name in cls.mesh_options), (cls.__name__, name)
-
-
-@pytest.mark.parametrize("cls,old,new,value", [
-    (DataParallelConfig, "--world_size", "dp", 3),
-    (PipelineConfig, "--n_stages", "pp", 2),
-    (PipelineConfig, "--n_chunk", "micro_batches", 8),
-    (TensorParallelConfig, "--tp_size", "tp", 4),
-    (ThreeDConfig, "--n_chunk", "micro_batches", 4),
-], ids=lambda x: getattr(x, "__name__", str(x)))
-def test_old_option_names_still_work_and_name_the_new_one(cls, old, new, value, capsys, tmp_path):
-    extra = ["--model_parallel_mode", "interleaved", "--n_virtual", "2"] if cls is PipelineConfig else []
-    config = cls.from_command_line([old, str(value), "--workdir", str(tmp_path), "--batch_size", "48", *extra])
-    assert getattr(config, new) == value
-    err = capsys.readouterr().err
-    assert f"note: {old} is now --{new}" in err
-    if extra:
-        assert config.virtual_stages == 2 and "note: --n_virtual is now --virtual_stages" in err
 
 
 def test_a_configuration_is_checked_before_anything_runs_and_records_every_field():

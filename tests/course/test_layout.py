@@ -7,7 +7,7 @@
   also the ones inside functions.
 * No import cycle between the modules.
 * A module's private (underscore) names are its own: no module imports one from another
-  (``from course.config import _OldName``) or reads one through a module it imported
+  (``from course.launch import _free_port``) or reads one through a module it imported
   (``collectives._NAMES``), and no module is handed another module object
   (``sys.modules[__name__]``, or an imported module passed to a call): what a module offers
   another is a public name.

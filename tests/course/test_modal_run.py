@@ -59,9 +59,10 @@ def test_entrypoint_options_on_the_modal_cli():
     result = modal_cli("--help")
     assert result.returncode == 0, result.stderr
     for option in ("--mode", "--world-size", "--n-epochs", "--batch-size", "--micro-batches", "--virtual-stages",
-                   "--cp", "--ep", "--attention", "--n-chunk", "--tp-size", "--model-parallel-mode", "--preset",
+                   "--cp", "--ep", "--attention", "--model-parallel-mode", "--preset",
                    "--gpu", "--grade / --no-grade", "--launcher", "--extra"):
         assert option in result.stdout, (option, result.stdout)
+    assert "--n-chunk" not in result.stdout and "--tp-size" not in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -85,7 +86,7 @@ def test_options_are_read_from_modal_run_argv(modal_run):
     read = ms.options_from_argv(["modal", "run", path + "::main", "--world-size", "4", "--mode", "tensor",
                                  "--grade", "--extra", "--sequence_parallel"], entry, path)
     assert (read["world_size"], read["mode"], read["grade"], read["extra"]) == (4, "tensor", True, "--sequence_parallel")
-    assert read["tp_size"] is None and read["gpu"] == ms.DEFAULT_GPU
+    assert read["tp"] is None and read["gpu"] == ms.DEFAULT_GPU
     assert ms.options_from_argv(["modal", "run", path, "--no-grade"], entry, path)["grade"] is False
     assert ms.options_from_argv(["modal", "run", path, "--help"], entry, path) is None
     assert ms.options_from_argv(["modal", "deploy", path], entry, path) is None
@@ -104,7 +105,6 @@ def test_options_are_read_from_modal_run_argv(modal_run):
     (dict(mode="moe", cp=2), "--cp is an option of --mode cp, not of --mode moe"),
     (dict(mode="tensor", world_size=2, tp=4), "= 4 ranks, but the world has 2 processes"),
     (dict(mode="pipeline", launcher="torchrun"), "--launcher torchrun starts one process per GPU"),
-    (dict(mode="pipeline", world_size=4, n_chunk=4, micro_batches=8), "give --micro-batches only"),
     (dict(mode="data", extra="--bogus 1"), "project/run_data_parallel.py: unrecognized arguments: --bogus 1"),
     (dict(mode="schedule_benchmark", batch_size=8), "--mode schedule_benchmark takes no --batch-size"),
     (dict(mode="benchmark", preset="huge"), "unknown --preset 'huge'"),
@@ -112,7 +112,7 @@ def test_options_are_read_from_modal_run_argv(modal_run):
 ])
 def test_modals_own_rules(kwargs, message):
     """What only Modal decides: modes, GPU types and counts, launchers, which mode an option belongs to, the
-    mesh against --world-size, the former names against the new ones."""
+    mesh against --world-size."""
     with pytest.raises(ValueError) as error:
         ms.make_request(**kwargs)
     assert message in str(error.value)
@@ -224,8 +224,6 @@ def test_every_mode_builds_the_command_its_script_runs(mode, modal_options, expe
 
 
 def test_every_mode_is_a_run_script_with_a_configuration():
-    import dataclasses
-
     from course.config import RunConfig
 
     assert set(ms.RUNS) >= {"data", "pipeline", "tensor", "3d", "cp", "moe"}
@@ -236,9 +234,6 @@ def test_every_mode_is_a_run_script_with_a_configuration():
         assert f"from project.options.{ms.RUNS[mode]} import" in (REPO / script).read_text()  # the script's own
     owners = {name: [m for m in ms.RUNS if name in ms.script_options(m)] for name in ms.OPTIONS}
     assert all(owners.values()), owners  # every Modal option is some script's
-    for old, new in ms.OLD_OPTIONS.items():  # Modal's former names are the configuration's former names
-        assert any(old in f.metadata.get("old", ()) and f.name == new for m in ms.RUNS
-                   for f in dataclasses.fields(ms.config_class(m))), old
 
 
 def test_commands_of_each_mode():
@@ -273,22 +268,6 @@ def test_commands_of_each_mode():
     assert ms.build_command(grade, "/vol/runs/g", python=PY, repo_root=Path("/root"), timeout=3000) == [
         PY, "instructor/grade.py", "--json", "/vol/runs/g/grade_results.json"]
     assert '"--json"' in (REPO / "instructor/grade.py").read_text()  # the grader's option
-
-
-@pytest.mark.parametrize("old, new, value, mode", [("n_chunk", "micro_batches", 8, "pipeline"),
-                                                    ("tp_size", "tp", 4, "tensor")])
-def test_old_option_names_still_work_and_name_the_new_one(old, new, value, mode, capsys):
-    request = ms.make_request(mode=mode, world_size=4, **{old: value})
-    assert request.options[new] == value and old not in request.options
-    assert request.options == ms.make_request(mode=mode, world_size=4, notes=False, **{new: value}).options
-    err = capsys.readouterr().err
-    assert f"note: --{old.replace('_', '-')} is now --{new.replace('_', '-')}" in err
-    assert err.count("note:") == 1  # the second request, with the new name, says nothing
-
-
-def test_modal_cli_notes_an_old_option_name_once():
-    result = modal_cli("--mode", "tensor", "--world-size", "4", "--tp-size", "2")  # refused: the note is not said
-    assert result.returncode == 2 and "note:" not in result.stderr, result.stderr
 
 
 def test_configurations_import_and_check_without_torch():
