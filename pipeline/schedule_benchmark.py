@@ -61,7 +61,7 @@ BENCHMARKED = tuple(name for name, s in SCHEDULES.items() if s.placement == "loo
 
 
 def _chunks(schedule: str, v: int) -> int:
-    return v if SCHEDULES[schedule].chunks else 1
+    return v if SCHEDULES[schedule].interleaved else 1
 
 
 def _model(cfg):

@@ -355,7 +355,7 @@ class Schedule:
         name: the option value (``--schedule``), e.g. ``"1f1b"``.
         title: how plots and tables name it.
         actions: ``actions(rank, p, m, v)`` — the rank's action list (``v``, chunks per rank, is 1
-            unless :attr:`chunks`).
+            unless :attr:`interleaved`).
         work_per_micro: units of work per micro-batch and stage relative to one forward + backward,
             for the theoretical bubble: 1 for GPipe and 1F1B; ``v`` for interleaved (``v`` chunks per
             rank, each with ``1/v`` of the work, so the warm-up costs ``1/v`` as much); 3 for ZB-H1
@@ -363,7 +363,7 @@ class Schedule:
             chunks of F, B, W per micro-batch and the bubble of one 1F1B slot, ``p - 1`` units per rank);
             3 for DualPipeV (its ``(p - 1)(F&B + B - 3W)`` with F = B = W = 1, the whole backward BW = 2
             and the pair F&B = 3 is ``2(p - 1)`` units against the ``6m`` of work).
-        chunks: the schedule takes ``v > 1`` model chunks per rank.
+        interleaved: the schedule takes ``v > 1`` model chunks per rank (virtual stages, looped over the ranks).
         source: the paper and section.
         placement: where a rank's chunks sit in the chain of stages (:func:`stage_of`): ``"loop"`` (one chunk,
             or interleaved), or ``"v"`` — always two chunks per rank, rank ``r`` holding stages ``r`` and
@@ -374,14 +374,14 @@ class Schedule:
     title: str
     actions: Callable[[int, int, int, int], list[Action]]
     work_per_micro: Callable[[int], int]
-    chunks: bool
+    interleaved: bool
     source: str
     placement: str = "loop"
 
     def chunks_per_rank(self, virtual_stages: int = 1) -> int:
-        """The model chunks each rank holds: ``virtual_stages`` for a schedule with :attr:`chunks`, 2 with
+        """The model chunks each rank holds: ``virtual_stages`` for an :attr:`interleaved` schedule, 2 with
         the V placement, else 1."""
-        return 2 if self.placement == "v" else virtual_stages if self.chunks else 1
+        return 2 if self.placement == "v" else virtual_stages if self.interleaved else 1
 
     def bubble(self, n_stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
         """The theoretical bubble fraction ``(p - 1) / (w m + p - 1)``, ``w`` = :attr:`work_per_micro`,
@@ -423,7 +423,7 @@ def schedule_actions(schedule: str, rank: int, n_stages: int, micro_batches: int
     """The action list of ``schedule`` (a name in :data:`SCHEDULES`) on ``rank``.
 
     Args:
-        virtual_stages: ``v``, model chunks per rank; only a schedule with ``chunks`` takes ``v > 1``. A V
+        virtual_stages: ``v``, model chunks per rank; only an ``interleaved`` schedule takes ``v > 1``. A V
             schedule (``placement == "v"``) always runs two chunks; it takes 1 (the default) or 2.
 
     Raises:
@@ -436,7 +436,7 @@ def schedule_actions(schedule: str, rank: int, n_stages: int, micro_batches: int
             raise ValueError(f"the {schedule} schedule runs two chunks per rank in a V (stages r and 2p - 1 - r), got "
                              f"virtual_stages={virtual_stages}; leave it at 1 or 2")
         return entry.actions(rank, n_stages, micro_batches, 2)
-    if virtual_stages != 1 and not entry.chunks:
+    if virtual_stages != 1 and not entry.interleaved:
         raise ValueError(f"the {schedule} schedule runs one chunk per rank, got virtual_stages={virtual_stages}; "
                          "use the interleaved schedule for several chunks")
     return entry.actions(rank, n_stages, micro_batches, virtual_stages)

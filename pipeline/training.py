@@ -213,7 +213,7 @@ class StageTraining(PipelineMode):
         inputs = list(batch["input_ids"].split(micro_batch_size(args)))
         micro_batches = len(inputs)
         labels = list(batch["labels"].split(micro_batch_size(args)))
-        if SCHEDULES[self.mode].chunks and micro_batches != valid_interleaved_micro(runner.n_stages, micro_batches):
+        if SCHEDULES[self.mode].interleaved and micro_batches != valid_interleaved_micro(runner.n_stages, micro_batches):
             # a short last batch: fewer, unequal micro-batches that the interleaved schedule accepts
             micro_batches = valid_interleaved_micro(runner.n_stages, micro_batches)
             inputs = list(batch["input_ids"].tensor_split(micro_batches))
@@ -284,7 +284,7 @@ def stage_training(args, data, device, mesh) -> StageTraining:
     if args.balance == "auto":
         balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
     entry = SCHEDULES[args.model_parallel_mode]
-    if entry.chunks or entry.placement == "v":
+    if entry.interleaved or entry.placement == "v":
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, entry.chunks_per_rank(n_virtual), balance,
                                    placement=entry.placement)
         stage = torch.nn.ModuleList(chunks)

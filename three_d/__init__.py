@@ -14,7 +14,7 @@ from three_d.mesh_arithmetic import coordinates, group_ranks
 
 # The schedules a 3D step runs: those of the registry with one chunk per rank (pipeline.SCHEDULES). Here, not in
 # three_d.step, so that the configuration's choices load without torch (modal run on a laptop).
-SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.chunks and s.placement == "loop")
+SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.interleaved and s.placement == "loop")
 # The V-shaped schedules (two stages per rank, rank r holding stages r and 2p - 1 - r): the 3D step builds one
 # tensor-parallel stage per rank, so it refuses them with a message (V_SCHEDULE_MESSAGE) rather than run them wrong.
 V_SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if s.placement == "v")

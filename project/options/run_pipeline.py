@@ -71,7 +71,7 @@ class PipelineConfig(RunConfig):
             raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --micro_batches "
                               f"{self.micro_batches}: every micro-batch must have batch_size // micro_batches rows; "
                               f"try --batch_size {self.batch_size // self.micro_batches * self.micro_batches}")
-        chunks = self.multiprocess and SCHEDULES[self.model_parallel_mode].chunks
+        chunks = self.multiprocess and SCHEDULES[self.model_parallel_mode].interleaved
         v_shaped = self.multiprocess and SCHEDULES[self.model_parallel_mode].placement == "v"
         if v_shaped:
             if self.virtual_stages != 2:

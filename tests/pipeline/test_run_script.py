@@ -77,16 +77,16 @@ def test_all_modes_compute_the_same_training(runs):
         assert got["validation_loss"] == pytest.approx(reference["validation_loss"], abs=1e-3), mode
 
 
-@pytest.mark.parametrize("extra,n_chunk,message", [
+@pytest.mark.parametrize("extra,micro_batches,message", [
     (["--pp", "5"], "2", "--pp 5 is more than the 4 transformer blocks"),
     (["--pp", "0"], "2", "--pp must be a whole number >= 1"),
     ([], "0", "--micro_batches must be >= 1"),
     ([], "9", "micro-batch size"),
     ([], "3", "not divisible by --micro_batches"),
 ])
-def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, n_chunk, message):
+def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, micro_batches, message):
     with pytest.raises(SystemExit) as exc:
-        parse_args(_argv(tmp_path, "1f1b", *extra, micro_batches=n_chunk))
+        parse_args(_argv(tmp_path, "1f1b", *extra, micro_batches=micro_batches))
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

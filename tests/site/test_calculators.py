@@ -253,7 +253,7 @@ def test_bubble_of_every_schedule_agrees_with_the_registry(page):
     names = list(SCHEDULES)
     for i in range(max(CONFIGS, 3 * len(names))):
         name = names[i % len(names)] if i < 2 * len(names) else rng.choice(names)
-        v = rng.randint(1, 8) if SCHEDULES[name].chunks else 1
+        v = rng.randint(1, 8) if SCHEDULES[name].interleaved else 1
         configs.append((name, rng.randint(1, 16), rng.randint(1, 64), v))
     batches = [[("bubble-schedule", n), ("bubble-p", p), ("bubble-m", m), ("bubble-v", v)] for n, p, m, v in configs]
     readings = run(driver, batches, ["bubble-fraction", "bubble-ratio", "bubble-formula", "bubble-source"])
@@ -414,9 +414,9 @@ def test_every_planner_schedule_has_its_in_flight_count_in_closed_form():
     for name in planner:
         for p in range(2, 7):
             for m in range(1, 13):
-                if SCHEDULES[name].chunks and m % max(1, m // p):
+                if SCHEDULES[name].interleaved and m % max(1, m // p):
                     continue
-                for v in (range(1, 4) if SCHEDULES[name].chunks else (1,)):
+                for v in (range(1, 4) if SCHEDULES[name].interleaved else (1,)):
                     for r in range(p):
                         got = pipeline.peak_in_flight(pipeline.schedule_actions(name, r, p, m, v))
                         assert formulas[IN_FLIGHT[name]](r, p, m, v) == got, (name, r, p, m, v)
