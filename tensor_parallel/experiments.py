@@ -97,7 +97,7 @@ def _tp_run(hf, batch, ref, group, block_types=None, sequence_parallel=False):
     if block_types is None:  # exact: compare each gradient with its shard of the transformers gradient
         from tensor_parallel.gpt2 import reorder_qkv_for_tensor_parallel
 
-        p, r = model.tp_size, group_rank(group)
+        p, r = model.tp, group_rank(group)
         worst = 0.0
         for i, block in enumerate(hf.transformer.h):
             w, b = reorder_qkv_for_tensor_parallel(block.attn.c_attn.weight.grad.t(), block.attn.c_attn.bias.grad, p)
@@ -151,7 +151,7 @@ def gpt2_report_worker(rank: int, world_size: int, preset: str = "tiny", vocab_s
         r["logits_diff_vs_tp"] = float((r.pop("logits") - tp_logits).abs().max())
         r["loss_diff_vs_tp"] = abs(r["loss"] - runs["tp"]["loss"])
     config = {"preset": preset, "n_layer": hf.config.n_layer, "n_embd": hf.config.n_embd, "n_head": hf.config.n_head,
-              "vocab_size": vocab_size, "batch_size": batch_size, "seq": seq, "tp_size": world_size}
+              "vocab_size": vocab_size, "batch_size": batch_size, "seq": seq, "tp": world_size}
     return {"config": config, "runs": runs}
 
 

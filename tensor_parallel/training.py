@@ -98,13 +98,12 @@ class TensorParallelTraining(TrainingMode):
                 "parameters_on_rank": sum(p.numel() for p in self.model.parameters())}
 
     def config(self) -> dict:
-        tp_size = self.mesh.dims.tp
-        return {**self.args.record(), "world_size": self.mesh.world_size, "tp_size": tp_size, "mode": self.mode,
+        return {**self.args.record(), "world_size": self.mesh.world_size, "mode": self.mode,
                 "sequence_parallel": bool(self.args.sequence_parallel), "block_types": self.model.block_types,
                 "n_layer": self.n_layer, "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
-        return f"epoch {epoch} (tp_size {self.mesh.dims.tp})"
+        return f"epoch {epoch} (tp {self.mesh.dims.tp})"
 
 
 def tp_training(rank: int, args, data, mesh: Mesh) -> TensorParallelTraining:

@@ -57,7 +57,7 @@ def timeline_worker(rank: int, world_size: int, dp: int, pp: int, tp: int, micro
 
 def rank_cells(dp: int, pp: int, tp: int, n_layer: int = N_LAYER) -> list[dict]:
     """What every rank of a ``dp x pp x tp`` mesh holds, for :func:`course.plots.mesh.plot_rank_grid`:
-    ``{"rank", "pp", "dp", "tp", "tp_size", "blocks", "extra"}`` (extra: embedding / LM head)."""
+    ``{"rank", "pp", "dp", "tp", "blocks", "extra"}`` (the rank's coordinates; extra: embedding / LM head)."""
     from three_d.mesh_arithmetic import coordinates
     from three_d.stage import stage_blocks
 
@@ -65,6 +65,6 @@ def rank_cells(dp: int, pp: int, tp: int, n_layer: int = N_LAYER) -> list[dict]:
     for rank in range(dp * pp * tp):
         s, d, t = coordinates(rank, dp, pp, tp)
         extra = " + ".join(name for name, held in (("embedding", s == 0), ("LM head", s == pp - 1)) if held)
-        cells.append({"rank": rank, "pp": s, "dp": d, "tp": t, "tp_size": tp,
+        cells.append({"rank": rank, "pp": s, "dp": d, "tp": t,
                       "blocks": list(stage_blocks(n_layer, s, pp)), "extra": extra})
     return cells

@@ -29,7 +29,7 @@ def refused(script, argv, capsys) -> str:
     return capsys.readouterr().err
 
 
-def test_sequence_parallel_needs_a_length_divisible_by_tp_size(tmp_path, capsys):
+def test_sequence_parallel_needs_a_length_divisible_by_tp(tmp_path, capsys):
     err = refused(run_tp, ["--tp", "3", "--sequence_parallel", "--model_max_length", "128",
                            "--workdir", str(tmp_path)], capsys)
     assert "--model_max_length 128 is not divisible by 3" in err and "try --model_max_length 126" in err, err
