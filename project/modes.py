@@ -7,9 +7,10 @@ A :class:`Mode` names what one kind of run is made of:
 * ``config`` — its options: a :class:`course.config.RunConfig` subclass of ``project/options`` (torch-free), whose
   ``results_prefix`` is the one home of the prefix of the run's files
   (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``);
-* ``build(config, data, mesh) -> TrainingMode`` — on every rank, inside the one worker of ``project/train.py``
-  (:func:`train_worker`), once the mesh (``config.dims``) and the data are made: the part's
-  :class:`course.epoch_runner.TrainingMode` that :func:`course.epoch_runner.run_epochs` then trains;
+* ``builder`` — the part's ``build(config, data, mesh) -> TrainingMode`` (the same signature for every mode), called
+  on every rank inside the one worker of ``project/train.py`` (:func:`train_worker`), once the mesh
+  (``config.dims``) and the data are made: the part's :class:`course.epoch_runner.TrainingMode` that
+  :func:`course.epoch_runner.run_epochs` then trains;
 * the rest of what differs: the line printed before the run, the launcher's collective timeout, what a rank does
   after the epochs, a configuration that runs in the calling process instead of on ranks, and the name
   ``modal_run.py`` has always given it.
@@ -44,8 +45,9 @@ class Mode:
         name: its ``--mode`` name.
         config: its configuration class (a :class:`course.config.RunConfig`; torch-free).
         script: its documented command, ``project/<script>.py`` (a few lines over this registry).
-        build: ``build(config, data, mesh)`` -> this rank's :class:`course.epoch_runner.TrainingMode`; called on
-            every rank with the run's :class:`course.mesh.Mesh` of ``config.dims`` and
+        builder: ``"module:function"``, the part's ``build(config, data, mesh)`` -> this rank's
+            :class:`course.epoch_runner.TrainingMode` (e.g. ``"data_parallel.training:dp_training"``); :meth:`build`
+            calls it on every rank with the run's :class:`course.mesh.Mesh` of ``config.dims`` and
             :func:`course.task.prepare_data`'s data.
         describe: ``describe(config)`` -> the line printed before the run starts.
         collective_timeout: seconds a rank may wait in one collective (None: the launcher's default,
@@ -60,7 +62,7 @@ class Mode:
     name: str
     config: type
     script: str
-    build: Callable[[Any, Any, Any], Any]
+    builder: str
     describe: Callable[[Any], str]
     collective_timeout: float | None = None
     finish: Callable[[Any, Any, Any], None] | None = None
@@ -72,6 +74,14 @@ class Mode:
     def script_path(self) -> str:
         """``project/<script>.py``."""
         return f"project/{self.script}.py"
+
+    def build(self, config, data, mesh):
+        """This rank's training: the part's builder (:attr:`builder`, imported now) called as
+        ``build(config, data, mesh)``."""
+        import importlib
+
+        module, _, name = self.builder.partition(":")
+        return getattr(importlib.import_module(module), name)(config, data, mesh)
 
     @property
     def modal_name(self) -> str:
@@ -151,43 +161,8 @@ def train_worker(rank: int, world_size: int, name: str, config) -> dict:
 
 
 # ---- the modes ------------------------------------------------------------------------------------------------
-# Each builder imports its part when a rank calls it (this module stays torch-free for modal_run.py).
-
-def _device():
-    from course.launch import context
-
-    return context().device
-
-
-def uses_grad_sync(config: DataParallelConfig) -> bool:
-    """Whether a gradient-communication option (``--bucket_mb``, ``--overlap``, ``--compression``) is set."""
-    return config.bucket_mb is not None or config.overlap or config.compression != "none"
-
-
-def grad_sync_factory(config: DataParallelConfig):
-    """None (``average_gradients``) unless a gradient-communication option is set; else the factory
-    (:func:`communication.compression.build_grad_sync`) that every rank calls to build its ``grad_sync``."""
-    if not uses_grad_sync(config):
-        return None
-    from communication.compression import build_grad_sync
-
-    return build_grad_sync
-
-
-def _build_dp(config: DataParallelConfig, data, mesh):
-    from data_parallel.training import dp_training
-
-    make_sharding = None
-    if config.zero or config.activation_checkpointing or config.precision != "fp32":  # (--hsdp needs --zero 3)
-        from memory.training import build_sharding as make_sharding
-    return dp_training(mesh.rank, config, data, _device(), mesh, make_sharding, grad_sync_factory(config))
-
-
-def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
-    from data_parallel.training import save_final_checkpoint
-
-    save_final_checkpoint(training, mesh)
-
+# Each mode's builder is its part's own ``build(config, data, mesh)``, registered by name ("module:function") and
+# imported when a rank calls it (this module stays torch-free for modal_run.py); what else differs is described here.
 
 def _placed(c) -> str:
     """Where and what a run of ranks trains, as every mode's line before the run prints it: its device, backend
@@ -196,7 +171,7 @@ def _placed(c) -> str:
 
 
 def _describe_dp(c: DataParallelConfig) -> str:
-    sync = ("average_gradients" if not uses_grad_sync(c) else f"compression={c.compression}"
+    sync = ("average_gradients" if not c.communication_options() else f"compression={c.compression}"
             if c.compression != "none" else f"buckets of {c.bucket_mb or 25.0} MB, overlap={c.overlap}")
     return (f"data parallel: dp={c.dp} {_placed(c)} "
             f"global batch={c.batch_size} ({c.batch_size // c.dp} per rank), "
@@ -206,10 +181,10 @@ def _describe_dp(c: DataParallelConfig) -> str:
             f"activation_checkpointing={c.activation_checkpointing}")
 
 
-def _build_pipeline(config: PipelineConfig, data, mesh):
-    from pipeline.training import stage_training
+def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
+    from data_parallel.training import save_final_checkpoint
 
-    return stage_training(config, data, _device(), mesh)
+    save_final_checkpoint(training, mesh)
 
 
 def _run_pipe(config: PipelineConfig):
@@ -224,21 +199,9 @@ def _describe_pipeline(c: PipelineConfig) -> str:
             f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
 
 
-def _build_tp(config: TensorParallelConfig, data, mesh):
-    from tensor_parallel.training import tp_training
-
-    return tp_training(mesh.rank, config, data, mesh)
-
-
 def _describe_tp(c: TensorParallelConfig) -> str:
     return (f"tensor parallel: tp={c.tp} sequence_parallel={c.sequence_parallel} block_types={c.block_types} "
             f"{_placed(c)} batch={c.batch_size}")
-
-
-def _build_3d(config: ThreeDConfig, data, mesh):
-    from three_d.training import three_d_training
-
-    return three_d_training(config, data, mesh)
 
 
 def _describe_3d(c: ThreeDConfig) -> str:
@@ -246,21 +209,9 @@ def _describe_3d(c: ThreeDConfig) -> str:
             f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
 
 
-def _build_cp(config: ContextParallelConfig, data, mesh):
-    from context_parallel.training import cp_training
-
-    return cp_training(mesh.rank, config, data, mesh)
-
-
 def _describe_cp(c: ContextParallelConfig) -> str:
     return (f"context parallel: dp={c.dp} cp={c.cp} attention={c.attention} layout={c.layout} "
             f"seq_len={c.seq_len} {_placed(c)} batch={c.batch_size} sequences")
-
-
-def _build_moe(config: MoERunConfig, data, mesh):
-    from moe.training import moe_training
-
-    return moe_training(mesh.rank, config, data, mesh)
 
 
 def _describe_moe(c: MoERunConfig) -> str:
@@ -271,12 +222,15 @@ def _describe_moe(c: MoERunConfig) -> str:
 
 PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes
 
-register(Mode("dp", DataParallelConfig, "run_data_parallel", _build_dp, _describe_dp, finish=_finish_dp,
-              modal="data"))
-register(Mode("pipeline", PipelineConfig, "run_pipeline", _build_pipeline, _describe_pipeline,
-              collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
+register(Mode("dp", DataParallelConfig, "run_data_parallel", "data_parallel.training:dp_training",
+              _describe_dp, finish=_finish_dp, modal="data"))
+register(Mode("pipeline", PipelineConfig, "run_pipeline", "pipeline.training:stage_training",
+              _describe_pipeline, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
               run_in_process=_run_pipe))
-register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", _build_tp, _describe_tp, modal="tensor"))
-register(Mode("3d", ThreeDConfig, "run_3d", _build_3d, _describe_3d, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
-register(Mode("cp", ContextParallelConfig, "run_context_parallel", _build_cp, _describe_cp))
-register(Mode("moe", MoERunConfig, "run_moe", _build_moe, _describe_moe))
+register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", "tensor_parallel.training:tp_training",
+              _describe_tp, modal="tensor"))
+register(Mode("3d", ThreeDConfig, "run_3d", "three_d.training:three_d_training", _describe_3d,
+              collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
+register(Mode("cp", ContextParallelConfig, "run_context_parallel", "context_parallel.training:cp_training",
+              _describe_cp))
+register(Mode("moe", MoERunConfig, "run_moe", "moe.training:moe_training", _describe_moe))

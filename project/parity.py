@@ -125,13 +125,13 @@ def parity_worker(rank: int, world_size: int, cases: list[ParityCase], settings:
         if rank >= case.world_size:
             continue
         began = now(device)
-        args = case_config(case, settings)
+        config = case_config(case, settings)
         if data is None:
-            data = prepare_data(args)
+            data = prepare_data(config)
             batches = global_batches(data, steps, settings["batch_size"], settings["seed"])
         group = subgroups.get(case.world_size, dist.group.WORLD)
         try:
-            stepper = builder(case.builder)(rank, args, data, device, group=group)
+            stepper = builder(case.builder)(rank, config, data, device, group=group)
             applied = AppliedGradients(stepper.optimizer)
             losses = [stepper.step(batch) for batch in batches]
         except Exception as exc:

@@ -127,7 +127,7 @@ CASES: list[ParityCase] = [
 class Stepper:
     """One configuration on one rank, ready to train.
 
-    A builder ``(rank, args, data, device, group=None) -> Stepper`` makes one: ``args`` is the case's
+    A builder ``(rank, config, data, device, group=None) -> Stepper`` makes one: ``config`` is the case's
     configuration, ``data`` :func:`course.task.prepare_data`'s, ``group`` the ranks the case runs on (a
     one-process reference: a group of one rank, inside a launch of more; a parallel case builds its mesh
     over the launch's world instead).
@@ -163,22 +163,22 @@ def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)  # memory.zero.ZeroOptimizer wraps the one that steps
 
 
-def _one_process(rank, args, data, device, group=None) -> Stepper:
+def _one_process(rank, config, data, device, group=None) -> Stepper:
     from course.epoch_runner import supervised_step
     from course.task import build_model
 
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    model = build_model(config, data.tokenizer.vocab_size).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     return Stepper(lambda batch: supervised_step(model, optimizer, batch, device).loss, optimizer)
 
 
-def _one_process_shards(rank, args, data, device, group=None, shards: int = 2) -> Stepper:
+def _one_process_shards(rank, config, data, device, group=None, shards: int = 2) -> Stepper:
     from course.epoch_runner import to_device
     from course.loss import model_loss
     from course.task import build_model
 
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    model = build_model(config, data.tokenizer.vocab_size).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
 
     def step(batch):
         optimizer.zero_grad(set_to_none=True)
@@ -191,11 +191,11 @@ def _one_process_shards(rank, args, data, device, group=None, shards: int = 2) -
     return Stepper(step, optimizer)
 
 
-def _one_process_moe(rank, args, data, device, group=None, shards: int = 2) -> Stepper:
+def _one_process_moe(rank, config, data, device, group=None, shards: int = 2) -> Stepper:
     from moe.training import accumulated_step, build_moe_model
 
-    model = build_moe_model(args, data.tokenizer.vocab_size, group).to(device)  # a group of this rank alone
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    model = build_moe_model(config, data.tokenizer.vocab_size, group).to(device)  # a group of this rank alone
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
 
     def step(batch):
         losses = accumulated_step(model, optimizer, [dp_rows(batch, r, shards) for r in range(shards)], device)
@@ -204,50 +204,45 @@ def _one_process_moe(rank, args, data, device, group=None, shards: int = 2) -> S
     return Stepper(step, optimizer)
 
 
-def _data_parallel(rank, args, data, device, group=None) -> Stepper:
+def _data_parallel(rank, config, data, device, group=None) -> Stepper:
     from course.mesh import Mesh
     from data_parallel.training import dp_training
 
-    make_sharding = grad_sync = None
-    if args.zero or args.activation_checkpointing or args.precision != "fp32":
-        from memory.training import build_sharding as make_sharding
-    elif args.bucket_mb is not None or args.overlap or args.compression != "none":
-        from communication.compression import build_grad_sync as grad_sync
-    mode = dp_training(rank, args, data, device, Mesh.build(dp=args.dp), make_sharding, grad_sync)
+    mode = dp_training(config, data, Mesh.build(dp=config.dp))
     return mode_stepper(mode, lambda batch: dp_rows(batch, mode.dp_rank, mode.dp_size))
 
 
-def _pipeline(rank, args, data, device, group=None) -> Stepper:
+def _pipeline(rank, config, data, device, group=None) -> Stepper:
     from course.mesh import Mesh
     from pipeline.training import stage_training
 
-    return mode_stepper(stage_training(args, data, device, Mesh.build(pp=args.pp)))
+    return mode_stepper(stage_training(config, data, Mesh.build(pp=config.pp)))
 
 
-def _tensor_parallel(rank, args, data, device, group=None) -> Stepper:
+def _tensor_parallel(rank, config, data, device, group=None) -> Stepper:
     from course.mesh import Mesh
     from tensor_parallel.training import tp_training
 
-    return mode_stepper(tp_training(rank, args, data, Mesh.build(tp=args.tp)))
+    return mode_stepper(tp_training(config, data, Mesh.build(tp=config.tp)))
 
 
-def _moe(rank, args, data, device, group=None) -> Stepper:
+def _moe(rank, config, data, device, group=None) -> Stepper:
     from course.collectives import group_rank, group_size
     from course.mesh import Mesh
     from moe.training import moe_training
 
-    mode = moe_training(rank, args, data, Mesh.build(dp=args.dp, ep=args.ep))
+    mode = moe_training(config, data, Mesh.build(dp=config.dp, ep=config.ep))
     group = mode.mesh.dp_cp_group
     return mode_stepper(mode, lambda batch: dp_rows(batch, group_rank(group), group_size(group)))
 
 
-def _three_d(rank, args, data, device, group=None) -> Stepper:
+def _three_d(rank, config, data, device, group=None) -> Stepper:
     from course.task import build_model
     from three_d.rank_setup import setup_rank
     from three_d.training import ThreeDTraining
 
-    return mode_stepper(ThreeDTraining(args, data, device, setup_rank(
-        args.dims, build_model(args, data.tokenizer.vocab_size), device, scatter_gather=args.scatter_gather)))
+    return mode_stepper(ThreeDTraining(config, data, device, setup_rank(
+        config.dims, build_model(config, data.tokenizer.vocab_size), device, scatter_gather=config.scatter_gather)))
 
 
 BUILDERS: dict[str, Callable[..., Stepper]] = {

@@ -95,13 +95,22 @@ class DataParallelConfig(RunConfig):
         if self.compression != "none" and (self.bucket_mb is not None or self.overlap):
             raise ConfigError(f"--compression {self.compression} sends its own compressed messages per tensor: "
                               "drop --bucket_mb/--overlap, or use --compression none")
-        memory = [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
-                                  ("--precision bf16", self.precision != "fp32")) if on]
-        comm = [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
-                                ("--compression", self.compression != "none")) if on]
+        memory, comm = self.memory_options(), self.communication_options()
         if memory and comm:
             raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
                               f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
+
+    def memory_options(self) -> list[str]:
+        """The memory part's options given (``--zero``, ``--activation_checkpointing``, ``--precision bf16``; ``--hsdp``
+        and ``--zeropp`` need ``--zero 3``): the run trains with :func:`memory.build_sharding`'s sharded step."""
+        return [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
+                                ("--precision bf16", self.precision != "fp32")) if on]
+
+    def communication_options(self) -> list[str]:
+        """The communication part's options given (``--bucket_mb``, ``--overlap``, ``--compression``): the run
+        averages gradients with :func:`communication.build_grad_sync`'s synchroniser."""
+        return [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
+                                ("--compression", self.compression != "none")) if on]
 
     def zeropp_options(self) -> tuple[str, ...]:
         """``--zeropp`` as a tuple of names (``()`` without it)."""

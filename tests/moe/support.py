@@ -397,7 +397,7 @@ def training_worker(rank: int, world_size: int, args) -> dict:
 
     worker_env_quiet()
     data = prepare_data(args)
-    mode = moe_training(rank, args, data, Mesh.build(dp=world_size, ep=args.ep))
+    mode = moe_training(args, data, Mesh.build(dp=world_size, ep=args.ep))
     model = mode.model
     mode.optimizer = RecordingSGD(model.named_parameters(), SGD_LR)
     results = [json.loads(open(path).read()) for path in run_epochs(mode)]
