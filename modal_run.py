@@ -3,7 +3,7 @@
     modal run modal_run.py --world-size 2 --n-epochs 5                 # data parallel on 2 GPUs
     modal run modal_run.py --world-size 4 --zero 3 --precision bf16 --activation-checkpointing
     modal run modal_run.py --world-size 4 --bucket-mb 25 --overlap     # or --compression topk|powersgd
-    modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --micro-batches 8
+    modal run modal_run.py --mode pipeline --world-size 4 --schedule 1f1b --micro-batches 8
     modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
     modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2 --schedule zb-h1
     modal run modal_run.py --mode cp --world-size 4 --dp 2 --attention ulysses   # context parallel, cp = 4 / dp
@@ -83,8 +83,7 @@ def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epoc
          batch_size: Optional[int] = None, preset: Optional[str] = None, max_batches: Optional[int] = None,
          dataset: Optional[str] = None, dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None,
          cp: Optional[int] = None, ep: Optional[int] = None, micro_batches: Optional[int] = None,
-         virtual_stages: Optional[int] = None, model_parallel_mode: Optional[str] = None,
-         schedule: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
+         virtual_stages: Optional[int] = None, schedule: Optional[str] = None, single_process: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
          precision: Optional[str] = None, activation_checkpointing: bool = False, bucket_mb: Optional[float] = None,
          overlap: bool = False, compression: Optional[str] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
          gpu_tests: bool = False, results_dir: str = "workdir/modal"):

@@ -1,14 +1,14 @@
 """Training GPT-2 on Multi30k with pipeline parallelism: what ``project/run_pipeline.py`` runs.
 
-Modes (``--model_parallel_mode``):
+What runs:
 
-* ``model_parallel`` — the model split over ``--pp`` stages, the whole batch going
+* ``--single_process sequential`` — the model split over ``--pp`` stages, the whole batch going
   through them one stage after another (:class:`pipeline.gpt2.GPT2Pipeline` with a single
   micro-batch). One process.
-* ``pipeline_parallel`` — the same stages, the batch cut into ``--micro_batches`` micro-batches
-  that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
+* ``--single_process pipe`` (the default) — the same stages, the batch cut into ``--micro_batches``
+  micro-batches that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
   thread per stage. One process.
-* a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
+* ``--schedule NAME``, a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
   :data:`pipeline.schedules.SCHEDULES`) — one process per stage, activations and gradients sent
   between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
   the schedule (:mod:`pipeline.stage_runner`). Every rank trains :func:`stage_training`'s stage (through
@@ -17,7 +17,7 @@ Modes (``--model_parallel_mode``):
 All modes minimise the same loss — the batch's mean next-token loss on target tokens —
 so with dropout 0 they compute the same updates. The shared epoch runner
 (:func:`course.epoch_runner.run_epochs`) writes
-``<workdir>/pipeline_<mode>_rank{r}_results_epoch{e}.json``, here with the per-stage
+``<workdir>/pipeline_<schedule or single_process>_rank{r}_results_epoch{e}.json``, here with the per-stage
 timeline of the epoch's last full batch.
 """
 from __future__ import annotations
@@ -42,18 +42,9 @@ from pipeline.schedules import SCHEDULES, micro_batches_per_round
 from pipeline.stage_runner import StageRunner
 from pipeline.step import gather_stages, pipeline_step
 
-MULTIPROCESS_MODES = tuple(SCHEDULES)  # one process per stage, running that schedule
-SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
-
-
-def results_prefix(mode: str) -> str:
-    """``pipeline_<mode>_``: pipeline results never collide with data-parallel ones."""
-    return f"pipeline_{mode}_"
-
-
 def micro_batch_size(config) -> int:
-    """Rows per micro-batch: the whole batch for ``model_parallel``, else ``batch_size // micro_batches``."""
-    return config.batch_size if config.model_parallel_mode == "model_parallel" else config.batch_size // config.micro_batches
+    """Rows per micro-batch: the whole batch for ``--single_process sequential``, else ``batch_size // micro_batches``."""
+    return config.batch_size if config.kind == "sequential" else config.batch_size // config.micro_batches
 
 
 def train_loader(data, config, epoch: int) -> DataLoader:
@@ -67,12 +58,12 @@ def _steps(loader, config) -> int:
 
 
 class PipelineMode(TrainingMode):
-    """What both kinds of pipeline run share: the results prefix, the batches, the configuration."""
+    """What both kinds of pipeline run share: the batches, the configuration; ``mode`` is what runs (the schedule,
+    or ``pipe``/``sequential``)."""
 
     def __init__(self, config, data, device, **kwargs):
         super().__init__(config, data, device, **kwargs)
-        self.mode = config.model_parallel_mode
-        self.results_prefix = results_prefix(self.mode)
+        self.mode = config.kind
 
     def epoch_batches(self, epoch: int):
         loader = train_loader(self.data, self.config, epoch)
@@ -81,11 +72,11 @@ class PipelineMode(TrainingMode):
     def record(self, world_size: int = 1, **extra) -> dict:
         config = self.config
         return {**config.record(), "mode": self.mode, "world_size": world_size,
-                "micro_batches": 1 if self.mode == "model_parallel" else config.micro_batches,
+                "micro_batches": 1 if self.mode == "sequential" else config.micro_batches,
                 "micro_batch_size": micro_batch_size(config), **extra}
 
 
-# ---- one process: model_parallel and pipeline_parallel ------------------------------------
+# ---- one process: --single_process pipe and sequential -------------------------------------
 
 def cpu_threads_per_stage(config) -> int | None:
     """On CPU, give each stage ``cores // pp`` threads, as the 1f1b processes get
@@ -100,7 +91,7 @@ def cpu_threads_per_stage(config) -> int | None:
 
 
 class PipeTraining(PipelineMode):
-    """``model_parallel`` / ``pipeline_parallel``: :class:`pipeline.gpt2.GPT2Pipeline` in this process.
+    """``--single_process sequential`` / ``pipe``: :class:`pipeline.gpt2.GPT2Pipeline` in this process.
 
     With ``--device cuda`` stage s runs on ``cuda:s`` (:func:`pipeline.gpt2.stage_devices`): the epoch's
     clock synchronises every stage's GPU before it is read, and the results give each GPU's peak memory
@@ -172,10 +163,10 @@ def _run_single_process(config) -> list[str]:
     return run_epochs(PipeTraining(config, data, model, piped, devices, threads, optimizer))
 
 
-# ---- one process per stage: 1f1b and gpipe ---------------------------------------------------
+# ---- one process per stage: --schedule ------------------------------------------------------
 
 class StageTraining(PipelineMode):
-    """``1f1b`` / ``gpipe``: this rank trains its stage with the schedule's action list.
+    """``--schedule NAME``: this rank trains its stage with the schedule's action list.
 
     Every rank reads the same batches; the first stage feeds the input_ids of each
     micro-batch, the last takes the labels and computes the loss. The tied embedding/head
@@ -285,7 +276,7 @@ def stage_training(config, data, mesh) -> StageTraining:
     balance = None
     if config.balance == "auto":
         balance = measured_balance(config, data, model, device, mesh, world_size * config.virtual_stages)
-    entry = SCHEDULES[config.model_parallel_mode]
+    entry = SCHEDULES[config.schedule]
     if entry.interleaved or entry.placement == "v":
         chunks, tied = gpt2_chunks(model, mesh.stage, world_size, entry.chunks_per_rank(config.virtual_stages),
                                    balance, placement=entry.placement)

@@ -51,7 +51,7 @@ MODES = (*SCRIPTS, *BENCHMARKS)
 # option of a script goes in ``--extra``. Each is passed to the script when given, and only to a mode whose
 # configuration has it.
 OPTIONS = ("n_epochs", "batch_size", "preset", "max_batches", "dataset", "dp", "pp", "tp", "cp", "ep",
-           "micro_batches", "virtual_stages", "model_parallel_mode", "schedule", "attention", "zero", "precision",
+           "micro_batches", "virtual_stages", "schedule", "single_process", "attention", "zero", "precision",
            "activation_checkpointing", "bucket_mb", "overlap", "compression")
 MESH_SIZES = ("dp", "pp", "tp", "cp", "ep")
 # --gpu-tests: the GPU tier (tests/gpu, NCCL against gloo) and its JUnit report.

@@ -194,8 +194,7 @@ def _run_pipe(config: PipelineConfig):
 
 
 def _describe_pipeline(c: PipelineConfig) -> str:
-    mode = c.model_parallel_mode
-    return (f"{mode}: pp={c.pp} micro_batches={1 if mode == 'model_parallel' else c.micro_batches} "
+    return (f"{c.kind}: pp={c.pp} micro_batches={1 if c.kind == 'sequential' else c.micro_batches} "
             f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
 
 

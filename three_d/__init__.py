@@ -20,7 +20,7 @@ SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if not s.interl
 V_SCHEDULES = tuple(name for name, s in pipeline.SCHEDULES.items() if s.placement == "v")
 V_SCHEDULE_MESSAGE = ("--schedule {name} places two stages on every rank in a V (stages r and 2p - 1 - r), and the 3D "
                       "step builds one tensor-parallel stage per rank: run {name} with project/run_pipeline.py "
-                      "--model_parallel_mode {name} (pipeline parallelism alone), or use --schedule zb-h1 here (the "
+                      "--schedule {name} (pipeline parallelism alone), or use --schedule zb-h1 here (the "
                       "split backward on one stage per rank)")
 
 __all__ = ["coordinates", "group_ranks", "SCHEDULES", "V_SCHEDULES"]

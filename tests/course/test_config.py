@@ -79,12 +79,12 @@ def test_the_v_schedules_are_refused_where_they_cannot_run():
 
     for name in ("dualpipev", "zbv"):
         with pytest.raises(ConfigError, match=f"--schedule {name} places two stages on every rank.*run_pipeline.py "
-                                              f"--model_parallel_mode {name}.*--schedule zb-h1"):
+                                              f"--schedule {name} \\(pipeline parallelism alone\\).*--schedule zb-h1"):
             ThreeDConfig.for_test(dp=1, pp=2, tp=1, micro_batches=4, batch_size=8, schedule=name, device="cpu")
     with pytest.raises(ConfigError, match=r"DualPipeV needs at least as many micro-batches as its 2 x --pp = 6 stages"):
-        PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=3, micro_batches=4, batch_size=8, device="cpu")
+        PipelineConfig.for_test(schedule="dualpipev", pp=3, micro_batches=4, batch_size=8, device="cpu")
     with pytest.raises(ConfigError, match="drop --virtual_stages 3 or set it to 2"):
-        PipelineConfig.for_test(model_parallel_mode="zbv", pp=2, virtual_stages=3, micro_batches=4, batch_size=8,
+        PipelineConfig.for_test(schedule="zbv", pp=2, virtual_stages=3, micro_batches=4, batch_size=8,
                                 device="cpu")
-    config = PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
+    config = PipelineConfig.for_test(schedule="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
     assert config.virtual_stages == 2

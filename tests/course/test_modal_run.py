@@ -59,7 +59,7 @@ def test_entrypoint_options_on_the_modal_cli():
     result = modal_cli("--help")
     assert result.returncode == 0, result.stderr
     for option in ("--mode", "--world-size", "--n-epochs", "--batch-size", "--micro-batches", "--virtual-stages",
-                   "--cp", "--ep", "--attention", "--model-parallel-mode", "--preset",
+                   "--cp", "--ep", "--attention", "--schedule", "--single-process", "--preset",
                    "--gpu", "--grade / --no-grade", "--launcher", "--extra"):
         assert option in result.stdout, (option, result.stdout)
     assert "--n-chunk" not in result.stdout and "--tp-size" not in result.stdout
@@ -128,8 +128,8 @@ REFUSED = [
     ("data", dict(n_epochs=0), dict(dp=2, n_epochs=0)),
     ("pipeline", dict(batch_size=30, micro_batches=4), dict(pp=2, batch_size=30, micro_batches=4)),
     ("pipeline", dict(world_size=8, preset="tiny"), dict(pp=8, preset="tiny")),
-    ("pipeline", dict(world_size=2, model_parallel_mode="1f1b", virtual_stages=2),
-     dict(pp=2, model_parallel_mode="1f1b", virtual_stages=2)),
+    ("pipeline", dict(world_size=2, schedule="1f1b", virtual_stages=2),
+     dict(pp=2, schedule="1f1b", virtual_stages=2)),
     ("tensor", dict(world_size=8), dict(tp=8)),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, batch_size=30), dict(dp=2, pp=2, tp=2, batch_size=30)),
     ("3d", dict(world_size=8, dp=1, pp=8, tp=1, preset="tiny"), dict(dp=1, pp=8, tp=1, preset="tiny")),
@@ -162,9 +162,9 @@ def test_bad_requests_are_refused_with_the_configurations_own_message(mode, moda
 
 
 def test_bad_choices_are_refused_by_the_scripts_parser():
-    with pytest.raises(ValueError, match=r"project/run_pipeline.py: argument --model_parallel_mode: invalid choice: "
+    with pytest.raises(ValueError, match=r"project/run_pipeline.py: argument --schedule: invalid choice: "
                                          r"'zigzag' \(choose from .*'1f1b'"):
-        ms.make_request(mode="pipeline", model_parallel_mode="zigzag")
+        ms.make_request(mode="pipeline", schedule="zigzag")
     with pytest.raises(ValueError, match=r"argument --zero: invalid choice: 5 \(choose from 0, 1, 2, 3\)"):
         ms.make_request(zero=5)
     with pytest.raises(ValueError, match=r"--schedule: invalid choice: 'interleaved' \(choose from 'gpipe', '1f1b', "
@@ -192,12 +192,13 @@ EVERY_MODE = [
     ("data", dict(world_size=4, zero=3, precision="bf16", activation_checkpointing=True),
      dict(dp=4, zero=3, precision="bf16", activation_checkpointing=True)),
     ("data", dict(world_size=2, bucket_mb=25.0, overlap=True), dict(dp=2, bucket_mb=25.0, overlap=True)),
-    ("pipeline", dict(world_size=4), dict(pp=4, model_parallel_mode="pipeline_parallel")),
-    ("pipeline", dict(world_size=4, model_parallel_mode="1f1b", micro_batches=8, launcher="torchrun"),
-     dict(pp=4, micro_batches=8, model_parallel_mode="1f1b")),
-    ("pipeline", dict(world_size=2, model_parallel_mode="interleaved", virtual_stages=2, micro_batches=4),
+    ("pipeline", dict(world_size=4), dict(pp=4, schedule=None, single_process="pipe")),
+    ("pipeline", dict(world_size=2, single_process="sequential"), dict(pp=2, single_process="sequential")),
+    ("pipeline", dict(world_size=4, schedule="1f1b", micro_batches=8, launcher="torchrun"),
+     dict(pp=4, micro_batches=8, schedule="1f1b")),
+    ("pipeline", dict(world_size=2, schedule="interleaved", virtual_stages=2, micro_batches=4),
      dict(pp=2, virtual_stages=2, micro_batches=4)),
-    ("pipeline", dict(world_size=2, model_parallel_mode="zb-h1"), dict(pp=2, model_parallel_mode="zb-h1")),
+    ("pipeline", dict(world_size=2, schedule="zb-h1"), dict(pp=2, schedule="zb-h1")),
     ("tensor", dict(world_size=4, extra="--sequence_parallel"), dict(tp=4, sequence_parallel=True)),
     ("3d", dict(world_size=8), dict(dp=1, pp=4, tp=2, schedule="1f1b")),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, schedule="gpipe", micro_batches=4),
@@ -241,12 +242,12 @@ def test_commands_of_each_mode():
     assert ms.build_command(data, "/vol/runs/r", python=PY, repo_root=Path("/root"), timeout=3000) == [
         PY, "/root/project/run_data_parallel.py", "--dp", "2", "--n_epochs", "5", "--batch_size", "64",
         "--device", "cuda", "--workdir", "/vol/runs/r", "--timeout", "3000"]
-    pipe = ms.make_request(mode="pipeline", world_size=4, gpu="h100", model_parallel_mode="1f1b", micro_batches=8,
+    pipe = ms.make_request(mode="pipeline", world_size=4, gpu="h100", schedule="1f1b", micro_batches=8,
                            launcher="torchrun", preset="small")
     assert pipe.gpu_spec == "H100:4"
     assert ms.build_command(pipe, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "/root/project/run_pipeline.py",
-        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--model_parallel_mode", "1f1b",
+        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--schedule", "1f1b",
         "--device", "cuda", "--workdir", "/w"]
     tensor = ms.make_request(mode="tensor", world_size=4, extra="--sequence_parallel --learning_rate 3e-4")
     assert ms.build_command(tensor, "/w", python=PY, repo_root=Path("/root")) == [
@@ -286,7 +287,7 @@ ms.make_request(mode="3d", world_size=8, schedule="zb-h1")
 ms.make_request(mode="cp", world_size=4, attention="ulysses")
 ms.make_request(mode="moe", world_size=4, ep=2)
 ms.make_request(mode="tensor", world_size=4, extra="--block_types spd")
-ms.make_request(mode="pipeline", world_size=2, model_parallel_mode="interleaved")
+ms.make_request(mode="pipeline", world_size=2, schedule="interleaved")
 try:
     ms.make_request(mode="cp", world_size=8, attention="ulysses")
 except ConfigError as exc:

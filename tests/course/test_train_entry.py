@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 # pipeline schedule, without a third and fourth rank), with the options its run-script test uses.
 SMALL = {
     "dp": ["--dp", "2"],
-    "pipeline": ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
+    "pipeline": ["--schedule", "1f1b", "--pp", "2", "--micro_batches", "2"],
     "tp": ["--tp", "2"],
     "3d": ["--dp", "1", "--pp", "2", "--tp", "1", "--micro_batches", "2"],
     "cp": ["--cp", "2", "--seq_len", "256", "--batch_size", "4"],
@@ -113,7 +113,7 @@ def test_help_lists_the_modes_and_with_a_mode_its_options(capsys):
         train.parse_args(["--mode", "tp", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "usage: train.py --mode tp" in out and "--sequence_parallel" in out and "--model_parallel_mode" not in out
+    assert "usage: train.py --mode tp" in out and "--sequence_parallel" in out and "--schedule" not in out
 
 
 def test_run_as_a_file_it_refuses_an_unknown_mode_with_the_list():

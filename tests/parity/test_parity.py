@@ -14,7 +14,7 @@ PLANTED = {
                                                    "tests.parity.planted:summed_dp", DP, {"dp": 2}, "shards"), "grad"),
     "planted: 1F1B, tied gradient not summed": (ParityCase("planted: 1F1B, tied gradient not summed", 2,
                                                            "tests.parity.planted:untied_pipeline", PIPE,
-                                                           {"model_parallel_mode": "1f1b", "pp": 2,
+                                                           {"schedule": "1f1b", "pp": 2,
                                                             "micro_batches": 4}), "both"),
     "planted: TP 2 + SP, layer norms not synced": (ParityCase("planted: TP 2 + SP, layer norms not synced", 2,
                                                               "tests.parity.planted:unsynced_sequence_parallel", TP,
