@@ -4,7 +4,7 @@
     modal run modal_run.py --world-size 4 --zero 3 --precision bf16 --activation-checkpointing
     modal run modal_run.py --world-size 4 --bucket-mb 25 --overlap     # or --compression topk|powersgd
     modal run modal_run.py --mode pipeline --world-size 4 --schedule 1f1b --micro-batches 8
-    modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
+    modal run modal_run.py --mode tp --world-size 4 --extra "--sequence_parallel"
     modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2 --schedule zb-h1
     modal run modal_run.py --mode cp --world-size 4 --dp 2 --attention ulysses   # context parallel, cp = 4 / dp
     modal run modal_run.py --mode moe --world-size 4 --ep 2                       # MoE, dp = 4, experts over ep
@@ -20,8 +20,8 @@ there with NCCL, one process per GPU (``--launcher spawn``, the script's own lau
 its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face dataset.
 ``--extra "..."`` passes further options to the script (e.g. ``--learning_rate 3e-4``).
 
-The run modes are the registry's (``project/modes.py``; ``data`` and ``tensor`` are Modal's names of ``dp`` and
-``tp``, which work too): a mode registered there runs here. The options are the script's configuration's
+The run modes are the registry's (``project/modes.py``: ``dp``, ``pipeline``, ``tp``, ``3d``, ``cp``, ``moe``, the
+mesh's names): a mode registered there runs here. The options are the script's configuration's
 (``project/options``), with dashes: ``--micro-batches``,
 ``--virtual-stages``, ``--dp --pp --tp --cp --ep``. They are checked here before anything is sent, by that configuration's own
 rules, without torch (see ``project/modal_support.py``).
@@ -79,7 +79,7 @@ def train(request: dict, name: str) -> dict:
 
 
 @app.local_entrypoint()
-def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
+def main(mode: str = "dp", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
          batch_size: Optional[int] = None, preset: Optional[str] = None, max_batches: Optional[int] = None,
          dataset: Optional[str] = None, dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None,
          cp: Optional[int] = None, ep: Optional[int] = None, micro_batches: Optional[int] = None,
@@ -87,7 +87,7 @@ def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epoc
          precision: Optional[str] = None, activation_checkpointing: bool = False, bucket_mb: Optional[float] = None,
          overlap: bool = False, compression: Optional[str] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
          gpu_tests: bool = False, results_dir: str = "workdir/modal"):
-    """Run --mode data|pipeline|tensor|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
+    """Run --mode dp|pipeline|tp|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
     --world-size GPUs of type --gpu (or --grade, or --gpu-tests). The other options are the script's
     configuration's (project/options)."""
     options = {name: value for name, value in locals().items() if name in OPTIONS}

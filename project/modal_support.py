@@ -32,13 +32,11 @@ from pathlib import Path
 from project.modes import MODES as TRAINING_MODES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The run modes: the registry's (project/modes.py), each by the name modal_run.py gives it (data, tensor: the
-# names it always had; the registry's own names, dp and tp, work too) with its documented command and its
-# configuration (project/options/<script>.py, a course.config.RunConfig): its options, choices and rules are the
-# configuration's. A mode registered there runs here.
-RUNS = {mode.modal_name: mode.script for mode in TRAINING_MODES.values()}
-SCRIPTS = {mode.modal_name: mode.script_path for mode in TRAINING_MODES.values()}
-MODE_NAMES = {mode.name: mode.modal_name for mode in TRAINING_MODES.values() if mode.name != mode.modal_name}
+# The run modes: the registry's (project/modes.py), by its names (dp, pipeline, tp, 3d, cp, moe: the mesh's), with
+# its documented command and its configuration (project/options/<script>.py, a course.config.RunConfig): its
+# options, choices and rules are the configuration's. A mode registered there runs here.
+RUNS = {mode.name: mode.script for mode in TRAINING_MODES.values()}
+SCRIPTS = {mode.name: mode.script_path for mode in TRAINING_MODES.values()}
 # The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
 # GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
 # --timeout, the run scripts' mesh names).
@@ -90,9 +88,8 @@ class RunRequest:
 
 def config_class(mode: str):
     """The configuration class (a :class:`course.config.RunConfig`, torch-free) of run mode ``mode`` (a key of
-    :data:`RUNS`, or the registry's name of one): the registry's (:data:`project.modes.MODES`)."""
-    mode = MODE_NAMES.get(mode, mode)
-    return next(m.config for m in TRAINING_MODES.values() if m.modal_name == mode)
+    :data:`RUNS`): the registry's (:data:`project.modes.MODES`)."""
+    return TRAINING_MODES[mode].config
 
 
 def script_options(mode: str) -> set[str]:
@@ -114,7 +111,7 @@ def _positive(name: str, value) -> None:
         raise ValueError(f"{_dashed(name)} must be a whole number >= 1, not {value!r}")
 
 
-def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
+def make_request(mode: str = "dp", world_size: int = 2, gpu: str = DEFAULT_GPU, launcher: str = "spawn",
                  extra: str = "", grade: bool = False, gpu_tests: bool = False, **options) -> RunRequest:
     """Check the options of ``modal run modal_run.py`` on the laptop, before anything is sent, and return the
     :class:`RunRequest`.
@@ -134,7 +131,6 @@ def make_request(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU
     """
     from course.model import PRESETS  # light: no torch
 
-    mode = MODE_NAMES.get(mode, mode)  # the registry's name of a run mode: Modal's
     if mode not in MODES:
         raise ValueError(f"unknown --mode {mode!r}: choose one of {', '.join(MODES)}")
     if grade and gpu_tests:

@@ -12,8 +12,7 @@ A :class:`Mode` names what one kind of run is made of:
   (``config.dims``) and the data are made: the part's :class:`course.epoch_runner.TrainingMode` that
   :func:`course.epoch_runner.run_epochs` then trains;
 * the rest of what differs: the line printed before the run, the launcher's collective timeout, what a rank does
-  after the epochs, a configuration that runs in the calling process instead of on ranks, and the name
-  ``modal_run.py`` has always given it.
+  after the epochs, and a configuration that runs in the calling process instead of on ranks.
 
 Everything that starts runs reads this table: ``project/train.py`` and the six documented commands
 ``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.modal_support`: its modes, their options and
@@ -56,7 +55,6 @@ class Mode:
         in_process: ``in_process(config)`` -> True for a configuration that runs in the calling process, without
             ranks, through ``run_in_process(config)`` (None: every configuration runs on ranks).
         run_in_process: see ``in_process``.
-        modal: ``modal_run.py``'s ``--mode`` name for it (None: ``name``).
     """
 
     name: str
@@ -68,7 +66,6 @@ class Mode:
     finish: Callable[[Any, Any, Any], None] | None = None
     in_process: Callable[[Any], bool] | None = None
     run_in_process: Callable[[Any], Any] | None = None
-    modal: str | None = None
 
     @property
     def script_path(self) -> str:
@@ -83,10 +80,6 @@ class Mode:
         module, _, name = self.builder.partition(":")
         return getattr(importlib.import_module(module), name)(config, data, mesh)
 
-    @property
-    def modal_name(self) -> str:
-        return self.modal or self.name
-
     def runs_in_process(self, config) -> bool:
         """Whether ``config`` runs in the calling process (no ranks: :attr:`run_in_process`)."""
         return self.in_process is not None and self.in_process(config)
@@ -99,12 +92,11 @@ def register(mode: Mode) -> Mode:
     """Add ``mode`` to :data:`MODES`.
 
     Raises:
-        ValueError: its name, Modal name or configuration class is another mode's already.
+        ValueError: its name or configuration class is another mode's already.
     """
     for other in MODES.values():
-        if mode.name in (other.name, other.modal_name) or mode.modal_name in (other.name, other.modal_name):
-            raise ValueError(f"mode {mode.name!r} (Modal: {mode.modal_name!r}) is registered already as "
-                             f"{other.name!r}; choose another name")
+        if mode.name == other.name:
+            raise ValueError(f"mode {mode.name!r} is registered already; choose another name")
         if mode.config is other.config:
             raise ValueError(f"mode {mode.name!r}: {mode.config.__name__} is mode {other.name!r}'s configuration "
                              "already; every mode has its own")
@@ -222,12 +214,12 @@ def _describe_moe(c: MoERunConfig) -> str:
 PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes
 
 register(Mode("dp", DataParallelConfig, "run_data_parallel", "data_parallel.training:dp_training",
-              _describe_dp, finish=_finish_dp, modal="data"))
+              _describe_dp, finish=_finish_dp))
 register(Mode("pipeline", PipelineConfig, "run_pipeline", "pipeline.training:stage_training",
               _describe_pipeline, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
               run_in_process=_run_pipe))
 register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", "tensor_parallel.training:tp_training",
-              _describe_tp, modal="tensor"))
+              _describe_tp))
 register(Mode("3d", ThreeDConfig, "run_3d", "three_d.training:three_d_training", _describe_3d,
               collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
 register(Mode("cp", ContextParallelConfig, "run_context_parallel", "context_parallel.training:cp_training",

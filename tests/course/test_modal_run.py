@@ -69,7 +69,7 @@ def test_entrypoint_options_on_the_modal_cli():
     (["--world-size", "5", "--gpu", "a10g"], "at most 4 A10G"),
     (["--world-size", "9"], f"at most 8 {ms.DEFAULT_GPU}"),
     (["--mode", "tensr"], "unknown --mode 'tensr'"),
-    (["--mode", "tensor", "--world-size", "4", "--tp", "2"], "= 2 ranks, but the world has 4 processes"),
+    (["--mode", "tp", "--world-size", "4", "--tp", "2"], "= 2 ranks, but the world has 4 processes"),
     (["--mode", "3d", "--world-size", "8", "--schedule", "interleaved"], "--schedule: invalid choice: 'interleaved'"),
     (["--mode", "cp", "--world-size", "8", "--attention", "ulysses"], "12 heads are not divisible by 8"),
 ])
@@ -83,9 +83,9 @@ def test_bad_options_stop_modal_run_before_anything_is_sent(args, message):
 def test_options_are_read_from_modal_run_argv(modal_run):
     entry = modal_run.main.info.raw_f
     path = str(REPO / "modal_run.py")
-    read = ms.options_from_argv(["modal", "run", path + "::main", "--world-size", "4", "--mode", "tensor",
+    read = ms.options_from_argv(["modal", "run", path + "::main", "--world-size", "4", "--mode", "tp",
                                  "--grade", "--extra", "--sequence_parallel"], entry, path)
-    assert (read["world_size"], read["mode"], read["grade"], read["extra"]) == (4, "tensor", True, "--sequence_parallel")
+    assert (read["world_size"], read["mode"], read["grade"], read["extra"]) == (4, "tp", True, "--sequence_parallel")
     assert read["tp"] is None and read["gpu"] == ms.DEFAULT_GPU
     assert ms.options_from_argv(["modal", "run", path, "--no-grade"], entry, path)["grade"] is False
     assert ms.options_from_argv(["modal", "run", path, "--help"], entry, path) is None
@@ -100,12 +100,12 @@ def test_options_are_read_from_modal_run_argv(modal_run):
     (dict(world_size=8, gpu="A10"), "at most 4 A10"),
     (dict(launcher="mpirun"), "unknown --launcher"),
     (dict(learning_rate=1e-3), "unknown option(s) --learning-rate"),
-    (dict(tp=2), "--tp is an option of --mode tensor and 3d, not of --mode data"),
-    (dict(micro_batches=4), "--micro-batches is an option of --mode pipeline and 3d, not of --mode data"),
+    (dict(tp=2), "--tp is an option of --mode tp and 3d, not of --mode dp"),
+    (dict(micro_batches=4), "--micro-batches is an option of --mode pipeline and 3d, not of --mode dp"),
     (dict(mode="moe", cp=2), "--cp is an option of --mode cp, not of --mode moe"),
-    (dict(mode="tensor", world_size=2, tp=4), "= 4 ranks, but the world has 2 processes"),
+    (dict(mode="tp", world_size=2, tp=4), "= 4 ranks, but the world has 2 processes"),
     (dict(mode="pipeline", launcher="torchrun"), "--launcher torchrun starts one process per GPU"),
-    (dict(mode="data", extra="--bogus 1"), "project/run_data_parallel.py: unrecognized arguments: --bogus 1"),
+    (dict(mode="dp", extra="--bogus 1"), "project/run_data_parallel.py: unrecognized arguments: --bogus 1"),
     (dict(mode="schedule_benchmark", batch_size=8), "--mode schedule_benchmark takes no --batch-size"),
     (dict(mode="benchmark", preset="huge"), "unknown --preset 'huge'"),
     (dict(grade=True, gpu_tests=True), "choose one"),
@@ -121,16 +121,16 @@ def test_modals_own_rules(kwargs, message):
 # Requests every run mode's configuration refuses: (mode, Modal's options, the configuration's values that mean
 # the same on world_size GPUs). The message must be the configuration's own, word for word.
 REFUSED = [
-    ("data", dict(world_size=4, batch_size=30), dict(dp=4, batch_size=30)),
-    ("data", dict(zero=2, overlap=True), dict(dp=2, zero=2, overlap=True)),
-    ("data", dict(precision="bf16", compression="topk"), dict(dp=2, precision="bf16", compression="topk")),
-    ("data", dict(bucket_mb=0.0), dict(dp=2, bucket_mb=0.0)),
-    ("data", dict(n_epochs=0), dict(dp=2, n_epochs=0)),
+    ("dp", dict(world_size=4, batch_size=30), dict(dp=4, batch_size=30)),
+    ("dp", dict(zero=2, overlap=True), dict(dp=2, zero=2, overlap=True)),
+    ("dp", dict(precision="bf16", compression="topk"), dict(dp=2, precision="bf16", compression="topk")),
+    ("dp", dict(bucket_mb=0.0), dict(dp=2, bucket_mb=0.0)),
+    ("dp", dict(n_epochs=0), dict(dp=2, n_epochs=0)),
     ("pipeline", dict(batch_size=30, micro_batches=4), dict(pp=2, batch_size=30, micro_batches=4)),
     ("pipeline", dict(world_size=8, preset="tiny"), dict(pp=8, preset="tiny")),
     ("pipeline", dict(world_size=2, schedule="1f1b", virtual_stages=2),
      dict(pp=2, schedule="1f1b", virtual_stages=2)),
-    ("tensor", dict(world_size=8), dict(tp=8)),
+    ("tp", dict(world_size=8), dict(tp=8)),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, batch_size=30), dict(dp=2, pp=2, tp=2, batch_size=30)),
     ("3d", dict(world_size=8, dp=1, pp=8, tp=1, preset="tiny"), dict(dp=1, pp=8, tp=1, preset="tiny")),
     ("cp", dict(world_size=8, attention="ulysses"), dict(cp=8, attention="ulysses")),
@@ -188,10 +188,10 @@ def _parsed(request: ms.RunRequest):
 
 # One request per run mode (the schedules too): Modal's options and what the script's configuration must hold.
 EVERY_MODE = [
-    ("data", dict(world_size=4, batch_size=64, n_epochs=5), dict(dp=4, batch_size=64, n_epochs=5)),
-    ("data", dict(world_size=4, zero=3, precision="bf16", activation_checkpointing=True),
+    ("dp", dict(world_size=4, batch_size=64, n_epochs=5), dict(dp=4, batch_size=64, n_epochs=5)),
+    ("dp", dict(world_size=4, zero=3, precision="bf16", activation_checkpointing=True),
      dict(dp=4, zero=3, precision="bf16", activation_checkpointing=True)),
-    ("data", dict(world_size=2, bucket_mb=25.0, overlap=True), dict(dp=2, bucket_mb=25.0, overlap=True)),
+    ("dp", dict(world_size=2, bucket_mb=25.0, overlap=True), dict(dp=2, bucket_mb=25.0, overlap=True)),
     ("pipeline", dict(world_size=4), dict(pp=4, schedule=None, single_process="pipe")),
     ("pipeline", dict(world_size=2, single_process="sequential"), dict(pp=2, single_process="sequential")),
     ("pipeline", dict(world_size=4, schedule="1f1b", micro_batches=8, launcher="torchrun"),
@@ -199,7 +199,7 @@ EVERY_MODE = [
     ("pipeline", dict(world_size=2, schedule="interleaved", virtual_stages=2, micro_batches=4),
      dict(pp=2, virtual_stages=2, micro_batches=4)),
     ("pipeline", dict(world_size=2, schedule="zb-h1"), dict(pp=2, schedule="zb-h1")),
-    ("tensor", dict(world_size=4, extra="--sequence_parallel"), dict(tp=4, sequence_parallel=True)),
+    ("tp", dict(world_size=4, extra="--sequence_parallel"), dict(tp=4, sequence_parallel=True)),
     ("3d", dict(world_size=8), dict(dp=1, pp=4, tp=2, schedule="1f1b")),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, schedule="gpipe", micro_batches=4),
      dict(dp=2, pp=2, tp=2, schedule="gpipe", micro_batches=4)),
@@ -227,7 +227,7 @@ def test_every_mode_builds_the_command_its_script_runs(mode, modal_options, expe
 def test_every_mode_is_a_run_script_with_a_configuration():
     from course.config import RunConfig
 
-    assert set(ms.RUNS) >= {"data", "pipeline", "tensor", "3d", "cp", "moe"}
+    assert set(ms.RUNS) == {"dp", "pipeline", "tp", "3d", "cp", "moe"}
     for mode, script in ms.SCRIPTS.items():
         assert (REPO / script).is_file()
         cls = ms.config_class(mode)
@@ -249,7 +249,7 @@ def test_commands_of_each_mode():
         PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "/root/project/run_pipeline.py",
         "--pp", "4", "--preset", "small", "--micro_batches", "8", "--schedule", "1f1b",
         "--device", "cuda", "--workdir", "/w"]
-    tensor = ms.make_request(mode="tensor", world_size=4, extra="--sequence_parallel --learning_rate 3e-4")
+    tensor = ms.make_request(mode="tp", world_size=4, extra="--sequence_parallel --learning_rate 3e-4")
     assert ms.build_command(tensor, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "/root/project/run_tensor_parallel.py", "--tp", "4", "--device", "cuda", "--workdir", "/w",
         "--sequence_parallel", "--learning_rate", "3e-4"]
@@ -286,7 +286,7 @@ for mode in ms.RUNS:
 ms.make_request(mode="3d", world_size=8, schedule="zb-h1")
 ms.make_request(mode="cp", world_size=4, attention="ulysses")
 ms.make_request(mode="moe", world_size=4, ep=2)
-ms.make_request(mode="tensor", world_size=4, extra="--block_types spd")
+ms.make_request(mode="tp", world_size=4, extra="--block_types spd")
 ms.make_request(mode="pipeline", world_size=2, schedule="interleaved")
 try:
     ms.make_request(mode="cp", world_size=8, attention="ulysses")
@@ -377,7 +377,7 @@ def test_remote_grade_returns_the_gradescope_json_and_the_log(tmp_path):
 
 @pytest.mark.needs_solution
 def test_remote_function_body_runs_a_tiny_data_parallel_job_on_cpu(tmp_path):
-    request = ms.make_request(mode="data", world_size=2, batch_size=8, max_batches=2,
+    request = ms.make_request(mode="dp", world_size=2, batch_size=8, max_batches=2,
                               extra="--device cpu --n_bleu 2 --quiet --vocab_size 1000 --max_train_examples 2000 "
                                     "--max_val_batches 1")
     committed = []
@@ -440,11 +440,11 @@ def test_entrypoint_sends_the_checked_request_and_summarises_what_comes_back(mod
     fake = FakeRemote()
     monkeypatch.setattr(modal_run, "train", fake)
     entry = modal_run.main.info.raw_f
-    entry(mode="tensor", world_size=4, gpu="a100-80gb", n_epochs=3, results_dir=str(tmp_path))
+    entry(mode="tp", world_size=4, gpu="a100-80gb", n_epochs=3, results_dir=str(tmp_path))
     assert fake.options == dict(gpu="A100-80GB:4", cpu=8.0, memory=4 * 6144)
     request, name = fake.sent
-    assert (request["mode"], request["world_size"], request["options"]) == ("tensor", 4, {"tp": 4, "n_epochs": 3})
-    assert name.startswith("tensor-4xA100-80GB-")
+    assert (request["mode"], request["world_size"], request["options"]) == ("tp", 4, {"tp": 4, "n_epochs": 3})
+    assert name.startswith("tp-4xA100-80GB-")
     assert json.loads((tmp_path / name / "rank0_results_epoch0.json").read_text())["validation_loss"] == 3.5
     out = capsys.readouterr().out
     assert "data_parallel" in out and "3.500" in out

@@ -137,22 +137,19 @@ def test_modals_request_builder_accepts_every_mode(mode):
     probe = mode.config(device="cuda", backend="nccl")
     probe.resolve(2, here=False)  # its default mesh for 2 GPUs (3d: its default 1 x 4 x 2)
     world = probe.dims.world_size
-    for name in {mode.name, mode.modal_name}:
-        request = modal_support.make_request(mode=name, world_size=world)
-        assert request.mode == mode.modal_name
-        command = modal_support.build_command(request, "/w", python="python", repo_root=Path("/root"))
-        assert command[1] == f"/root/{mode.script_path}", command
-        assert command[command.index("--workdir") + 1] == "/w"
+    request = modal_support.make_request(mode=mode.name, world_size=world)
+    assert request.mode == mode.name
+    command = modal_support.build_command(request, "/w", python="python", repo_root=Path("/root"))
+    assert command[1] == f"/root/{mode.script_path}", command
+    assert command[command.index("--workdir") + 1] == "/w"
 
 
 def test_a_mode_is_registered_once(monkeypatch):
     monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
     tp = modes.MODES["tp"]
-    for name, modal in (("tp", None), ("tensor", None), ("tp2", "tp")):
-        with pytest.raises(ValueError, match="registered already"):
-            modes.register(modes.Mode(name, type("Other", (tp.config,), {}), tp.script, tp.build, tp.describe,
-                                      modal=modal))
+    with pytest.raises(ValueError, match="registered already"):
+        modes.register(modes.Mode("tp", type("Other", (tp.config,), {}), tp.script, tp.builder, tp.describe))
     with pytest.raises(ValueError, match="configuration already"):
-        modes.register(modes.Mode("tp2", tp.config, tp.script, tp.build, tp.describe))
+        modes.register(modes.Mode("tp2", tp.config, tp.script, tp.builder, tp.describe))
     with pytest.raises(ValueError, match="unknown mode 'tp2': choose one of dp, pipeline, tp, 3d, cp, moe"):
         modes.mode_named("tp2")
