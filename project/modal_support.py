@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.config import MESH
 from project.modes import MODES as TRAINING_MODES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +52,6 @@ MODES = (*SCRIPTS, *BENCHMARKS)
 OPTIONS = ("n_epochs", "batch_size", "preset", "max_batches", "dataset", "dp", "pp", "tp", "cp", "ep",
            "micro_batches", "virtual_stages", "schedule", "single_process", "attention", "zero", "precision",
            "activation_checkpointing", "bucket_mb", "overlap", "compression")
-MESH_SIZES = ("dp", "pp", "tp", "cp", "ep")
 # --gpu-tests: the GPU tier (tests/gpu, NCCL against gloo) and its JUnit report.
 GPU_TIER_XML = "gpu_tier.xml"
 LAUNCHERS = ("spawn", "torchrun")
@@ -93,13 +93,8 @@ def config_class(mode: str):
 
 
 def script_options(mode: str) -> set[str]:
-    """The options (field names) of mode ``mode``'s command line: its fields, the mesh sizes among them only
-    where the script takes them (``mesh_options``)."""
-    import dataclasses
-
-    cls = config_class(mode)
-    return {f.name for f in dataclasses.fields(cls)
-            if f.metadata and (f.metadata["group"] != "mesh" or f.name in cls.mesh_options)}
+    """The options (field names) of mode ``mode``'s command line (:meth:`course.config.RunConfig.options`)."""
+    return set(config_class(mode).options())
 
 
 def _dashed(name: str) -> str:
@@ -190,7 +185,7 @@ def _checked_run(mode: str, world_size: int, gpu_type: str, launcher: str, optio
         raise ValueError(f"--launcher torchrun starts one process per GPU ({world_size}), but this run is "
                          f"{config.world_size} process(es) on {world_size} GPUs; use --launcher spawn"
                          + (" or a multi-process --model-parallel-mode (a schedule)" if mode == "pipeline" else ""))
-    sizes = {name: getattr(config, name) for name in MESH_SIZES if name in cls.mesh_options}
+    sizes = {name: getattr(config, name) for name in MESH if name in cls.takes}
     return RunRequest(mode, world_size, gpu_type, launcher, {**sizes, **{n: options[n] for n in given}}, extra)
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.config import ConfigError, RunConfig, option
+from course.config import ConfigError, RunConfig
 from course.environment import in_torchrun
 from pipeline.schedules import SCHEDULES
-
-SINGLE_PROCESS = ("pipe", "sequential")  # one process: --single_process
-PIPELINE = "pipeline"
 
 
 @dataclass
@@ -19,26 +16,12 @@ class PipelineConfig(RunConfig):
     default: ``pipe``)."""
 
     description = "Pipeline-parallel GPT-2 training on Multi30k German→English (assignment 5.2)."
-    mesh_options = ("pp", "micro_batches", "virtual_stages")
+    takes = ("pp", "micro_batches", "virtual_stages", "schedule", "single_process", "balance")
+    defaults = {"max_batches": 150, "pp": None, "micro_batches": 4, "virtual_stages": None}
+    choices = {"schedule": tuple(SCHEDULES)}
+    notes = {"virtual_stages": "default: 2 with --schedule interleaved, else 1",
+             "single_process": "the default without --schedule: pipe", "balance": "auto: with --schedule"}
     world_option = "pp"
-
-    max_batches: int | None = option(150, "stop each epoch after this many batches (quick runs)",
-                                     group="model and training")
-    pp: int | None = option(None, "pipeline stages (default: torchrun's WORLD_SIZE for a --schedule, else 2)",
-                            group="mesh")
-    micro_batches: int = option(4, "micro-batches per batch (micro-batch size = batch_size // micro_batches)",
-                                group="mesh")
-    virtual_stages: int | None = option(None, "interleaved: model chunks (virtual stages) per process, default 2; "
-                                              "other schedules: 1", group="mesh")
-    schedule: str | None = option(None, "run one process per stage with this schedule of the registry "
-                                        "(pipeline.SCHEDULES)", group=PIPELINE, choices=tuple(SCHEDULES))
-    single_process: str | None = option(None, "run every stage in this process: pipe = the Pipe, micro-batches on "
-                                              "the clock-cycle schedule, a thread per stage; sequential = the whole "
-                                              "batch through one stage after another (default without --schedule: "
-                                              "pipe)", group=PIPELINE, choices=SINGLE_PROCESS)
-    balance: str = option("count", "layers per stage: count = blocks spread evenly (embeddings on the first, head on "
-                                   "the last stage); auto = from each layer's measured forward+backward time, the LM "
-                                   "head's included (with --schedule)", group=PIPELINE, choices=("count", "auto"))
 
     @property
     def multiprocess(self) -> bool:
@@ -75,14 +58,6 @@ class PipelineConfig(RunConfig):
         if not self.multiprocess and in_torchrun():
             raise ConfigError(f"--single_process {self.single_process} runs in one process; under torchrun give a "
                               f"--schedule, one of {tuple(SCHEDULES)} (one process per stage)")
-        if self.batch_size // self.micro_batches < 1:
-            raise ConfigError(f"--micro_batches {self.micro_batches} is larger than --batch_size {self.batch_size}: "
-                              f"the micro-batch size batch_size // micro_batches would be < 1; use --micro_batches <= "
-                              f"{self.batch_size}")
-        if self.batch_size % self.micro_batches:
-            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --micro_batches "
-                              f"{self.micro_batches}: every micro-batch must have batch_size // micro_batches rows; "
-                              f"try --batch_size {self.batch_size // self.micro_batches * self.micro_batches}")
         interleaved = self.multiprocess and SCHEDULES[self.schedule].interleaved
         if self.multiprocess and SCHEDULES[self.schedule].placement == "v":
             if self.virtual_stages != 2:
