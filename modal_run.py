@@ -24,7 +24,7 @@ The run modes are the registry's (``project/modes.py``: ``dp``, ``pipeline``, ``
 mesh's names): a mode registered there runs here. The options are the script's configuration's
 (``project/options``), with dashes: ``--micro-batches``,
 ``--virtual-stages``, ``--dp --pp --tp --cp --ep``. They are checked here before anything is sent, by that configuration's own
-rules, without torch (see ``project/modal_support.py``).
+rules, without torch (see ``project/tools/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
 local Python sources (among them ``instructor/grade.py`` and ``instructor/keys.py``, which
 ``--grade`` runs), and ``tests/``, ``pyproject.toml`` and ``conftest.py`` (the graded tests,
@@ -40,7 +40,7 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OPTIONS,  # noqa: E402
+from project.tools.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OPTIONS,  # noqa: E402
                                    make_request, options_from_argv, print_grade, remote_run, run_name,
                                    save_files, summarize, summarize_gpu_tier)
 

@@ -4,7 +4,7 @@
 * ``buckets``      — ``BucketedReducer``: DDP-like buckets whose all-reduce starts during the backward pass (5.4.2)
 * ``compression``  — top-k sparsification with error feedback (5.4.3), PowerSGD through torch's hook;
                      ``build_grad_sync``: the synchroniser a data-parallel run's options ask for
-* ``experiments``  — workers that notebooks/04_communication.ipynb and project/benchmark.py launch
+* ``experiments``  — workers that notebooks/04_communication.ipynb and project/tools/benchmark.py launch
 * ``hang_lab``     — the first divergence of a hung run from its flight-recorder dumps (5.4.4); ``hang_workers``:
                      the planted hangs of notebooks/10_debugging_hangs.ipynb
 

@@ -1,4 +1,4 @@
-"""Workers that project/benchmark.py and notebooks/01 and 04 launch (spawned ranks import them from here).
+"""Workers that project/tools/benchmark.py and notebooks/01 and 04 launch (spawned ranks import them from here).
 
 Their repeated measurements go through the course's one benchmark harness (:mod:`course.benchmarking`).
 
@@ -107,7 +107,7 @@ DP_VARIANTS = ("average_gradients", "bucketed", "ddp")
 def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
     """Training tokens/s of data-parallel GPT-2: each gradient synchronisation (``variants``) at each number
     of ranks (``world_sizes``), on the same model and batches — the one data-parallel throughput
-    measurement of the course (notebooks 01 and 04, ``project/benchmark.py``).
+    measurement of the course (notebooks 01 and 04, ``project/tools/benchmark.py``).
 
     ``cfg``:
 

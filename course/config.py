@@ -375,7 +375,7 @@ class RunConfig:
     def for_machine(cls, devices: int, **values):
         """A configuration from keyword values for a run on ``devices`` GPUs of another machine, resolved and
         checked as the run will be there, without torch and without the environment checks (``modal run``:
-        :mod:`project.modal_support`). ``device`` and ``backend`` are taken as given, not resolved against
+        :mod:`project.tools.modal_support`). ``device`` and ``backend`` are taken as given, not resolved against
         this machine's GPUs. Raises :class:`ConfigError`; first if the mesh does not have one rank per device."""
         config = cls(**values)
         config.resolve(devices, here=False)

@@ -66,7 +66,7 @@ ring/Simple: 8.4 us).
 
 :func:`datasheet_bf16_peak` finds the dense bf16 peak of a GPU by the name CUDA gives it
 (``torch.cuda.get_device_name``), for MFU and for the measured matrix-product peak of the GPU report
-(``project/gpu_report.py``): :data:`GPU_DATASHEETS`, the datasheets' "with sparsity" figures halved.
+(``project/tools/gpu_report.py``): :data:`GPU_DATASHEETS`, the datasheets' "with sparsity" figures halved.
 
 The CPU of this machine has no published figure that fits: the planner measures it (matrix-product
 FLOP/s per rank while every rank computes, gloo all-reduce times fitted to alpha-beta lines:

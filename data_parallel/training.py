@@ -178,7 +178,7 @@ def dp_training(config, data, mesh: Mesh) -> DataParallelTraining:
     optimizer), else the communication part's synchroniser for ``--bucket_mb``, ``--overlap`` or
     ``--compression`` (:func:`communication.build_grad_sync`), else AdamW at ``config.learning_rate`` with
     :func:`average_gradients` after each backward pass. What ``project/train.py --mode dp`` trains; the parity
-    harness (``project/parity.py``) steps it directly."""
+    harness (``project/tools/parity.py``) steps it directly."""
     device = context().device
     model = build_model(config, data.tokenizer.vocab_size).to(device)
     sharding = grad_sync = None

@@ -35,7 +35,7 @@ computing something else is a ``fail``.
 
 The submission's code runs as the grader runs it (:func:`instructor.submission.grading_tree`: only the key's blocks
 are taken, the block policy is checked, every key the key does not depend on is a stub), in a subprocess with a
-time limit (``python -m project.performance``, which holds the ranks' work and writes raw numbers); nothing of the
+time limit (``python -m project.tools.performance``, which holds the ranks' work and writes raw numbers); nothing of the
 student's runs in this process, which judges the numbers.
 """
 from __future__ import annotations
@@ -252,7 +252,7 @@ def checks_of(measured: dict) -> list[dict]:
 
 
 def verdict_of(measured: dict) -> dict:
-    """:func:`judge` of one measurement (``project/performance.py``'s raw numbers); the machine record and the raw
+    """:func:`judge` of one measurement (``project/tools/performance.py``'s raw numbers); the machine record and the raw
     numbers kept beside it."""
     key = PERF_KEYS[measured["key"]]
     if key.timed:
@@ -282,12 +282,12 @@ class PerfResult:
 
 
 def _run_measurement(tree: Path, name: str, timeout: float, out: Path) -> dict:
-    """``python -m project.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), in a process
+    """``python -m project.tools.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), in a process
     session of its own bounded by ``timeout``; the whole session is killed when it ends (the launcher's ranks end
     with their launcher; a rank that does not is in the session too)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMSYS_GRADE"))}
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "project.performance", "--measure", name, "--out", str(out)]
+    cmd = [sys.executable, "-m", "project.tools.performance", "--measure", name, "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     timed_out = False

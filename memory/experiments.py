@@ -260,7 +260,7 @@ def recomputation_check(device="cpu", preset: str = "tiny", vocab_size: int = 10
     the CPU and of the GPU restored; same precision: the autocast state of the inputs' device replayed).
     The GPU tier checks the same on CUDA (``tests/gpu/test_memory_nccl.py``), the graded test on the CPU
     (``tests/memory/test_checkpointing_replay.py``); this is the form the GPU report records
-    (``project/gpu_report.py``).
+    (``project/tools/gpu_report.py``).
 
     Returns:
         ``{"device", "preset", "precision", "dropout", "batch_size", "seq_len", "blocks", "recomputed_blocks"

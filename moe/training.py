@@ -192,7 +192,7 @@ class MoETraining(TrainingMode):
 def moe_training(config, data, mesh: Mesh) -> MoETraining:
     """This rank's :class:`MoETraining` on ``mesh`` (its ep, dp x cp and edp groups): the model of
     :func:`build_moe_model` on the worker's device. What ``project/train.py --mode moe`` trains; the parity
-    harness (``project/parity.py``) steps it directly."""
+    harness (``project/tools/parity.py``) steps it directly."""
     device = context().device
     model = build_moe_model(config, data.tokenizer.vocab_size, mesh.ep_group).to(device)
     return MoETraining(config, data, device, model, mesh, rank=mesh.rank, world_group=mesh.group("world"),

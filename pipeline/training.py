@@ -269,7 +269,7 @@ def stage_training(config, data, mesh) -> StageTraining:
     (same seed on every rank), cut into this rank's stage (or ``config.virtual_stages`` chunks for a schedule that
     takes them), placed by layer count or, with ``config.balance == "auto"``, by measured cost. What
     ``project/train.py --mode pipeline`` trains (:mod:`project.modes`); the parity harness
-    (``project/parity.py``) steps it directly."""
+    (``project/tools/parity.py``) steps it directly."""
     device = context().device
     world_size = mesh.dims.pp
     model = build_model(config, data.tokenizer.vocab_size)

@@ -15,7 +15,7 @@ A :class:`Mode` names what one kind of run is made of:
   after the epochs, and a configuration that runs in the calling process instead of on ranks.
 
 Everything that starts runs reads this table: ``project/train.py`` and the six documented commands
-``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.modal_support`: its modes, their options and
+``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.tools.modal_support`: its modes, their options and
 checks), the Slurm script (``project/slurm/torchrun.sbatch --mode NAME``) and torchrun
 (``torchrun ... project/train.py --mode NAME``). A new mode is one :func:`register` call here (and its options
 module, and its part's builder): it then runs from all of them.

@@ -109,7 +109,7 @@ class TensorParallelTraining(TrainingMode):
 def tp_training(config, data, mesh: Mesh) -> TensorParallelTraining:
     """This rank's :class:`TensorParallelTraining` over ``mesh.tp_group``: the GPT-2 of ``config`` (same seed
     on every rank) cut into this rank's shards (``config.block_types``, ``config.sequence_parallel``) on the
-    worker's device. What ``project/train.py --mode tp`` trains; the parity harness (``project/parity.py``) steps
+    worker's device. What ``project/train.py --mode tp`` trains; the parity harness (``project/tools/parity.py``) steps
     it directly."""
     device = context().device
     hf_model = build_model(config, data.tokenizer.vocab_size)

@@ -73,7 +73,7 @@ def plot_ring_steps(traces: dict, world_size: int, chunk_sizes: list[int] | None
 def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = None):
     """Left: time per all-reduce vs size (median, min-max bars) with each algorithm's fitted line, labelled
     with alpha per step, 1/beta and the fit's quality (``dist.all_reduce``: a whole call's intercept); right:
-    bus bandwidth vs size. ``report``: one world size of ``project/benchmark.py``'s JSON
+    bus bandwidth vs size. ``report``: one world size of ``project/tools/benchmark.py``'s JSON
     (``["allreduce"][str(p)]``, each algorithm's ``"fit"``)."""
     import matplotlib.pyplot as plt
 

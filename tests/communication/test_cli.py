@@ -1,8 +1,9 @@
-"""The gradient-communication options of project/run_data_parallel.py and the checks of project/benchmark.py
+"""The gradient-communication options of project/run_data_parallel.py and the checks of project/tools/benchmark.py
 (parse only: no process is started)."""
 import pytest
 
-from project import benchmark, run_data_parallel
+from project import run_data_parallel
+from project.tools import benchmark
 
 
 def parse(*argv):

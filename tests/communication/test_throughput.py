@@ -1,4 +1,4 @@
-"""Ungraded: the one data-parallel throughput worker (notebooks 01 and 04, project/benchmark.py) — a row per
+"""Ungraded: the one data-parallel throughput worker (notebooks 01 and 04, project/tools/benchmark.py) — a row per
 synchroniser, number of ranks and repeat, the windows' tokens counted as the epoch runner counts them."""
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ GPU type and count, timeout, volume), the entry point's options (``modal run mod
 --help``), and that bad options stop ``modal run`` before the app is created. The command each
 mode builds is parsed by the script's own configuration, bad requests are refused with that configuration's
 messages before anything is sent (also where torch is not installed), and the remote function's body
-(``project.modal_support.remote_run``) runs a tiny data-parallel job on the CPU. For ``--grade``:
+(``project.tools.modal_support.remote_run``) runs a tiny data-parallel job on the CPU. For ``--grade``:
 the grader's command, its Gradescope JSON and log coming back, and the table printed from the JSON.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from project import modal_support as ms
+from project.tools import modal_support as ms
 
 REPO = Path(__file__).resolve().parents[2]
 PY = "python"
@@ -278,7 +278,7 @@ def test_configurations_import_and_check_without_torch():
 import sys
 sys.modules["torch"] = None  # import torch now raises ImportError
 from course.config import ConfigError, RunConfig
-from project import modal_support as ms
+from project.tools import modal_support as ms
 for mode in ms.RUNS:
     devices = 8 if mode == "3d" else 4  # 3d: its default mesh, 1 x 4 x 2
     config = ms.config_class(mode).for_machine(devices, device="cuda", backend="nccl")  # resolved and checked
@@ -472,7 +472,7 @@ def test_commands_of_memory_communication_the_benchmarks_and_the_gpu_tier():
 
     bench = ms.make_request(mode="benchmark", world_size=8, launcher="torchrun")
     assert ms.build_command(bench, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/benchmark.py",
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/tools/benchmark.py",
         "--world_sizes", "8", "--dp", "8", "--device", "cuda", "--out", "/w/benchmark_communication.json",
         "--timeout", "60"]
     sched = ms.make_request(mode="schedule_benchmark", world_size=4, extra="--micro_batches 8 16")

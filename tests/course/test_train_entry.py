@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from project import modal_support, modes, train
+from project import modes, train
+from project.tools import modal_support
 from tests.support.rendezvous import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,10 +1,10 @@
 """Wrong configurations planted into the parity harness: each must break its tolerance (builders for
-``project.parity_cases.ParityCase(builder="tests.parity.planted:<name>")``, imported by the ranks)."""
+``project.tools.parity_cases.ParityCase(builder="tests.parity.planted:<name>")``, imported by the ranks)."""
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from project.parity_cases import Stepper, dp_rows, mode_stepper
+from project.tools.parity_cases import Stepper, dp_rows, mode_stepper
 
 
 class _SumWithoutAveraging:

@@ -1,4 +1,4 @@
-"""The configurations the loss-parity harness (``project/parity.py``) compares, one entry each.
+"""The configurations the loss-parity harness (``project/tools/parity.py``) compares, one entry each.
 
 Every entry is a :class:`ParityCase`: the script configuration it trains with (its ``XConfig``
 class and the options that differ from the common ones), how many ranks it takes, which

@@ -1,12 +1,12 @@
 """Loss parity: every parallel configuration trains the model one process trains, on the same batches.
 
-    python project/parity.py                        # every configuration, 20 steps, table + plot
-    python project/parity.py --steps 5 --cases "DP 2" "1F1B, pp 2" "TP 2 + SP"
-    python project/parity.py --json results/parity.json --plot parity.png
+    python project/tools/parity.py                        # every configuration, 20 steps, table + plot
+    python project/tools/parity.py --steps 5 --cases "DP 2" "1F1B, pp 2" "TP 2 + SP"
+    python project/tools/parity.py --json results/parity.json --plot parity.png
 
-Each configuration of :data:`project.parity_cases.CASES` (data parallelism, its bucketed and compressed
+Each configuration of :data:`project.tools.parity_cases.CASES` (data parallelism, its bucketed and compressed
 variants, ZeRO-1/2/3, the four pipeline schedules, tensor and sequence parallelism, expert
-parallelism, 3D) and the one-process references of :data:`project.parity_cases.REFERENCES` train the
+parallelism, 3D) and the one-process references of :data:`project.tools.parity_cases.REFERENCES` train the
 same GPT-2 (``--preset``, dropout 0, the same seed, AdamW) on the same ``--steps`` global batches of
 ``--batch_size`` training pairs (the first ``--max_train_examples`` Multi30k pairs in a seeded order,
 :func:`course.task.prepare_data`). At every step the harness records
@@ -38,9 +38,9 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from project.parity_cases import CASES, REFERENCES, ParityCase, builder  # noqa: E402
+from project.tools.parity_cases import CASES, REFERENCES, ParityCase, builder  # noqa: E402
 
 DEFAULTS = {"preset": "tiny", "max_train_examples": 256, "batch_size": 8, "learning_rate": 1e-3, "seed": 11,
             "dropout": 0.0, "n_bleu": 0, "quiet": True}
@@ -162,7 +162,7 @@ def run_parity(names: list | None = None, steps: int = 20, **settings) -> dict:
     One launch per world size; the one-process references run on rank 0 of the smallest one.
 
     Args:
-        names: case names of :data:`project.parity_cases.CASES`, or :class:`ParityCase` entries (None: all).
+        names: case names of :data:`project.tools.parity_cases.CASES`, or :class:`ParityCase` entries (None: all).
         steps: optimizer steps (global batches).
         **settings: configuration fields common to every case (defaults :data:`DEFAULTS`; ``workdir``
             is where the tokenizer is cached; ``device``; ``timeout`` of each launch in seconds).

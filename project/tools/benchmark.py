@@ -1,8 +1,8 @@
 """Communication benchmark: all-reduce latency and bus bandwidth, and data-parallel training tokens/s.
 
-    python project/benchmark.py                               # 2 ranks, 1 KB .. 64 MB, 5 repeats
-    python project/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --out out.json
-    torchrun --standalone --nproc_per_node=8 project/benchmark.py --device cuda   # 8 GPUs, NCCL
+    python project/tools/benchmark.py                               # 2 ranks, 1 KB .. 64 MB, 5 repeats
+    python project/tools/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --out out.json
+    torchrun --standalone --nproc_per_node=8 project/tools/benchmark.py --device cuda   # 8 GPUs, NCCL
 
 Part 1, for each world size: ``dist.all_reduce`` (the back-end's own: gloo, or NCCL on GPUs),
 :func:`communication.ring_all_reduce`
@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from course.launch import RankFailure, default_world_size, launch, reports_results  # noqa: E402
 

@@ -13,7 +13,7 @@ credentials, network or GPUs lives here:
   ``instructor/grade.py`` for ``--grade``, or of the GPU test tier (``pytest -m gpu``) for ``--gpu-tests``;
 * :func:`remote_run` is the body of the remote function: data, command, log, results;
 * :func:`summarize`, :func:`summarize_gpu_tier` and :func:`print_grade` print what came back
-  (:func:`gpu_tier_cases`: the GPU tier's tests from its JUnit XML, also for ``project/gpu_report.py``).
+  (:func:`gpu_tier_cases`: the GPU tier's tests from its JUnit XML, also for ``project/tools/gpu_report.py``).
 
 This module imports nothing heavy (no torch): it runs inside ``modal run`` on the laptop.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from course.config import MESH
 from project.modes import MODES as TRAINING_MODES
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # The run modes: the registry's (project/modes.py), by its names (dp, pipeline, tp, 3d, cp, moe: the mesh's), with
 # its documented command and its configuration (project/options/<script>.py, a course.config.RunConfig): its
 # options, choices and rules are the configuration's. A mode registered there runs here.
@@ -41,7 +41,7 @@ SCRIPTS = {mode.name: mode.script_path for mode in TRAINING_MODES.values()}
 # The benchmarks: how each is started (a file, or ``-m module``), the options that set its number of
 # GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
 # --timeout, the run scripts' mesh names).
-BENCHMARKS = {"benchmark": ("project/benchmark.py", ("--world_sizes", "--dp"), ("--out", "benchmark_communication.json")),
+BENCHMARKS = {"benchmark": ("project/tools/benchmark.py", ("--world_sizes", "--dp"), ("--out", "benchmark_communication.json")),
               "schedule_benchmark": ("-m pipeline.schedule_benchmark", ("--pp",), ("--out", "schedule_benchmark.json")),
               "factorisation_benchmark": ("-m three_d.factorisation_benchmark", ("--world_size",),
                                           ("--out", "factorisation_benchmark.json"))}

@@ -1,7 +1,7 @@
 """The course's GPU report: what one GPU measures, in one command, written to ``results/gpu/``.
 
-    python project/gpu_report.py                    # on a CUDA GPU; the tier is cut off after --tests_timeout
-    python project/gpu_report.py --device cpu --out /tmp/r   # a dry run with tiny sizes (seconds; CI runs it)
+    python project/tools/gpu_report.py                    # on a CUDA GPU; the tier is cut off after --tests_timeout
+    python project/tools/gpu_report.py --device cpu --out /tmp/r   # a dry run with tiny sizes (seconds; CI runs it)
 
 On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it records:
 
@@ -47,11 +47,11 @@ import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from course.gpu_figures import KIND, RESULTS as GPU_OUT  # noqa: E402 (the reports the notebooks show)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DRY_RUN_OUT = "workdir/gpu_report"  # dry runs (--device cpu): out of the repository's tracked files
 # Sizes per device: a GPU measures the course's gpt2 run shape (RunConfig's defaults: batch 64 of 128 tokens,
 # a 5000-token BPE); the CPU dry run only proves the code runs.
@@ -188,8 +188,8 @@ def run_gpu_tier(device_type: str, timeout: float) -> dict:
     """``pytest -m gpu tests/gpu`` on one GPU (on the CPU dry run: on none, so every test skips with its
     reason), in a process group of its own, killed after ``timeout`` seconds. Returns ``{"command", "env",
     "timeout_s", "seconds", "returncode", "timed_out", "counts", "cases"
-    (:func:`project.modal_support.gpu_tier_cases`), "output_tail"}``."""
-    from project.modal_support import gpu_tier_cases
+    (:func:`project.tools.modal_support.gpu_tier_cases`), "output_tail"}``."""
+    from project.tools.modal_support import gpu_tier_cases
 
     visible = one_gpu() if device_type == "cuda" else ""
     with tempfile.TemporaryDirectory(prefix="gpu_tier_") as tmp:

@@ -1,9 +1,9 @@
 """Execute the course notebooks and commit them with their outputs (issue: readable without running).
 
-    python project/execute_notebooks.py                 # every notebook in notebooks/, in course order
-    python project/execute_notebooks.py 02 06           # the notebooks whose names start with 02 and 06
-    python project/execute_notebooks.py --wait 600      # wait up to 10 minutes for a quiet machine
-    python project/execute_notebooks.py --allow_loaded  # run on a loaded machine (the notebooks say so)
+    python project/tools/execute_notebooks.py                 # every notebook in notebooks/, in course order
+    python project/tools/execute_notebooks.py 02 06           # the notebooks whose names start with 02 and 06
+    python project/tools/execute_notebooks.py --wait 600      # wait up to 10 minutes for a quiet machine
+    python project/tools/execute_notebooks.py --allow_loaded  # run on a loaded machine (the notebooks say so)
 
 Each notebook is run top to bottom by a Jupyter kernel (``nbclient``), in its own folder, as a learner
 would run it; its outputs are written back into the file (to a temporary name, then renamed), with
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(REPO))
 NOTEBOOKS = REPO / "notebooks"
@@ -215,7 +215,7 @@ def execute(path: Path, timeout: float = CELL_TIMEOUT_S, info: dict | None = Non
     machine["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     notebook.metadata["llmsys"] = {
         "source_sha256": source_hash(notebook),
-        "executed_by": "python project/execute_notebooks.py",
+        "executed_by": "python project/tools/execute_notebooks.py",
         "machine": machine,
         "executed_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "seconds": round(seconds, 1),

@@ -1,6 +1,6 @@
 """The measurements behind the performance keys (``instructor/performance.py``): raw numbers, no verdicts.
 
-    python -m project.performance --measure perf_dp_overlap --out dp.json     # what the grader runs in a copy
+    python -m project.tools.performance --measure perf_dp_overlap --out dp.json     # what the grader runs in a copy
 
 The grader runs this module in the submission's grading copy (the key's blocks spliced in, the block policy
 checked), in a subprocess, and judges what it writes (:mod:`instructor.performance`: the ratios, the parity and
