@@ -4,9 +4,10 @@
 * ``buckets``      — ``BucketedReducer``: DDP-like buckets whose all-reduce starts during the backward pass (5.4.2)
 * ``compression``  — top-k sparsification with error feedback (5.4.3), PowerSGD through torch's hook;
                      ``build_grad_sync``: the synchroniser a data-parallel run's options ask for
-* ``experiments``  — workers that notebooks/04_communication.ipynb and project/tools/benchmark.py launch
-* ``hang_lab``     — the first divergence of a hung run from its flight-recorder dumps (5.4.4); ``hang_workers``:
-                     the planted hangs of notebooks/10_debugging_hangs.ipynb
+* ``hang_lab``     — the first divergence of a hung run from its flight-recorder dumps (5.4.4)
+* ``labs``         — ``experiments``: workers that notebooks/04_communication.ipynb and project/tools/benchmark.py
+                     launch; ``hang_workers``: the planted hangs of notebooks/10_debugging_hangs.ipynb; ``checks``:
+                     the exercises' answer checks
 
 See notebooks/04_communication.ipynb.
 """

@@ -1,7 +1,7 @@
 """The one benchmark harness: warm-up, repeats, median and spread, the machine, JSON, the command line.
 
-Every benchmark of the course (``project/tools/benchmark.py``, ``python -m pipeline.schedule_benchmark``,
-``python -m three_d.factorisation_benchmark``) and every repeated measurement in the notebooks' workers
+Every benchmark of the course (``project/tools/benchmark.py``, ``python -m pipeline.labs.schedule_benchmark``,
+``python -m three_d.labs.factorisation_benchmark``) and every repeated measurement in the notebooks' workers
 measures the same way (docs/architecture.md, "The benchmark harness"):
 
 * **warm-up, then repeats** — :func:`interleaved` runs each variant ``warmup`` times untimed (memory

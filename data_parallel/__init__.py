@@ -5,7 +5,8 @@
 * ``gradients``      — ``average_gradients(model, group)`` (5.1.2)
 * ``training``       — the data-parallel training mode and ``dp_training``, what
   ``project/run_data_parallel.py`` trains on every rank (5.1.3)
-* ``experiments``    — workers that notebooks/01_data_parallel.ipynb launches
+* ``labs``           — ``experiments``: workers that notebooks/01_data_parallel.ipynb launches;
+  ``async_checkpoint_benchmark``; ``checks``: the exercises' answer checks
 
 See notebooks/01_data_parallel.ipynb.
 """

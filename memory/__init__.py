@@ -5,6 +5,8 @@
 * ``checkpointing``  — ``checkpoint_block``: activations dropped and recomputed in backward (5.5.4)
 * ``accounting``     — bytes held per category (counted by storage) and the ZeRO formulas
 * ``training``       — ``build_sharding``: the memory options of a data-parallel run as one sharded step
+* ``labs``           — the notebook's workers (``experiments``, ``formula_checks``), the HSDP benchmark and the
+                       ZeRO++ experiment, the exercises' answer checks
 
 See notebooks/05_memory.ipynb.
 """

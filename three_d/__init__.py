@@ -5,6 +5,7 @@
   sent to the same tp rank of the next stage, or scatter-gather (a5_6_2).
 * :mod:`three_d.step` — the 3D training step: pipeline schedule over the pp group, gradients
   averaged over the dp group, tied embedding/head gradients summed, global grad-norm clip (a5_6_3).
+* :mod:`three_d.labs` — the notebook's workers, the factorisation benchmark and the exercises' answer checks.
 
 It composes the other parts through their packages only (``import pipeline``,
 ``import tensor_parallel``) and :mod:`course` (``course.mesh.Mesh`` gives the groups).

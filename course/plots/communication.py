@@ -146,7 +146,7 @@ def plot_overlap_timeline(timelines: dict, title: str = "Bucket all-reduces and 
     """One row per (run, rank): the backward pass as a grey bar, each bucket's all-reduce as a bar
     from its launch to the end of its wait, and the end of ``finish()``.
 
-    ``timelines``: ``{label: {rank: communication.experiments.overlap_timeline_worker output}}``.
+    ``timelines``: ``{label: {rank: communication.labs.experiments.overlap_timeline_worker output}}``.
     """
     import matplotlib.pyplot as plt
 

@@ -18,7 +18,7 @@ agree. A world size with more ranks than cores is also replayed from the largest
 Part 2 (``--dp`` ranks): training tokens/s of GPT-2 (``--preset``, synthetic tokens)
 with ``average_gradients``, the bucketed overlapped reducer and torch DDP (same
 ``--bucket_mb``), interleaved repeats, median and min-max, the ratio to DDP and computed verdicts
-(:func:`communication.experiments.dp_throughput_worker`).
+(:func:`communication.labs.experiments.dp_throughput_worker`).
 
 The measuring — warm-up, interleaved repeats, median and min-max, the machine it ran on (per part: its
 busy ranks, the load before and after, the conditions), verdicts, fit quality, the JSON,
@@ -109,7 +109,7 @@ def _one(per_rank: dict):
 def allreduce_part(args) -> dict:
     from communication.alpha_beta import bus_bandwidth, fit_line, readable_bytes
     from communication.cost_model import BENCHMARK_NAMES, fit_allreduce_model, fit_benchmark, replay_allreduce
-    from communication.experiments import ALGORITHMS, allreduce_bench_worker
+    from communication.labs.experiments import ALGORITHMS, allreduce_bench_worker
     from course.benchmarking import compare, describe, finish, machine, summarise
     from course.measure import timer_name
 
@@ -210,7 +210,7 @@ def _replays(args, report: dict, replay_allreduce, fit_benchmark) -> None:
 
 
 def dp_part(args) -> dict:
-    from communication.experiments import DP_VARIANTS, dp_throughput_worker
+    from communication.labs.experiments import DP_VARIANTS, dp_throughput_worker
     from course.benchmarking import compare, describe, finish, machine, ratios, summarise
 
     cfg = {"preset": args.preset, "vocab_size": args.vocab_size, "seq": args.seq, "per_rank_batch": args.per_rank_batch,

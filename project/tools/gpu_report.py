@@ -13,7 +13,7 @@ On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it
    (:func:`course.hardware.datasheet_bf16_peak`; sparse figures are not peaks a dense product can reach);
 3. **tokens/s and MFU** — training steps of the ``--preset`` GPT-2 (``gpt2``, 124M, by default) in bf16
    (:class:`memory.training.ShardedStep`: autocast, fp32 master weights and AdamW, one rank) on synthetic
-   tokens (:func:`memory.experiments.random_batch`: throughput does not depend on what the tokens say),
+   tokens (:func:`memory.labs.experiments.random_batch`: throughput does not depend on what the tokens say),
    plain and with activation checkpointing, interleaved; MFU (:func:`three_d.choosing.mfu`, model FLOPs of
    :func:`course.model.model_flops_per_token`, recomputation not counted) against the datasheet's peak and
    against the measured matrix-product peak; the verdict of checkpointing against plain
@@ -23,7 +23,7 @@ On one GPU (``cuda:0`` of this process; ``CUDA_VISIBLE_DEVICES`` picks which) it
    the same configuration (:func:`project.plan.stage_memory`: parameters, gradients, AdamW state,
    activations of the course's GPT-2 blocks, and with checkpointing the recomputed block);
 5. **activation checkpointing's recomputation** on the GPU, under bf16 autocast with dropout on: each
-   block's recomputed output equal to the forward pass's, bit for bit (:func:`memory.experiments.recomputation_check`).
+   block's recomputed output equal to the forward pass's, bit for bit (:func:`memory.labs.experiments.recomputation_check`).
 
 Every timing goes through the course's one harness (:mod:`course.benchmarking`: warm-up, interleaved
 repeats, median and min-max, the machine and its conditions). The report is written atomically to
@@ -291,7 +291,7 @@ def training_step(args, device, checkpointing: bool):
     import torch
 
     from course.model import build_gpt2
-    from memory.experiments import random_batch
+    from memory.labs.experiments import random_batch
     from memory.training import ShardedStep
 
     model = build_gpt2(args.preset, args.vocab_size, n_positions=args.model_max_length, dropout=DROPOUT, seed=0)
@@ -368,7 +368,7 @@ def throughput(args, device, peaks: dict) -> dict:
     release(device)
     return {"preset": args.preset, "n_params": n_params, "precision": "bf16", "dropout": DROPOUT,
             "batch_size": args.batch_size, "seq_len": args.model_max_length, "vocab_size": args.vocab_size,
-            "tokens": "synthetic (memory.experiments.random_batch)", "tokens_per_step": tokens,
+            "tokens": "synthetic (memory.labs.experiments.random_batch)", "tokens_per_step": tokens,
             "model_flops_per_step": flops, "steps_per_repeat": k, "variants": variants,
             "checkpointing_vs_plain": verdict}
 
@@ -389,7 +389,7 @@ def measure(args, plans: dict, log=print) -> dict:
 
     from course import benchmarking
     from course.hardware import datasheet_bf16_peak
-    from memory.experiments import recomputation_check
+    from memory.labs.experiments import recomputation_check
 
     start = time.monotonic()
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")

@@ -42,8 +42,8 @@ SCRIPTS = {mode.name: mode.script_path for mode in TRAINING_MODES.values()}
 # GPUs, and the option and file name of the JSON it writes (course.benchmarking: --out, --device,
 # --timeout, the run scripts' mesh names).
 BENCHMARKS = {"benchmark": ("project/tools/benchmark.py", ("--world_sizes", "--dp"), ("--out", "benchmark_communication.json")),
-              "schedule_benchmark": ("-m pipeline.schedule_benchmark", ("--pp",), ("--out", "schedule_benchmark.json")),
-              "factorisation_benchmark": ("-m three_d.factorisation_benchmark", ("--world_size",),
+              "schedule_benchmark": ("-m pipeline.labs.schedule_benchmark", ("--pp",), ("--out", "schedule_benchmark.json")),
+              "factorisation_benchmark": ("-m three_d.labs.factorisation_benchmark", ("--world_size",),
                                           ("--out", "factorisation_benchmark.json"))}
 MODES = (*SCRIPTS, *BENCHMARKS)
 # The configuration options ``modal run`` takes by name (``--micro-batches`` for ``micro_batches``); any other

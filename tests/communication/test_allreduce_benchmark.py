@@ -1,7 +1,7 @@
 import pytest
 """Ungraded: the all-reduce benchmark worker (project/tools/benchmark.py, notebook 04) — every algorithm timed at every
 size, the same repeat count on every rank (or the ranks would wait for each other's calls), within bounds."""
-from communication.experiments import ALGORITHMS, MAX_INNER, allreduce_bench_worker
+from communication.labs.experiments import ALGORITHMS, MAX_INNER, allreduce_bench_worker
 from course.launch import launch
 
 
@@ -52,7 +52,7 @@ def _rank_worker(rank, world_size):
 
 @pytest.mark.timeout(120)
 def test_launch_measured_records_the_machine_around_the_ranks():
-    from communication.experiments import launch_measured
+    from communication.labs.experiments import launch_measured
 
     out, info = launch_measured(_rank_worker, 2, timeout=100)
     assert out == {0: 0, 1: 1}

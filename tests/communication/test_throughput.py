@@ -10,7 +10,7 @@ import pytest
 def test_every_variant_and_window_is_timed_in_every_repeat():
     import torch
 
-    from communication.experiments import dp_throughput_worker
+    from communication.labs.experiments import dp_throughput_worker
     from course.launch import launch
 
     g = torch.Generator().manual_seed(0)

@@ -65,8 +65,8 @@ def test_the_shared_command_line_checks_repeats(capsys):
 
 
 @pytest.mark.parametrize("module,argv,message", [
-    ("pipeline.schedule_benchmark", ["--pp", "2", "--micro_batches", "5"], "--micro_batches 5 with --pp 2"),
-    ("three_d.factorisation_benchmark", ["--batch_size", "30"], "--batch_size 30 must be divisible"),
+    ("pipeline.labs.schedule_benchmark", ["--pp", "2", "--micro_batches", "5"], "--micro_batches 5 with --pp 2"),
+    ("three_d.labs.factorisation_benchmark", ["--batch_size", "30"], "--batch_size 30 must be divisible"),
     ("project.tools.benchmark", ["--dp", "1"], "--world_sizes and --dp must be >= 2"),
 ])
 def test_every_benchmark_takes_the_run_configurations_names(module, argv, message, capsys):

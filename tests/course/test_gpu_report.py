@@ -237,7 +237,7 @@ def test_the_recomputation_check_sees_other_dropout_masks(monkeypatch):
     doing nothing) draws other dropout masks; the check the report records must say so."""
     import torch
 
-    from memory.experiments import recomputation_check
+    from memory.labs.experiments import recomputation_check
 
     assert recomputation_check("cpu", "tiny", 300, 16, 2)["equal"]
     monkeypatch.setattr(torch, "set_rng_state", lambda state: None)

@@ -477,11 +477,11 @@ def test_commands_of_memory_communication_the_benchmarks_and_the_gpu_tier():
         "--timeout", "60"]
     sched = ms.make_request(mode="schedule_benchmark", world_size=4, extra="--micro_batches 8 16")
     assert ms.build_command(sched, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
-        PY, "-m", "pipeline.schedule_benchmark", "--pp", "4", "--device", "cuda", "--out", "/w/schedule_benchmark.json",
+        PY, "-m", "pipeline.labs.schedule_benchmark", "--pp", "4", "--device", "cuda", "--out", "/w/schedule_benchmark.json",
         "--timeout", "60", "--micro_batches", "8", "16"]
     fact = ms.make_request(mode="factorisation_benchmark", world_size=8, launcher="torchrun")
     assert ms.build_command(fact, "/w", python=PY, repo_root=Path("/root")) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m", "three_d.factorisation_benchmark",
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m", "three_d.labs.factorisation_benchmark",
         "--world_size", "8", "--device", "cuda", "--out", "/w/factorisation_benchmark.json"]
 
     tier = ms.make_request(gpu_tests=True, world_size=8, gpu="h100")

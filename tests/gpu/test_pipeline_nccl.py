@@ -38,7 +38,7 @@ def test_schedule_benchmark_costs_layers_on_the_gpu():
     import torch
 
     import pipeline.gpt2
-    from pipeline import schedule_benchmark as sb
+    from pipeline.labs import schedule_benchmark as sb
     from tests.gpu.support import need_gpus
 
     need_gpus(1)

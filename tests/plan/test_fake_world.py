@@ -247,7 +247,7 @@ def test_every_factorisation_of_a_64_rank_world_holds_the_planners_bytes(found):
     """Rank 37 at each of the 12 dp x pp x tp of 64 ranks the 124M GPT-2 allows (tp divides its 12 heads, pp
     at most its 12 blocks): its stage (``ParallelDims``' arithmetic) and its bytes, the planner's plus ZeRO-1's
     padding and the step counter, exactly, as in the 1024-rank cases."""
-    from three_d.factorisation_benchmark import factorisations
+    from three_d.labs.factorisation_benchmark import factorisations
 
     rows = found["sweep"]
     assert [tuple(r["dims"].values()) for r in rows] == factorisations(64, 12, 12, 4 * 768)

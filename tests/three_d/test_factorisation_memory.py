@@ -1,10 +1,10 @@
-"""The memory the factorisation benchmark reports (three_d/factorisation_benchmark.py): a rank's held bytes
+"""The memory the factorisation benchmark reports (three_d/labs/factorisation_benchmark.py): a rank's held bytes
 and the fullest rank of a factorisation."""
 from __future__ import annotations
 
 import torch
 
-from three_d.factorisation_benchmark import held_bytes, summarise
+from three_d.labs.factorisation_benchmark import held_bytes, summarise
 
 
 def test_held_bytes_counts_parameters_gradients_and_adamw_state():

@@ -63,7 +63,7 @@ def check_two_point_fit(alpha_us, bandwidth_gb_s) -> bool:
 
 
 def check_hidden_hang(rank, seq, op, extra_metric) -> bool:
-    """Exercise of notebooks/10_debugging_hangs.ipynb: ``communication.hang_workers.mystery_metrics`` hangs on 2
+    """Exercise of notebooks/10_debugging_hangs.ipynb: ``communication.labs.hang_workers.mystery_metrics`` hangs on 2
     ranks. Which rank never posted the collective the other waits in, what is that collective's sequence number
     in the world group and its operation, and which metric's all-reduce is the one too many?
 

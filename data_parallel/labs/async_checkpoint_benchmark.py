@@ -1,8 +1,8 @@
 """Benchmark (not a test): training time with no checkpoints, synchronous ones, and asynchronous ones.
 
-    python -m data_parallel.async_checkpoint_benchmark                 # 2 ranks, tiny GPT-2, 3 repeats
-    python -m data_parallel.async_checkpoint_benchmark --preset small --steps 12 --every 3 --repeats 5
-    torchrun --standalone --nproc_per_node=4 -m data_parallel.async_checkpoint_benchmark --preset gpt2
+    python -m data_parallel.labs.async_checkpoint_benchmark                 # 2 ranks, tiny GPT-2, 3 repeats
+    python -m data_parallel.labs.async_checkpoint_benchmark --preset small --steps 12 --every 3 --repeats 5
+    torchrun --standalone --nproc_per_node=4 -m data_parallel.labs.async_checkpoint_benchmark --preset gpt2
 
 One launch of ``--world_size`` data-parallel ranks trains GPT-2 (``--preset``, random tokens, AdamW,
 :func:`data_parallel.average_gradients`) for ``--steps`` steps three ways, taking turns in every repeat so a

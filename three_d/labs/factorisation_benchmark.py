@@ -1,7 +1,7 @@
 """Benchmark (not a test): which factorisation ``dp x pp x tp`` of the same ranks trains fastest here.
 
-    python -m three_d.factorisation_benchmark                 # 8 ranks, every valid factorisation
-    python -m three_d.factorisation_benchmark --world_size 4 --out results/factorisation_benchmark.json
+    python -m three_d.labs.factorisation_benchmark                 # 8 ranks, every valid factorisation
+    python -m three_d.labs.factorisation_benchmark --world_size 4 --out results/factorisation_benchmark.json
 
 One launch of ``--world_size`` processes (gloo on the CPU) builds the mesh of every
 factorisation that the model allows (:class:`course.mesh.ParallelDims`: pp at most the number of

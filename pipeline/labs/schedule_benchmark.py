@@ -1,8 +1,8 @@
 """Benchmark (not a test): bubble fraction and tokens/s of GPipe, 1F1B, interleaved 1F1B and ZB-H1
 on real GPT-2 stages, count-balanced and measured-balanced, next to the theory.
 
-    python -m pipeline.schedule_benchmark --pp 2 4 --micro_batches 4 8 16 --out results/schedule_benchmark.json
-    torchrun --standalone --nproc_per_node=4 -m pipeline.schedule_benchmark --device cuda   # p = 4 GPUs
+    python -m pipeline.labs.schedule_benchmark --pp 2 4 --micro_batches 4 8 16 --out results/schedule_benchmark.json
+    torchrun --standalone --nproc_per_node=4 -m pipeline.labs.schedule_benchmark --device cuda   # p = 4 GPUs
 
 Times are read with :func:`course.measure.now` (on a GPU after the device's queued work has run;
 ``timer`` in the JSON), the events are the stage runner's spans (:mod:`course.trace`), the CPU seconds

@@ -1,7 +1,7 @@
 """Benchmark (not a test): what hybrid sharding trades — model state held against traffic by group.
 
-    python -m memory.hsdp_benchmark                        # 4 ranks: ZeRO-3 over 4, HSDP 2 x 2, 4 replicas
-    python -m memory.hsdp_benchmark --world_size 8 --preset small --repeats 5
+    python -m memory.labs.hsdp_benchmark                        # 4 ranks: ZeRO-3 over 4, HSDP 2 x 2, 4 replicas
+    python -m memory.labs.hsdp_benchmark --world_size 8 --preset small --repeats 5
 
 One launch of ``--world_size`` gloo ranks trains GPT-2 (``--preset``, random tokens, Adam, each block a unit)
 with :class:`memory.hsdp.HybridShardedModel` at every ``replicas x shard`` layout of the ranks: ``replicas = 1``

@@ -8,7 +8,7 @@ each group carried (``course.collectives.CommCounter``), and the bytes of hpZ's 
 forward pass. :func:`quantization_errors` is the blockwise int8 round trip of every parameter tensor;
 :func:`cross_node_bytes` the per-rank bytes of a step that cross nodes, ZeRO-3 against ZeRO++ (ring traffic).
 
-Run: ``python -m memory.zeropp_experiment`` (4 ranks, nodes of 2).
+Run: ``python -m memory.labs.zeropp_experiment`` (4 ranks, nodes of 2).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from course import collectives
 from course.collectives import CommCounter
 from course.loss import model_loss
-from memory.experiments import build_tiny_gpt2, random_batch
+from memory.labs.experiments import build_tiny_gpt2, random_batch
 from memory.fsdp import FullyShardedModel
 from memory.zeropp import ZeroPPModel, dequantize_blockwise, quantize_blockwise
 

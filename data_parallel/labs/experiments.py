@@ -5,7 +5,7 @@
 two processes, since starting processes that import ``transformers`` costs seconds each time.
 
 The notebook's throughput measurement (world size 1 against 2) is the course's one data-parallel
-throughput worker, ``communication.experiments.dp_throughput_worker`` (variant ``average_gradients``).
+throughput worker, ``communication.labs.experiments.dp_throughput_worker`` (variant ``average_gradients``).
 """
 from __future__ import annotations
 

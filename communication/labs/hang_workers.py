@@ -154,7 +154,7 @@ def run_planted(name: str, run_dir: str | Path, collective_timeout: float = 4.0,
 def launcher_report(failure) -> str:
     """The launcher's account of a failed run (a :class:`course.launch.RankFailure`) in short: its first line, the
     lines that say where each rank waited, and the line naming the dumps — with this machine's folders left out."""
-    root = str(Path(__file__).resolve().parent.parent) + os.sep
+    root = str(Path(__file__).resolve().parents[2]) + os.sep
     if failure is None:
         return "the run ended normally"
     lines = str(failure).splitlines()
