@@ -20,9 +20,10 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
   never a winner of their own;
 * **JSON** — :func:`write_report` writes ``{"machine", "config", ...results}`` atomically;
 * **the command line** — :func:`parser` gives every benchmark the same options for the same thing
-  (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``; mesh sizes and
-  ``--micro_batches`` named as in :class:`course.config.RunConfig`), and :func:`check` validates before any
-  process starts.
+  (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``, ``--steps``); the options a run also has
+  (mesh sizes, ``--micro_batches``, ``--seq_len``, ``--vocab_size``, ...) come from the run configuration's one
+  table (:func:`option`, :class:`course.config.RunConfig`), and :func:`check` validates before any process
+  starts.
 """
 from __future__ import annotations
 
@@ -345,31 +346,58 @@ def write_report(path, report: dict) -> Path:
 
 # ---- the command line ----------------------------------------------------------------------------
 
-def parser(description: str, *, out: str, device: str = "auto", repeats: int = MIN_REPEATS, warmup: int = 1,
-           timeout: float | None = None) -> argparse.ArgumentParser:
-    """A benchmark's command line with the options every benchmark shares (group "measurement"):
-    ``--device``, ``--repeats``, ``--warmup``, ``--out`` and, with ``timeout``, ``--timeout``. The
-    benchmark adds its own; mesh sizes and micro-batches take :class:`course.config.RunConfig`'s names."""
+def parser(description: str, *, out: str, device: str | None = "auto", repeats: int = MIN_REPEATS, warmup: int | None = 1,
+           timeout: float | None = None, steps: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's command line with the options every benchmark shares (group "measurement"): ``--device``
+    (unless ``device`` is None: the benchmark runs on the CPU only), ``--repeats``, ``--warmup`` (unless ``warmup``
+    is None: the benchmark warms up on its own), ``--out`` (:func:`out_option`),
+    with ``timeout`` ``--timeout`` and with ``steps`` ``--steps`` (:func:`steps_option`). The benchmark adds its own; an option of the run
+    configuration (mesh sizes, micro-batches, sequence length, ...) it takes from the table with :func:`option`."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("measurement")
-    g.add_argument("--device", default=device, choices=("auto", "cpu", "cuda"),
-                   help="auto: one GPU per rank with NCCL when there are enough, else the CPU with gloo")
+    if device is not None:
+        option(g, "device", default=device, note="a benchmark: one GPU per rank with NCCL when there are enough, "
+                                                "else the CPU with gloo")
     g.add_argument("--repeats", type=int, default=repeats, help=f"timed repeats (>= {MIN_REPEATS}): median and min-max")
-    g.add_argument("--warmup", type=int, default=warmup, help="untimed runs first (allocation, first calls)")
-    g.add_argument("--out", type=Path, default=Path(out), help="where the JSON report goes")
+    if warmup is not None:
+        g.add_argument("--warmup", type=int, default=warmup, help="untimed runs first (allocation, first calls)")
+    out_option(g, default=out)
     if timeout is not None:
-        g.add_argument("--timeout", type=float, default=timeout, help="wall-clock limit of each launch (seconds)")
+        option(g, "timeout", default=timeout, note="a benchmark: of each launch")
+    if steps is not None:
+        steps_option(g, steps)
     return p
 
 
-def gpt2_step_options(group) -> None:
+def steps_option(parser, default: int | None) -> None:
+    """Add ``--steps N``, the training steps a benchmark or an experiment runs (in each timed repeat), to ``parser``
+    (the one declaration of the option)."""
+    parser.add_argument("--steps", type=int, default=default, help="training steps (in each timed repeat)")
+
+
+def out_option(parser, default: str | None = None, *, required: bool = False) -> None:
+    """Add ``--out FILE``, where a benchmark or a measuring tool writes its JSON report, to ``parser`` (the one
+    declaration of the option: every results file a script writes is its ``--out``)."""
+    parser.add_argument("--out", type=Path, default=None if default is None else Path(default), required=required,
+                        help="where the JSON report goes")
+
+
+def option(parser, name: str, **override) -> None:
+    """Add option ``--name`` of the run configuration's table to a benchmark's ``parser``, as the table declares it
+    (:func:`course.config.add_option`: ``default``, ``nargs`` for a sweep, ``note``, ``choices`` may differ)."""
+    from course.config import add_option
+
+    add_option(parser, name, **override)
+
+
+def gpt2_step_options(group, *, preset: str = "tiny", seq_len: int = 64, per_rank_batch: int = 8) -> None:
     """Add the options of a benchmark that trains a GPT-2 of its own on random tokens to ``group`` (a parser or an
-    argument group): ``--preset`` (:data:`course.model.PRESETS`), ``--vocab_size``, ``--seq`` (tokens per
-    sequence) and ``--per_rank_batch`` (sequences per rank per step)."""
-    group.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
-    group.add_argument("--vocab_size", type=int, default=5000)
-    group.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    group.add_argument("--per_rank_batch", type=int, default=8, help="sequences per rank per step")
+    argument group): ``--preset``, ``--vocab_size`` and ``--seq_len`` (the table's) and ``--per_rank_batch``
+    (sequences per rank per step)."""
+    option(group, "preset", default=preset)
+    option(group, "vocab_size")
+    option(group, "seq_len", default=seq_len, note="a benchmark: random tokens")
+    group.add_argument("--per_rank_batch", type=int, default=per_rank_batch, help="sequences per rank per step")
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int) -> argparse.Namespace:
@@ -381,12 +409,13 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size:
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be >= {MIN_REPEATS} timed repeats (a median and a spread need three points), "
                      f"not {args.repeats}")
-    if args.warmup < 0:
+    if getattr(args, "warmup", 0) < 0:
         parser.error(f"--warmup must be >= 0, not {args.warmup}")
-    try:
-        args.device, _ = resolve_device_backend(args.device, "auto", world_size)
-    except ValueError as exc:
-        parser.error(str(exc))
+    if hasattr(args, "device"):
+        try:
+            args.device, _ = resolve_device_backend(args.device, "auto", world_size)
+        except ValueError as exc:
+            parser.error(str(exc))
     return args
 
 

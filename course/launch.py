@@ -164,7 +164,7 @@ def gpu_index(local_rank: int, n_local: int, visible: int) -> int:
     if n_local > visible:
         raise ValueError(f"{n_local} ranks on this node need {n_local} GPUs (one each), but {visible} "
                          f"{'is' if visible == 1 else 'are'} visible; start at most {visible} ranks per node "
-                         "(torchrun --nproc_per_node, --world_size) or use --device cpu")
+                         "(torchrun --nproc_per_node, or the run's mesh sizes --dp --pp --tp --cp) or use --device cpu")
     if not 0 <= local_rank < n_local:
         raise ValueError(f"LOCAL_RANK {local_rank} is outside 0..{n_local - 1}")
     return local_rank
@@ -580,7 +580,7 @@ def _join_torchrun(worker, world_size, args, device, backend, collective_timeout
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(f"world_size {world_size} does not match torchrun's WORLD_SIZE={env_world}; "
-                         "leave --world_size out or make them agree")
+                         "leave the mesh sizes (--dp --pp --tp --cp) out or make them agree")
     rank = int(os.environ["RANK"])
     local_rank = local_rank_from_env(rank, world_size)
     die_with_parent(os.getppid())  # the torchrun agent

@@ -120,7 +120,7 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
     * the model: ``preset``, ``vocab_size``, dropout 0, AdamW;
     * the data: ``batches`` (global batches, dicts of (B, T) tensors; rank r of n takes rows
       ``r B/n .. (r+1) B/n``: the same work split n ways), or else ``steps`` synthetic batches of
-      ``per_rank_batch`` rows of ``seq`` random tokens per rank;
+      ``per_rank_batch`` rows of ``seq_len`` random tokens per rank;
     * ``warmup`` untimed steps per variant and window, then ``repeats`` rounds in which every window and
       variant takes its turn (:func:`course.benchmarking.timed`: the slowest rank of the window, the
       clock read after the device's queued work), so a change in the machine's load touches all alike.
@@ -160,17 +160,17 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
         if cfg.get("batches"):
             per = cfg["batches"][0]["input_ids"].shape[0] // n
             return [{k: v[rank * per:(rank + 1) * per].to(device) for k, v in b.items()} for b in cfg["batches"]]
-        return [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
+        return [_synthetic_batch(1000 * i + rank, cfg["per_rank_batch"], cfg["seq_len"], cfg["vocab_size"], device)
                 for i in range(cfg["steps"])]
 
     def tokens_per_step(n: int) -> list[int]:
         if cfg.get("batches"):
             per = cfg["batches"][0]["input_ids"].shape[0] // n
             return [int(b["attention_mask"][:per * n].sum()) for b in cfg["batches"]]
-        return [cfg["per_rank_batch"] * cfg["seq"] * n] * cfg["steps"]
+        return [cfg["per_rank_batch"] * cfg["seq_len"] * n] * cfg["steps"]
 
     def build(name: str, n: int):
-        seq = max(b["input_ids"].shape[1] for b in cfg["batches"]) if cfg.get("batches") else cfg["seq"]
+        seq = max(b["input_ids"].shape[1] for b in cfg["batches"]) if cfg.get("batches") else cfg["seq_len"]
         model = build_gpt2(cfg.get("preset", "tiny"), cfg["vocab_size"], n_positions=seq, dropout=0.0,
                            seed=0).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -244,8 +244,8 @@ def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
     worker_env_quiet()
     device = context().device
-    model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
-    batch = _synthetic_batch(rank, cfg["per_rank_batch"], cfg["seq"], cfg["vocab_size"], device)
+    model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0, seed=0).to(device)
+    batch = _synthetic_batch(rank, cfg["per_rank_batch"], cfg["seq_len"], cfg["vocab_size"], device)
     out = {}
     for label, overlap in (("overlap", True), ("after backward", False)):
         reducer = BucketedReducer(model, group=None, bucket_mb=cfg["bucket_mb"], overlap=overlap, record=True)
@@ -274,7 +274,7 @@ def overlap_timeline_worker(rank: int, world_size: int, cfg: dict) -> dict:
 def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
     """Train the same GPT-2 on the same batches with each compression; loss per step and bytes sent.
 
-    ``cfg``: ``preset``, ``vocab_size``, ``seq``, ``per_rank_batch``, ``steps``, ``topk_ratio``,
+    ``cfg``: ``preset``, ``vocab_size``, ``seq_len``, ``per_rank_batch``, ``steps``, ``topk_ratio``,
     ``powersgd_rank``, ``batches`` (a list of global batches, dicts of (B, T) tensors; rank r
     takes its rows). Variants: ``none`` (average_gradients), ``topk`` (:class:`TopKReducer`),
     ``powersgd`` (:class:`PowerSGDReducer`), ``torch_powersgd`` (DDP with torch's
@@ -300,7 +300,7 @@ def compression_worker(rank: int, world_size: int, cfg: dict) -> dict:
     group = None
     out = {}
     for variant in ("none", "topk", "powersgd", "torch_powersgd"):
-        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
+        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0, seed=0).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.get("learning_rate", 1e-3))
         forward, sync = model, None
         if variant == "topk":

@@ -1,15 +1,15 @@
 """Benchmark (not a test): training time with no checkpoints, synchronous ones, and asynchronous ones.
 
     python -m data_parallel.labs.async_checkpoint_benchmark                 # 2 ranks, tiny GPT-2, 3 repeats
-    python -m data_parallel.labs.async_checkpoint_benchmark --preset small --steps 12 --every 3 --repeats 5
+    python -m data_parallel.labs.async_checkpoint_benchmark --preset small --steps 12 --checkpoint_every 3 --repeats 5
     torchrun --standalone --nproc_per_node=4 -m data_parallel.labs.async_checkpoint_benchmark --preset gpt2
 
-One launch of ``--world_size`` data-parallel ranks trains GPT-2 (``--preset``, random tokens, AdamW,
+One launch of ``--dp`` data-parallel ranks trains GPT-2 (``--preset``, random tokens, AdamW,
 :func:`data_parallel.average_gradients`) for ``--steps`` steps three ways, taking turns in every repeat so a
 change in the machine's load touches all three alike:
 
 * ``none``: no checkpoint;
-* ``sync``: a checkpoint of model and optimizer every ``--every`` steps with
+* ``sync``: a checkpoint of model and optimizer every ``--checkpoint_every`` steps with
   :func:`course.checkpoint.save_checkpoint` (``torch.distributed.checkpoint.save``: training waits for the
   files);
 * ``async``: the same checkpoints with :func:`course.checkpoint.save_checkpoint_async`
@@ -24,7 +24,6 @@ busy machine the spread is wide: read the ratios with their ranges.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -50,11 +49,12 @@ def checkpoint_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     from data_parallel import average_gradients
 
     device, world = context().device, dist.group.WORLD
-    model = build_gpt2(cfg["preset"], cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
+    model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0,
+                       seed=0).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     save_group = checkpoint_group(world)
     g = torch.Generator().manual_seed(rank)
-    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(device)
+    ids = torch.randint(0, cfg["vocab_size"], (cfg["per_rank_batch"], cfg["seq_len"]), generator=g).to(device)
     times = []
     for repeat in range(cfg["repeats"] + 1):  # repeat 0: warm-up, not reported
         for way in WAYS:
@@ -67,7 +67,7 @@ def checkpoint_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
                     model(input_ids=ids, labels=ids).loss.backward()
                     average_gradients(model, world)
                     optimizer.step()
-                    if way != "none" and step % cfg["every"] == 0:
+                    if way != "none" and step % cfg["checkpoint_every"] == 0:
                         model_state, optim_state = get_state_dict(model, optimizer)
                         state = {"model": model_state, "optim": optim_state}
                         if way == "sync":
@@ -104,48 +104,42 @@ def summarise(outputs: dict[int, list[dict]]) -> dict[str, dict]:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world_size", type=int, default=default_world_size(2))
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out="workdir/benchmark_async_checkpoint.json", repeats=3,
+                                 warmup=None, timeout=1800.0, steps=8)
+    benchmarking.option(parser, "dp", default=default_world_size(2))
     benchmarking.gpt2_step_options(parser)
-    parser.add_argument("--steps", type=int, default=8, help="training steps per run")
-    parser.add_argument("--every", type=int, default=2, help="a checkpoint every this many steps")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each way (>= 3)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--json", type=Path, default=Path("workdir/benchmark_async_checkpoint.json"))
+    benchmarking.option(parser, "checkpoint_every", default=2)
     parser.add_argument("--root", type=Path, default=Path("workdir/async_checkpoint_benchmark"),
                         help="where the checkpoints go while it runs (a new folder, removed at the end)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of the launch (seconds)")
     args = parser.parse_args(argv)
-    if args.repeats < 3:
-        parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")
-    if not 1 <= args.every <= args.steps:
-        parser.error(f"--every {args.every} must be between 1 and --steps {args.steps}, or no checkpoint is written")
+    if not 1 <= args.checkpoint_every <= args.steps:
+        parser.error(f"--checkpoint_every {args.checkpoint_every} must be between 1 and --steps {args.steps}, or no "
+                     "checkpoint is written")
     if args.root.exists() and any(args.root.iterdir()):
         parser.error(f"--root {args.root} already holds files; the benchmark writes and then removes its checkpoints "
                      "there: name a new folder")
-    return args
+    return benchmarking.check(parser, args, args.dp)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = {"preset": args.preset, "vocab": args.vocab_size, "seq": args.seq, "batch": args.per_rank_batch,
-           **{k: getattr(args, k) for k in ("steps", "every", "repeats")}}  # the report's keys as before
-    outputs = launch_all(checkpoint_worker, args.world_size, {**cfg, "root": str(args.root)}, device=args.device,
+    cfg = {k: getattr(args, k) for k in ("preset", "vocab_size", "seq_len", "per_rank_batch", "steps", "checkpoint_every",
+                                         "repeats")}
+    outputs = launch_all(checkpoint_worker, args.dp, {**cfg, "root": str(args.root)}, device=args.device,
                          timeout=args.timeout)  # every rank has finished writing when it returns
     if not reports_results():
         return 0
     shutil.rmtree(args.root)
     table = summarise(outputs)
-    print(f"{args.world_size} ranks, GPT-2 {args.preset}, {args.steps} steps, a checkpoint every {args.every}; "
+    print(f"{args.dp} ranks, GPT-2 {args.preset}, {args.steps} steps, a checkpoint every {args.checkpoint_every}; "
           f"slowest rank's seconds over {args.repeats} repeats")
     print(f"{'way':>6} {'median s':>9} {'min-max s':>14} {'/ none':>7}")
     for way, row in table.items():
         print(f"{way:>6} {row['median']:9.2f} {row['min']:6.2f}-{row['max']:<6.2f} {row['ratio_to_none']:7.2f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"config": {**cfg, "world_size": args.world_size, "device": args.device,
-                                                "timer": outputs[0][0]["timer"]}, "ways": table}, indent=1))
-    print(f"written: {args.json}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"config": {**cfg, "dp": args.dp, "device": args.device,
+                                               "timer": outputs[0][0]["timer"]}, "ways": table}, indent=1))
+    print(f"written: {args.out}")
     return 0
 
 

@@ -1,9 +1,9 @@
 """Benchmark (not a test): what hybrid sharding trades — model state held against traffic by group.
 
     python -m memory.labs.hsdp_benchmark                        # 4 ranks: ZeRO-3 over 4, HSDP 2 x 2, 4 replicas
-    python -m memory.labs.hsdp_benchmark --world_size 8 --preset small --repeats 5
+    python -m memory.labs.hsdp_benchmark --dp 8 --preset small --repeats 5
 
-One launch of ``--world_size`` gloo ranks trains GPT-2 (``--preset``, random tokens, Adam, each block a unit)
+One launch of ``--dp`` gloo ranks trains GPT-2 (``--preset``, random tokens, Adam, each block a unit)
 with :class:`memory.hsdp.HybridShardedModel` at every ``replicas x shard`` layout of the ranks: ``replicas = 1``
 is ZeRO-3 over all of them, ``shard = 1`` is data parallelism (each rank holds everything, the gradient is
 all-reduced). For each layout it reports, per rank:
@@ -23,10 +23,8 @@ group are what carries over to a cluster.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 from course import benchmarking
 
@@ -54,10 +52,11 @@ def hsdp_benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     device, world = context().device, dist.group.WORLD
     mesh = Mesh.build(dp=world_size)
     g = torch.Generator().manual_seed(rank)
-    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(device)
+    ids = torch.randint(0, cfg["vocab_size"], (cfg["per_rank_batch"], cfg["seq_len"]), generator=g).to(device)
     runs = {}
     for replicas, shard in layouts(world_size):  # every rank builds every layout's groups, in the same order
-        model = build_gpt2(cfg["preset"], cfg["vocab"], n_positions=cfg["seq"], dropout=0.0, seed=0).to(device)
+        model = build_gpt2(cfg["preset"], cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0,
+                           seed=0).to(device)
         shard_group, replicate_group = mesh.hybrid_shard_groups(replicas)
         hsdp = HybridShardedModel(model, model_blocks(model), shard_group=shard_group, replicate_group=replicate_group)
         runs[(replicas, shard)] = (model, hsdp, torch.optim.Adam(hsdp.shard_parameters(), lr=1e-4))
@@ -119,21 +118,16 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--world_size", type=int, default=4)
-    parser.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
-    parser.add_argument("--vocab", type=int, default=5000)
-    parser.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    parser.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps of each layout (>= 3)")
-    parser.add_argument("--out", type=Path, default=Path("workdir/hsdp_benchmark.json"))
-    parser.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit of the launch (seconds)")
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out="workdir/hsdp_benchmark.json", device=None, repeats=5,
+                                 warmup=None, timeout=1800.0)
+    benchmarking.option(parser, "dp", default=4, note="gloo ranks, laid out as replicas x shard")
+    benchmarking.gpt2_step_options(parser, per_rank_batch=4)
     args = parser.parse_args(argv)
-    if args.repeats < 3:
-        parser.error(f"--repeats {args.repeats}: a median and a spread need at least 3; try --repeats 3")
-    if args.world_size < 2:
-        parser.error(f"--world_size {args.world_size}: hybrid sharding needs at least 2 ranks; try --world_size 4")
+    if args.repeats < benchmarking.MIN_REPEATS:
+        parser.error(f"--repeats {args.repeats}: a median and a spread need at least {benchmarking.MIN_REPEATS}; try "
+                     f"--repeats {benchmarking.MIN_REPEATS}")
+    if args.dp < 2:
+        parser.error(f"--dp {args.dp}: hybrid sharding needs at least 2 ranks; try --dp 4")
     return args
 
 
@@ -141,15 +135,15 @@ def main(argv=None) -> int:
     from course.launch import launch
 
     args = parse_args(argv)
-    cfg = {k: getattr(args, k) for k in ("preset", "vocab", "seq", "batch", "repeats")}
-    outputs = launch(hsdp_benchmark_worker, args.world_size, cfg, device="cpu", backend="gloo",
+    cfg = {k: getattr(args, k) for k in ("preset", "vocab_size", "seq_len", "per_rank_batch", "repeats")}
+    outputs = launch(hsdp_benchmark_worker, args.dp, cfg, device="cpu", backend="gloo",
                      timeout=args.timeout)
     rows = summarise(outputs)
-    print(f"{args.world_size} gloo ranks, GPT-2 {args.preset}; per rank and step (ring traffic), slowest rank's "
+    print(f"{args.dp} gloo ranks, GPT-2 {args.preset}; per rank and step (ring traffic), slowest rank's "
           f"step over {args.repeats} repeats")
     print(format_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {**cfg, "world_size": args.world_size}, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"config": {**cfg, "dp": args.dp}, "rows": rows}, indent=1))
     print(f"written: {args.out}")
     return 0
 

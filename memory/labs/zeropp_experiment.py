@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from course import collectives
+from course import benchmarking, collectives
 from course.collectives import CommCounter
 from course.loss import model_loss
 from memory.labs.experiments import build_tiny_gpt2, random_batch
@@ -96,14 +96,15 @@ def zeropp_comparison_worker(rank: int, world_size: int, node: int, steps: int =
 def main(argv=None) -> int:
     from course.launch import launch
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--world_size", type=int, default=4)
-    parser.add_argument("--node", type=int, default=2, help="ranks per node-sized group (hpZ)")
-    parser.add_argument("--steps", type=int, default=10)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    benchmarking.option(parser, "dp", default=4, note="gloo ranks")
+    benchmarking.option(parser, "zeropp_group", default=2)
+    benchmarking.steps_option(parser, 10)
     args = parser.parse_args(argv)
-    if args.world_size % args.node:
-        parser.error(f"--node {args.node} must divide --world_size {args.world_size}")
-    out = launch(zeropp_comparison_worker, args.world_size, args.node, args.steps, device="cpu", backend="gloo")[0]
+    if args.zeropp_group < 1 or args.dp % args.zeropp_group:
+        parser.error(f"--zeropp_group {args.zeropp_group} must divide --dp {args.dp}")
+    out = launch(zeropp_comparison_worker, args.dp, args.zeropp_group, args.steps, device="cpu", backend="gloo")[0]
     for name, groups in out["comm"].items():
         for group, kinds in groups.items():
             print(f"{name:>6} {group:>8}: " + ", ".join(f"{k} {v['count']:.0f} calls {v['bytes'] / 1e6:.3f} MB "

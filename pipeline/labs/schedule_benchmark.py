@@ -8,8 +8,9 @@ Times are read with :func:`course.measure.now` (on a GPU after the device's queu
 ``timer`` in the JSON), the events are the stage runner's spans (:mod:`course.trace`), the CPU seconds
 :func:`course.measure.cpu_seconds`, the statistics and the machine description the benchmark harness's
 (:mod:`course.benchmarking`). Under torchrun ``--pp`` is torchrun's world size and rank 0 writes the JSON.
-The options are named as in the run scripts (``--pp``, ``--micro_batches``, ``--virtual_stages``);
-the former ``--p``, ``--m``, ``--v`` still work, with a note.
+The options are the run configuration's (``--pp``, ``--micro_batches``, ``--virtual_stages``, ``--schedule``,
+``--balance``, ``--n_layer``: :class:`course.config.RunConfig`), each taking a list of values to sweep where it
+says so.
 
 For every ``p`` (``--pp``) and balance (``count``: blocks spread evenly, embeddings on the first and
 the head on the last stage; ``auto``: :func:`pipeline.gpt2.gpt2_measured_balance` of the layers on the
@@ -266,12 +267,13 @@ def make_parser():
 
     parser = benchmarking.parser(__doc__.split("\n\n")[0], out="results/schedule_benchmark.json", device="cpu",
                                  timeout=1800.0)
-    parser.add_argument("--pp", type=int, nargs="+", default=[2, 4], help="numbers of stages (processes)")
-    parser.add_argument("--micro_batches", type=int, nargs="+", default=[4, 8, 16], help="micro-batches per step")
-    parser.add_argument("--virtual_stages", type=int, default=2, help="chunks per rank of the interleaved schedule")
-    parser.add_argument("--schedules", nargs="+", default=list(BENCHMARKED), choices=list(BENCHMARKED))
-    parser.add_argument("--balance", nargs="+", default=["count", "auto"], choices=("count", "auto"))
-    parser.add_argument("--n_layer", type=int, default=12)
+    sweep = "a list: each is measured"
+    benchmarking.option(parser, "pp", nargs="+", default=[2, 4], note=sweep)
+    benchmarking.option(parser, "micro_batches", nargs="+", default=[4, 8, 16], note=sweep)
+    benchmarking.option(parser, "virtual_stages", default=2, note="the interleaved schedule's")
+    benchmarking.option(parser, "schedule", nargs="+", default=list(BENCHMARKED), choices=list(BENCHMARKED), note=sweep)
+    benchmarking.option(parser, "balance", nargs="+", default=["count", "auto"], note=sweep)
+    benchmarking.option(parser, "n_layer", default=12)
     return parser
 
 
@@ -303,7 +305,7 @@ def main(argv=None) -> int:
     from course.launch import reports_results
 
     args = parse_args(argv)
-    report = run(args.pp, args.micro_batches, args.schedules, args.balance, args.virtual_stages, args.repeats,
+    report = run(args.pp, args.micro_batches, args.schedule, args.balance, args.virtual_stages, args.repeats,
                  args.warmup, args.n_layer, device=args.device, timeout=args.timeout)
     if not reports_results():
         return 0

@@ -26,7 +26,7 @@ the shared options — is the course's one benchmark harness (:mod:`course.bench
 and writes everything to ``--out`` (notebooks/04_communication.ipynb reads it), with the device and the
 clock it was measured with (``timer``: :mod:`course.measure`; on a GPU every time is read after the
 device's queued work has run). Under torchrun the world sizes are torchrun's, and rank 0 prints and
-writes. Former option names (``--json``, ``--dp_world_size``) still work, with a note.
+writes.
 """
 from __future__ import annotations
 
@@ -56,18 +56,17 @@ def make_parser():
     from course import benchmarking
 
     parser = benchmarking.parser(__doc__.split("\n\n")[0], out="workdir/benchmark_communication.json", repeats=5,
-                                 timeout=1800.0)
+                                 timeout=1800.0, steps=8)
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (bytes, or with KB/MB/GB)")
     parser.add_argument("--world_sizes", nargs="+", type=int, default=[default_world_size(2)],
                         help="ranks of the all-reduce benchmark (under torchrun: its WORLD_SIZE)")
     parser.add_argument("--skip_allreduce", action="store_true", help="skip part 1")
     dp = parser.add_argument_group("data-parallel throughput (part 2)")
     dp.add_argument("--skip_dp", action="store_true", help="skip part 2")
-    dp.add_argument("--dp", type=int, default=default_world_size(2), help="data-parallel ranks")
+    benchmarking.option(dp, "dp", default=default_world_size(2))
     benchmarking.gpt2_step_options(dp)
-    dp.add_argument("--dp_steps", type=int, default=8, help="steps per timed repeat")
-    dp.add_argument("--dp_repeats", type=int, default=7, help="timed repeats (interleaved)")
-    dp.add_argument("--bucket_mb", type=float, default=1.0, help="bucket size of the bucketed reducer and of DDP (MB)")
+    dp.add_argument("--dp_repeats", type=int, default=7, help="timed repeats of part 2 (interleaved)")
+    benchmarking.option(dp, "bucket_mb", default=1.0, note="part 2: the bucketed reducer's and DDP's")
     return parser
 
 
@@ -213,8 +212,9 @@ def dp_part(args) -> dict:
     from communication.labs.experiments import DP_VARIANTS, dp_throughput_worker
     from course.benchmarking import compare, describe, finish, machine, ratios, summarise
 
-    cfg = {"preset": args.preset, "vocab_size": args.vocab_size, "seq": args.seq, "per_rank_batch": args.per_rank_batch,
-           "steps": args.dp_steps, "repeats": args.dp_repeats, "warmup": max(1, args.warmup), "bucket_mb": args.bucket_mb,
+    cfg = {"preset": args.preset, "vocab_size": args.vocab_size, "seq_len": args.seq_len,
+           "per_rank_batch": args.per_rank_batch, "steps": args.steps, "repeats": args.dp_repeats,
+           "warmup": max(1, args.warmup), "bucket_mb": args.bucket_mb,
            "variants": list(DP_VARIANTS), "world_sizes": [args.dp]}
     info = machine(args.device, busy_ranks=args.dp)
     out = _one(launch(dp_throughput_worker, args.dp, cfg, device=args.device, timeout=args.timeout,
@@ -230,7 +230,7 @@ def dp_part(args) -> dict:
     verdicts = {f"{a} vs {b}": compare(runs[a], runs[b], (a, b), lower_is_better=False, unit="tokens/s")
                 for a, b in (("bucketed", "ddp"), ("average_gradients", "ddp"), ("bucketed", "average_gradients"))}
     print(f"\ndata-parallel training, {args.dp} ranks on {args.device}, GPT-2 {args.preset}, "
-          f"{args.per_rank_batch}x{args.seq} tokens per rank per step, buckets of {args.bucket_mb} MB "
+          f"{args.per_rank_batch}x{args.seq_len} tokens per rank per step, buckets of {args.bucket_mb} MB "
           f"({out['n_buckets']} buckets); tokens/s of all ranks, median [min-max] of {args.dp_repeats} interleaved repeats")
     print(f"  machine: {describe(info)}")
     for name, s in per.items():

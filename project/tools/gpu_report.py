@@ -56,9 +56,9 @@ DRY_RUN_OUT = "workdir/gpu_report"  # dry runs (--device cpu): out of the reposi
 # Sizes per device: a GPU measures the course's gpt2 run shape (RunConfig's defaults: batch 64 of 128 tokens,
 # a 5000-token BPE); the CPU dry run only proves the code runs.
 SIZES = {"cuda": dict(preset="gpt2", batch_size=64, model_max_length=128, vocab_size=5000,
-                      matmul_sizes=[4096, 8192, 16384], steps_per_repeat=5, check_batch_size=4),
+                      matmul_sizes=[4096, 8192, 16384], steps=5, check_batch_size=4),
          "cpu": dict(preset="tiny", batch_size=2, model_max_length=16, vocab_size=300, matmul_sizes=[64, 128],
-                     steps_per_repeat=1, check_batch_size=2)}
+                     steps=1, check_batch_size=2)}
 MATMUL_FLOPS_PER_REPEAT = {"cuda": 2e13, "cpu": 2e7}  # products per timed repeat: at least this many FLOPs
 DROPOUT = 0.1
 VARIANTS = {"plain": False, "checkpointing": True}  # name -> activation checkpointing
@@ -76,12 +76,11 @@ def make_parser():
             action.help = (f"folder of the report, written as <device>-<date>.json (default: {GPU_OUT}; "
                            f"{DRY_RUN_OUT} for --device cpu)")
     g = parser.add_argument_group("what is measured (defaults: the course's gpt2 run on a GPU, tiny sizes on the CPU)")
-    g.add_argument("--preset", default=None, help="GPT-2 preset (course.model.PRESETS)")
-    g.add_argument("--batch_size", type=int, default=None, help="sequences per training step")
-    g.add_argument("--model_max_length", type=int, default=None, help="tokens per sequence")
-    g.add_argument("--vocab_size", type=int, default=None, help="vocabulary (tokens; synthetic ids)")
+    for name in ("preset", "batch_size", "model_max_length", "vocab_size"):
+        benchmarking.option(g, name, default=None, note="synthetic tokens, every sequence this long" if
+                            name == "model_max_length" else None)
     g.add_argument("--matmul_sizes", type=int, nargs="+", default=None, help="n of the n x n bf16 products")
-    g.add_argument("--steps_per_repeat", type=int, default=None, help="training steps in each timed repeat")
+    benchmarking.steps_option(g, None)
     g.add_argument("--tests_timeout", type=float, default=300.0, help="seconds the GPU tier may take (then killed)")
     g.add_argument("--no_tests", action="store_true", help="leave out the GPU tier (measurements only)")
     return parser
@@ -108,7 +107,7 @@ def parse(argv=None):
         args.out = REPO / (GPU_OUT if args.device == "cuda" else DRY_RUN_OUT)
     if args.preset not in PRESETS:
         parser.error(f"--preset must be one of {sorted(PRESETS)}, not {args.preset!r}")
-    for name in ("batch_size", "steps_per_repeat"):
+    for name in ("batch_size", "steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, not {getattr(args, name)}")
     if any(n < 1 for n in args.matmul_sizes):
@@ -352,7 +351,7 @@ def throughput(args, device, peaks: dict) -> dict:
     for name, checkpointing in VARIANTS.items():
         models[name], steps[name] = training_step(args, device, checkpointing)
     n_params = count_parameters(models["plain"])
-    k = args.steps_per_repeat
+    k = args.steps
     seconds = interleaved({name: step for name, step in steps.items()}, args.repeats, args.warmup, device, inner=k)
     tokens = args.batch_size * args.model_max_length
     flops = model_flops_per_token(args.preset, args.vocab_size, args.model_max_length) * tokens

@@ -2,7 +2,7 @@
 
     python project/tools/parity.py                        # every configuration, 20 steps, table + plot
     python project/tools/parity.py --steps 5 --cases "DP 2" "1F1B, pp 2" "TP 2 + SP"
-    python project/tools/parity.py --json results/parity.json --plot parity.png
+    python project/tools/parity.py --out results/parity.json --plot parity.png
 
 Each configuration of :data:`project.tools.parity_cases.CASES` (data parallelism, its bucketed and compressed
 variants, ZeRO-1/2/3, the four pipeline schedules, tensor and sequence parallelism, expert
@@ -40,6 +40,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from course import benchmarking  # noqa: E402
 from project.tools.parity_cases import CASES, REFERENCES, ParityCase, builder  # noqa: E402
 
 DEFAULTS = {"preset": "tiny", "max_train_examples": 256, "batch_size": 8, "learning_rate": 1e-3, "seed": 11,
@@ -244,16 +245,14 @@ def check_parity(report: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps (global batches)")
+    benchmarking.steps_option(parser, 20)
     parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
                         help=f"configurations to run (default: all): {', '.join(repr(c.name) for c in CASES)}".replace("%", "%%"))  # argparse formats help with %
-    parser.add_argument("--batch_size", type=int, default=DEFAULTS["batch_size"], help="global batch (pairs)")
-    parser.add_argument("--max_train_examples", type=int, default=DEFAULTS["max_train_examples"],
-                        help="training pairs taken from Multi30k (and the tokenizer's)")
-    parser.add_argument("--preset", default=DEFAULTS["preset"], help="GPT-2 preset (course.model.PRESETS)")
-    parser.add_argument("--workdir", default="workdir/parity", help="where the tokenizer is cached")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--json", default=None, help="write the report here")
+    for name in ("batch_size", "max_train_examples", "preset"):
+        benchmarking.option(parser, name, default=DEFAULTS[name])
+    benchmarking.option(parser, "workdir", default="workdir/parity", note="the parity runs: the tokenizer's cache")
+    benchmarking.option(parser, "device")
+    benchmarking.out_option(parser)
     parser.add_argument("--plot", default=None, help="save the plot of the curves here (PNG, PDF, SVG)")
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -277,10 +276,10 @@ def main(argv=None) -> int:
         print(f"parity run failed: {exc}", file=sys.stderr)
         return 1
     print(format_table(report))
-    if args.json:
+    if args.out:
         from course.results import write_json
 
-        write_json(Path(args.json), report)
+        write_json(Path(args.out), report)
     if args.plot:
         from course.plots import plot_parity
 

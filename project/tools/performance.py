@@ -236,9 +236,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Measure one performance key with this tree's code and write the "
                                                  "raw numbers (instructor/performance.py judges them).")
     parser.add_argument("--measure", required=True, choices=TIMED + UNTIMED, help="the performance key")
-    parser.add_argument("--out", required=True, help="where the JSON goes")
-    args = parser.parse_args(argv)
+    from course.benchmarking import out_option
     from course.results import write_json
+
+    out_option(parser, required=True)
+    args = parser.parse_args(argv)
 
     write_json(args.out, measure(args.measure))
     return 0

@@ -38,7 +38,7 @@ def test_factorisation_benchmark_every_mesh_of_four_ranks_rendezvous(tmp_path, m
 
     support.under_rules(monkeypatch)
     out = tmp_path / "factorisations.json"
-    assert main(["--world_size", "4", "--batch_size", "8", "--micro_batch_size", "1", "--seq", "16", "--vocab_size",
+    assert main(["--world_size", "4", "--batch_size", "8", "--micro_batch_size", "1", "--seq_len", "16", "--vocab_size",
                  "64", "--steps", "1", "--warmup", "0", "--repeats", "3", "--device", "cpu", "--out", str(out),
                  "--timeout", str(support.SCRIPT_TIMEOUT)]) == 0
     shapes = {(row["dp"], row["pp"], row["tp"]) for row in json.loads(out.read_text())["rows"]}

@@ -6,7 +6,7 @@
 One launch of ``--world_size`` processes (gloo on the CPU) builds the mesh of every
 factorisation that the model allows (:class:`course.mesh.ParallelDims`: pp at most the number of
 blocks, tp dividing the heads and the MLP width) and trains the same global batch with each:
-``--batch_size`` rows of ``--seq`` random tokens, cut into micro-batches of ``--micro_batch_size``
+``--batch_size`` rows of ``--seq_len`` random tokens, cut into micro-batches of ``--micro_batch_size``
 rows, so a dp rank pipelines ``batch_size / (dp x micro_batch_size)`` of them. A step is the 3D step
 (:func:`three_d.step.three_d_step`, 1F1B, clipping) plus AdamW. The one benchmark harness
 (:mod:`course.benchmarking`) times it: ``--warmup`` untimed steps of each factorisation, then
@@ -58,7 +58,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     slowest rank's, :func:`course.benchmarking.interleaved`) and the communication of a step summed over
     the ranks (rank 0 returns them all; the others ``[]``).
 
-    ``cfg``: ``factorisations`` [(dp, pp, tp)], ``batch_size``, ``micro_batch_size``, ``seq``, ``vocab_size``,
+    ``cfg``: ``factorisations`` [(dp, pp, tp)], ``batch_size``, ``micro_batch_size``, ``seq_len``, ``vocab_size``,
     ``warmup``, ``steps``, ``repeats``."""
     import copy
 
@@ -78,11 +78,11 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     world = dist.group.WORLD
     variants, comm, micro, memory = {}, {}, {}, {}
     for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
-        model = build_gpt2("tiny", cfg["vocab_size"], n_positions=cfg["seq"], dropout=0.0, seed=0)
+        model = build_gpt2("tiny", cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0, seed=0)
         ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
         rows = cfg["batch_size"] // dp
         g = torch.Generator().manual_seed(1 + ranked.mesh.dp_rank)
-        ids = torch.randint(0, cfg["vocab_size"], (rows, cfg["seq"]), generator=g).to(device)
+        ids = torch.randint(0, cfg["vocab_size"], (rows, cfg["seq_len"]), generator=g).to(device)
         key = (dp, pp, tp)
         micro[key] = rows // cfg["micro_batch_size"]
 
@@ -137,7 +137,7 @@ def summarise(report: list[dict], cfg: dict) -> list[dict]:
     from course.benchmarking import summarise as stats
     from pipeline import bubble_fraction
 
-    tokens = cfg["batch_size"] * cfg["seq"]
+    tokens = cfg["batch_size"] * cfg["seq_len"]
     rows = []
     for key in dict.fromkeys((r["dp"], r["pp"], r["tp"]) for r in report):
         mine = [r for r in report if (r["dp"], r["pp"], r["tp"]) == key]
@@ -176,13 +176,12 @@ def make_parser():
     from course import benchmarking
 
     parser = benchmarking.parser(__doc__.split("\n\n")[0], out="results/factorisation_benchmark.json", device="cpu",
-                                 timeout=1200)
+                                 timeout=1200, steps=2)
     parser.add_argument("--world_size", type=int, default=8, help="ranks to factorise as dp x pp x tp")
-    parser.add_argument("--batch_size", type=int, default=32, help="global batch (rows)")
+    benchmarking.option(parser, "batch_size", default=32)
     parser.add_argument("--micro_batch_size", type=int, default=2, help="rows per micro-batch")
-    parser.add_argument("--seq", type=int, default=32, help="tokens per row")
-    parser.add_argument("--vocab_size", type=int, default=5000, help="vocabulary size (the course tokenizer's order)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per factorisation and repeat")
+    benchmarking.option(parser, "seq_len", default=32, note="a benchmark: random tokens")
+    benchmarking.option(parser, "vocab_size")
     return parser
 
 
@@ -212,7 +211,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     info = machine(args.device)  # the load average before the ranks start
-    cfg = {k: getattr(args, k) for k in ("batch_size", "micro_batch_size", "seq", "vocab_size", "warmup", "steps",
+    cfg = {k: getattr(args, k) for k in ("batch_size", "micro_batch_size", "seq_len", "vocab_size", "warmup", "steps",
                                          "repeats")}
     cfg["factorisations"] = args.factorisations
     print(f"{len(args.factorisations)} factorisations of {args.world_size} ranks (dp, pp, tp): {args.factorisations}",
