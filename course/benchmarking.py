@@ -353,7 +353,8 @@ def parser(description: str, *, out: str, device: str | None = "auto", repeats: 
     is None: the benchmark warms up on its own), ``--out`` (:func:`out_option`),
     with ``timeout`` ``--timeout`` and with ``steps`` ``--steps`` (:func:`steps_option`). The benchmark adds its own; an option of the run
     configuration (mesh sizes, micro-batches, sequence length, ...) it takes from the table with :func:`option`."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("measurement")
     if device is not None:
         option(g, "device", default=device, note="a benchmark: one GPU per rank with NCCL when there are enough, "

@@ -312,17 +312,17 @@ class RunConfig:
     @classmethod
     def options(cls) -> list[str]:
         """The options this command takes, in the table's order: every run's, those it names in ``takes``, and any
-        a command declares for itself alone (a field of its own class: the planner's)."""
-        table = {f.name for f in dataclasses.fields(RunConfig)}
+        it declares itself (a field of its own class, not the table's)."""
+        table = {f.name: f.metadata for f in dataclasses.fields(RunConfig)}
         return [f.name for f in dataclasses.fields(cls) if f.metadata and (f.metadata["every_run"] or f.name in cls.takes
-                                                                           or f.name not in table)]
+                                                                           or f.metadata != table.get(f.name))]
 
     @classmethod
     def parser(cls, prog: str | None = None) -> argparse.ArgumentParser:
         """The command line made from the table (``--help`` lists the command's options by section, with its own
         defaults, choices and notes); ``prog``: the command its usage and errors name (default: the script's file
         name)."""
-        parser = argparse.ArgumentParser(prog=prog, description=cls.description,
+        parser = argparse.ArgumentParser(prog=prog, description=cls.description, allow_abbrev=False,
                                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         groups: dict[str, argparse._ArgumentGroup] = {}
         fields = {f.name: f for f in dataclasses.fields(cls)}

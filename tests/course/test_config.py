@@ -106,3 +106,10 @@ def test_the_v_schedules_are_refused_where_they_cannot_run():
                                 device="cpu")
     config = PipelineConfig.for_test(schedule="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
     assert config.virtual_stages == 2
+
+
+def test_an_option_has_one_name_on_the_command_line(capsys):
+    """No abbreviations stand in for an option (``--micro`` is not ``--micro_batches``): one name per option."""
+    with pytest.raises(SystemExit):
+        PipelineConfig.from_command_line(["--micro", "2"], environment=False)
+    assert "unrecognized arguments: --micro 2" in capsys.readouterr().err
