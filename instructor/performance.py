@@ -281,12 +281,12 @@ class PerfResult:
 
 
 def _run_measurement(tree: Path, name: str, timeout: float, out: Path) -> dict:
-    """``python -m project.tools.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), in a process
+    """``python -m project.tools.performance --key NAME --out OUT`` in ``tree`` (the grading copy), in a process
     session of its own bounded by ``timeout`` (:func:`instructor.session.run_in_session`: the whole session is
     killed when it ends)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMSYS_GRADE"))}
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "project.tools.performance", "--measure", name, "--out", str(out)]
+    cmd = [sys.executable, "-m", "project.tools.performance", "--key", name, "--out", str(out)]
     run = run_in_session(cmd, cwd=tree, env=env, timeout=timeout)
     if run.timed_out:
         raise RuntimeError(f"the measurement ran past {timeout:.0f} s (a hung rank?)")

@@ -1,6 +1,6 @@
 """The measurements behind the performance keys (``instructor/performance.py``): raw numbers, no verdicts.
 
-    python -m project.tools.performance --measure perf_dp_overlap --out dp.json     # what the grader runs in a copy
+    python -m project.tools.performance --key perf_dp_overlap --out dp.json     # what the grader runs in a copy
 
 The grader runs this module in the submission's grading copy (the key's blocks spliced in, the block policy
 checked), in a subprocess, and judges what it writes (:mod:`instructor.performance`: the ratios, the parity and
@@ -235,14 +235,14 @@ def measure(name: str, dp_config: dict | None = None, pp_config: dict | None = N
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Measure one performance key with this tree's code and write the "
                                                  "raw numbers (instructor/performance.py judges them).")
-    parser.add_argument("--measure", required=True, choices=TIMED + UNTIMED, help="the performance key")
+    parser.add_argument("--key", required=True, choices=TIMED + UNTIMED, help="the performance key to measure")
     from course.benchmarking import out_option
     from course.results import write_json
 
     out_option(parser, required=True)
     args = parser.parse_args(argv)
 
-    write_json(args.out, measure(args.measure))
+    write_json(args.out, measure(args.key))
     return 0
 
 
