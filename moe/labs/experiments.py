@@ -178,7 +178,7 @@ def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None =
     """Short training runs, one after another in one launch (the data is prepared once).
 
     Args:
-        runs: ``{label: args}`` (options of ``project/run_moe.py``, each with its own ``workdir``).
+        runs: ``{label: config}`` (options of ``project/run_moe.py``, each with its own ``workdir``).
         bench: ``{"runs": [labels], "warmup", "repeats", "steps"}``: after training, time those runs'
             training steps (fresh models, the same batches; see :func:`_benchmark`).
         n_choice_batches: validation batches (of the per-rank batch size) on which each trained MoE
@@ -199,12 +199,12 @@ def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None =
     data = prepare_data(first)
     mesh = Mesh.build(dp=world_size, ep=first.ep)
     choices = {}
-    for label, args in runs.items():
-        Path(args.workdir).mkdir(parents=True, exist_ok=True)
-        result = train_moe(rank, world_size, args, data, mesh=mesh, keep_model=True)
-        if not args.dense:
+    for label, config in runs.items():
+        Path(config.workdir).mkdir(parents=True, exist_ok=True)
+        result = train_moe(rank, world_size, config, data, mesh=mesh, keep_model=True)
+        if not config.dense:
             full = result["model"].gathered()
-            per_rank = args.batch_size // args.dp
+            per_rank = config.batch_size // config.dp
             batches = [data.collate(data.validation[i * per_rank:(i + 1) * per_rank]) for i in range(n_choice_batches)]
             choices[label] = _router_choices(full, batches, device)
     timings = {}
@@ -212,9 +212,9 @@ def training_worker(rank: int, world_size: int, runs: dict, bench: dict | None =
         group = mesh.dp_cp_group
         modes = {}
         for label in bench["runs"]:
-            args = runs[label]
-            model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
-            modes[label] = MoETraining(args, data, device, model, mesh, rank=rank, show_progress=False)
+            config = runs[label]
+            model = build_moe_model(config, data.tokenizer.vocab_size, mesh.ep_group).to(device)
+            modes[label] = MoETraining(config, data, device, model, mesh, rank=rank, show_progress=False)
         count = bench["warmup"] + bench["steps"]
         batches = list(shard_batches(data.train, first.batch_size, group_rank(group), group_size(group), data.collate,
                                      seed=first.seed + 99, max_batches=count)[0])
@@ -229,7 +229,7 @@ def balancing_runs(parse_args, workdir, gamma: float = 0.01, aux_loss_coef: floa
     sequence-wise balance loss, weight ``aux_loss_coef``, no bias update), ``"bias"`` (auxiliary-loss-free:
     the bias moves by ``gamma`` after each step, no loss) and ``"neither"``; ``common`` are further options of
     ``project/run_moe.py`` (sizes, steps, seed), the same for the three. Each run gets its own work directory
-    under ``workdir``. Returns ``{label: args}`` for :func:`training_worker`.
+    under ``workdir``. Returns ``{label: config}`` for :func:`training_worker`.
 
     DeepSeek-V3 (Sec. 2.1.2 and 4.5.2) uses gamma = 0.001 over many thousand steps; a short run needs a
     larger one to move the bias by as much as the sigmoid scores differ.
@@ -237,7 +237,7 @@ def balancing_runs(parse_args, workdir, gamma: float = 0.01, aux_loss_coef: floa
     settings = {"aux loss": dict(aux_loss_coef=aux_loss_coef, router_bias_update=0.0),
                 "bias": dict(aux_loss_coef=0.0, router_bias_update=gamma),
                 "neither": dict(aux_loss_coef=0.0, router_bias_update=0.0)}
-    return {label: run_args(parse_args, Path(workdir) / label.replace(" ", "_"), router="deepseek", z_loss_coef=0.0,
+    return {label: run_config(parse_args, Path(workdir) / label.replace(" ", "_"), router="deepseek", z_loss_coef=0.0,
                             **common, **extra)
             for label, extra in settings.items()}
 
@@ -257,8 +257,8 @@ def balance_over_training(runs: dict, epoch: int = 0) -> dict:
     import json
 
     out = {}
-    for label, args in runs.items():
-        result = json.loads((Path(args.workdir) / f"moe_rank0_results_epoch{epoch}.json").read_text())
+    for label, config in runs.items():
+        result = json.loads((Path(config.workdir) / f"moe_rank0_results_epoch{epoch}.json").read_text())
         load = torch.tensor(result["routing"]["tokens_per_expert"], dtype=torch.float64, device="cpu")  # (steps, layers, E)
         violation = (load.amax(dim=-1) / load.mean(dim=-1) - 1).amax(dim=-1)
         out[label] = {"loss": list(result["train_losses"]), "max_violation": violation.tolist(),
@@ -372,8 +372,9 @@ def summarize_timings(step_seconds: dict[str, list[float]]) -> list[dict]:
     return rows
 
 
-def run_args(parse_args, workdir, **options) -> object:
-    """``parse_args`` of ``project/run_moe.py`` on ``--option value`` pairs (True: a flag), after a copy."""
+def run_config(parse_args, workdir, **options) -> object:
+    """The configuration ``parse_args`` of ``project/run_moe.py`` makes of ``--option value`` pairs (True: a flag), a
+    copy."""
     argv = []
     for name, value in options.items():
         if value is True:

@@ -155,7 +155,7 @@ def gpt2_report_worker(rank: int, world_size: int, preset: str = "tiny", vocab_s
     return {"config": config, "runs": runs}
 
 
-def train_block_types_worker(rank: int, world_size: int, args, block_types_list: list[str]) -> dict:
+def train_block_types_worker(rank: int, world_size: int, config, block_types_list: list[str]) -> dict:
     """The run script's training (:func:`tensor_parallel.training.train_tp`) once per block type.
 
     Data and tokenizer are prepared once; each run writes its results files into
@@ -168,13 +168,13 @@ def train_block_types_worker(rank: int, world_size: int, args, block_types_list:
 
     worker_env_quiet()
     mesh = Mesh.build(tp=world_size)
-    data = prepare_data(args)  # once: the tokenizer and the encoded splits serve every run
+    data = prepare_data(config)  # once: the tokenizer and the encoded splits serve every run
     out = {}
     for kind in block_types_list:
-        run_args = copy.copy(args)
-        run_args.block_types = parse_block_types(kind, n_layer=_n_layer(args.preset))
-        run_args.workdir = str(Path(args.workdir) / kind.replace(",", "_"))
-        out[kind] = train_tp(rank, world_size, run_args, data, mesh)
+        run_config = copy.copy(config)
+        run_config.block_types = parse_block_types(kind, n_layer=_n_layer(config.preset))
+        run_config.workdir = str(Path(config.workdir) / kind.replace(",", "_"))
+        out[kind] = train_tp(rank, world_size, run_config, data, mesh)
     return out
 
 
