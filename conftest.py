@@ -32,7 +32,7 @@ def pytest_configure(config):
 
     os.environ["LLMSYS_DEVICE"] = "cpu"
     # The notebooks run with their quick sizes here (course/notebook_run.py); their committed outputs come
-    # from full runs (project/execute_notebooks.py).
+    # from full runs (project/tools/execute_notebooks.py).
     from course.notebook_run import QUICK_ENV
 
     os.environ.setdefault(QUICK_ENV, "1")

@@ -3,8 +3,8 @@
     modal run modal_run.py --world-size 2 --n-epochs 5                 # data parallel on 2 GPUs
     modal run modal_run.py --world-size 4 --zero 3 --precision bf16 --activation-checkpointing
     modal run modal_run.py --world-size 4 --bucket-mb 25 --overlap     # or --compression topk|powersgd
-    modal run modal_run.py --mode pipeline --world-size 4 --model-parallel-mode 1f1b --micro-batches 8
-    modal run modal_run.py --mode tensor --world-size 4 --extra "--sequence_parallel"
+    modal run modal_run.py --mode pipeline --world-size 4 --schedule 1f1b --micro-batches 8
+    modal run modal_run.py --mode tp --world-size 4 --extra "--sequence_parallel"
     modal run modal_run.py --mode 3d --world-size 8 --dp 2 --pp 2 --tp 2 --schedule zb-h1
     modal run modal_run.py --mode cp --world-size 4 --dp 2 --attention ulysses   # context parallel, cp = 4 / dp
     modal run modal_run.py --mode moe --world-size 4 --ep 2                       # MoE, dp = 4, experts over ep
@@ -20,12 +20,11 @@ there with NCCL, one process per GPU (``--launcher spawn``, the script's own lau
 its raw URLs onto the volume; ``--dataset <hub name>`` takes a Hugging Face dataset.
 ``--extra "..."`` passes further options to the script (e.g. ``--learning_rate 3e-4``).
 
-The run modes are the registry's (``project/modes.py``; ``data`` and ``tensor`` are Modal's names of ``dp`` and
-``tp``, which work too): a mode registered there runs here. The options are the script's configuration's
+The run modes are the registry's (``project/modes.py``: ``dp``, ``pipeline``, ``tp``, ``3d``, ``cp``, ``moe``, the
+mesh's names): a mode registered there runs here. The options are the script's configuration's
 (``project/options``), with dashes: ``--micro-batches``,
-``--virtual-stages``, ``--dp --pp --tp --cp --ep`` (``--n-chunk`` and ``--tp-size`` still work, with a
-note naming the new name). They are checked here before anything is sent, by that configuration's own
-rules, without torch (see ``project/modal_support.py``).
+``--virtual-stages``, ``--dp --pp --tp --cp --ep``. They are checked here before anything is sent, by that configuration's own
+rules, without torch (see ``project/tools/modal_support.py``).
 The image: ``requirements.txt`` without its ``-e .`` line, plus the course packages as
 local Python sources (among them ``instructor/grade.py`` and ``instructor/keys.py``, which
 ``--grade`` runs), and ``tests/``, ``pyproject.toml`` and ``conftest.py`` (the graded tests,
@@ -41,8 +40,8 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))  # the course packages, also without `pip install -e .`
 
-from project.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OLD_OPTIONS,  # noqa: E402
-                                   OPTIONS, make_request, options_from_argv, print_grade, remote_run, run_name,
+from project.tools.modal_support import (BENCHMARKS, DEFAULT_GPU, GPU_TIER_XML, GRADE_JSON, OPTIONS,  # noqa: E402
+                                   make_request, options_from_argv, print_grade, remote_run, run_name,
                                    save_files, summarize, summarize_gpu_tier)
 
 APP_NAME = "llmsys-parallel-course"
@@ -80,20 +79,18 @@ def train(request: dict, name: str) -> dict:
 
 
 @app.local_entrypoint()
-def main(mode: str = "data", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
+def main(mode: str = "dp", world_size: int = 2, gpu: str = DEFAULT_GPU, n_epochs: Optional[int] = None,
          batch_size: Optional[int] = None, preset: Optional[str] = None, max_batches: Optional[int] = None,
          dataset: Optional[str] = None, dp: Optional[int] = None, pp: Optional[int] = None, tp: Optional[int] = None,
          cp: Optional[int] = None, ep: Optional[int] = None, micro_batches: Optional[int] = None,
-         virtual_stages: Optional[int] = None, model_parallel_mode: Optional[str] = None,
-         schedule: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
+         virtual_stages: Optional[int] = None, schedule: Optional[str] = None, single_process: Optional[str] = None, attention: Optional[str] = None, zero: Optional[int] = None,
          precision: Optional[str] = None, activation_checkpointing: bool = False, bucket_mb: Optional[float] = None,
-         overlap: bool = False, compression: Optional[str] = None, n_chunk: Optional[int] = None,
-         tp_size: Optional[int] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
+         overlap: bool = False, compression: Optional[str] = None, launcher: str = "spawn", extra: str = "", grade: bool = False,
          gpu_tests: bool = False, results_dir: str = "workdir/modal"):
-    """Run --mode data|pipeline|tensor|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
+    """Run --mode dp|pipeline|tp|3d|cp|moe|benchmark|schedule_benchmark|factorisation_benchmark on
     --world-size GPUs of type --gpu (or --grade, or --gpu-tests). The other options are the script's
-    configuration's (project/options); --n-chunk and --tp-size are the former names of --micro-batches, --tp."""
-    options = {name: value for name, value in locals().items() if name in (*OPTIONS, *OLD_OPTIONS)}
+    configuration's (project/options)."""
+    options = {name: value for name, value in locals().items() if name in OPTIONS}
     try:
         request = make_request(mode=mode, world_size=world_size, gpu=gpu, launcher=launcher, extra=extra,
                                grade=grade, gpu_tests=gpu_tests, **options)
@@ -126,7 +123,7 @@ if modal.is_local():  # under `modal run modal_run.py ...`: check the options be
     if _cli is not None:
         _cli.pop("results_dir", None)
         try:
-            make_request(**_cli, notes=False)  # the entry point says the notes
+            make_request(**_cli)
         except ValueError as _exc:
             print(f"modal_run.py: {_exc}", file=sys.stderr)
             raise SystemExit(2)

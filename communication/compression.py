@@ -185,19 +185,19 @@ class PowerSGDReducer:
         self.step += 1
 
 
-def build_grad_sync(args, model: torch.nn.Module, group):
+def build_grad_sync(config, model: torch.nn.Module, group):
     """The gradient synchroniser the options of ``project/run_data_parallel.py`` ask for.
 
     ``--compression topk`` -> :class:`TopKReducer` (``--topk_ratio``), ``powersgd`` ->
     :class:`PowerSGDReducer` (``--powersgd_rank``); otherwise a
     :class:`communication.buckets.BucketedReducer` of ``--bucket_mb`` MB (25 if not given)
-    with ``--overlap``. A module-level function: ``run_dp`` receives it pickled.
+    with ``--overlap`` (:func:`data_parallel.training.dp_training` calls it on every rank).
     """
     from communication.buckets import BucketedReducer
 
-    compression = args.compression
+    compression = config.compression
     if compression == "topk":
-        return TopKReducer(model, group=group, ratio=args.topk_ratio)
+        return TopKReducer(model, group=group, ratio=config.topk_ratio)
     if compression == "powersgd":
-        return PowerSGDReducer(model, group=group, rank=args.powersgd_rank)
-    return BucketedReducer(model, group=group, bucket_mb=args.bucket_mb or 25.0, overlap=args.overlap)
+        return PowerSGDReducer(model, group=group, rank=config.powersgd_rank)
+    return BucketedReducer(model, group=group, bucket_mb=config.bucket_mb or 25.0, overlap=config.overlap)

@@ -342,11 +342,11 @@ def gpt2_parameter_count(vocab_size: int = 50257, n_positions: int = 1024, n_emb
 
 # ---- the model against a benchmark run ----------------------------------------------------------------
 
-BENCHMARK_NAMES = {"ring": "ring", "recursive_doubling": "tree"}  # project/benchmark.py's names
+BENCHMARK_NAMES = {"ring": "ring", "recursive_doubling": "tree"}  # project/tools/benchmark.py's names
 
 
 def fit_benchmark(allreduce_report: dict, p: int) -> dict:
-    """Fit the model to the ring's median times of one world size of ``project/benchmark.py``'s report
+    """Fit the model to the ring's median times of one world size of ``project/tools/benchmark.py``'s report
     (``["allreduce"][str(p)]``), predict both algorithms from that one (alpha, beta), and compare the two
     algorithms size by size (:func:`course.benchmarking.compare` of their side-by-side repeats).
 

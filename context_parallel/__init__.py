@@ -10,8 +10,8 @@
 * :mod:`context_parallel.gpt2` — a ``transformers`` GPT-2 whose attention runs across the cp group.
 * :mod:`context_parallel.packing` — long training sequences: translation pairs packed together.
 * :mod:`context_parallel.training` — the training mode of ``project/run_context_parallel.py``.
-* :mod:`context_parallel.experiments` — workers that notebooks/07_context_parallelism.ipynb launches.
-* :mod:`context_parallel.exercises` — the notebook's exercises and their checks.
+* :mod:`context_parallel.labs.experiments` — workers that notebooks/07_context_parallelism.ipynb launches.
+* :mod:`context_parallel.labs.exercises` — the notebook's exercises and their checks.
 
 Every function that communicates takes the context-parallel process group (``group``, the
 ``cp`` group of the run's mesh; None: the whole world) and communicates only in it, through

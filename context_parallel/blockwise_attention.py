@@ -21,9 +21,28 @@ both loops (:func:`attend_blocks`, :func:`attend_blocks_backward`) on the keys o
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 import torch
 
 from context_parallel.online_softmax import SoftmaxState, block_gradients, causal_block, finish, online_softmax_update
+
+
+_OBSERVER: ContextVar = ContextVar("attend_blocks_observer", default=None)
+
+
+@contextlib.contextmanager
+def observed(observer):
+    """Within the ``with`` block, every :func:`attend_blocks` and :func:`attend_blocks_backward` call tells
+    ``observer`` ``begin()`` before it computes and ``end(tiles, k_pos)`` after (the tiles it computed, the
+    positions of its keys): how ring attention times each step of its loop from outside it
+    (:mod:`context_parallel.ring_attention`). Outside such a block the calls tell no one."""
+    token = _OBSERVER.set(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVER.reset(token)
 
 
 def _tiles(n: int, block_size: int):
@@ -53,6 +72,9 @@ def attend_blocks(state: SoftmaxState, q: torch.Tensor, k: torch.Tensor, v: torc
     at positions ``q_pos`` (q_len,), tile by tile (``block_size`` queries x ``block_size`` keys).
     ``state`` is updated in place. Returns the number of tiles computed (skipped ones not counted).
     """
+    observer = _OBSERVER.get()
+    if observer is not None:
+        observer.begin()
     computed = 0
     for q0, q1 in _tiles(q.size(-2), block_size):
         rows = state.rows(q0, q1)
@@ -64,6 +86,8 @@ def attend_blocks(state: SoftmaxState, q: torch.Tensor, k: torch.Tensor, v: torc
                                          None if mask is None else mask.to(q.device))
             computed += 1
         state.write_rows(q0, rows)
+    if observer is not None:
+        observer.end(computed, k_pos)
     return computed
 
 
@@ -79,6 +103,9 @@ def attend_blocks_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do
         ``dk``, ``dv`` (shapes of ``k``, ``v``) the whole gradient of these keys from these queries
         (dtype of ``lse``), and the number of tiles computed.
     """
+    observer = _OBSERVER.get()
+    if observer is not None:
+        observer.begin()
     dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=lse.dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=lse.dtype, device=v.device)
@@ -95,6 +122,8 @@ def attend_blocks_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do
             dk[..., k0:k1, :] += gk
             dv[..., k0:k1, :] += gv
             computed += 1
+    if observer is not None:
+        observer.end(computed, k_pos)
     return dq, dk, dv, computed
 
 

@@ -32,7 +32,7 @@ def chunk_ids(layout: str, cp_rank: int, cp: int) -> tuple[list[int], int]:
     """The chunks of the sequence that rank ``cp_rank`` of a cp group of ``cp`` ranks holds.
 
     Returns:
-        ``(chunks, n_chunks)``: the indices of this rank's chunks in the order it stores them, and
+        ``(chunks, chunk_count)``: the indices of this rank's chunks in the order it stores them, and
         how many equal chunks the sequence is cut into (``cp`` contiguous, ``2 cp`` zig-zag).
 
     Raises:
@@ -67,7 +67,7 @@ class SequenceLayout:
             raise ValueError(f"unknown layout {self.kind!r}; choose one of {LAYOUTS}")
         if self.cp < 1:
             raise ValueError(f"cp must be >= 1, not {self.cp}")
-        n = self.n_chunks
+        n = self.chunk_count
         if self.seq_len % n:
             fit = -(-self.seq_len // n) * n
             raise ValueError(f"the {self.kind} layout cuts a sequence into {n} equal chunks over cp = {self.cp} "
@@ -75,12 +75,12 @@ class SequenceLayout:
                              f"multiple of {n} (e.g. {fit})")
 
     @property
-    def n_chunks(self) -> int:
+    def chunk_count(self) -> int:
         return self.cp if self.kind == "contiguous" else 2 * self.cp
 
     @property
     def chunk_len(self) -> int:
-        return self.seq_len // self.n_chunks
+        return self.seq_len // self.chunk_count
 
     @property
     def local_len(self) -> int:
@@ -90,9 +90,9 @@ class SequenceLayout:
     def chunks(self, cp_rank: int) -> list[int]:
         """Indices of the chunks rank ``cp_rank`` holds (:func:`chunk_ids`)."""
         chunks, n = chunk_ids(self.kind, cp_rank, self.cp)
-        if n != self.n_chunks or len(chunks) != n // self.cp or not all(0 <= i < n for i in chunks):
+        if n != self.chunk_count or len(chunks) != n // self.cp or not all(0 <= i < n for i in chunks):
             raise ValueError(f"chunk_ids({self.kind!r}, {cp_rank}, {self.cp}) returned {chunks} of {n} chunks; "
-                             f"expected {self.n_chunks // self.cp} of {self.n_chunks}")
+                             f"expected {self.chunk_count // self.cp} of {self.chunk_count}")
         return chunks
 
     def positions(self, cp_rank: int) -> torch.Tensor:
@@ -104,7 +104,7 @@ class SequenceLayout:
         """Rank ``cp_rank``'s part of ``x`` along ``dim`` (of size ``seq_len``): its chunks, concatenated."""
         if x.size(dim) != self.seq_len:
             raise ValueError(f"dim {dim} of x has {x.size(dim)} tokens, the layout {self.seq_len}")
-        pieces = x.chunk(self.n_chunks, dim=dim)
+        pieces = x.chunk(self.chunk_count, dim=dim)
         return torch.cat([pieces[i] for i in self.chunks(cp_rank)], dim=dim)
 
     def unshard(self, shards: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ class SequenceLayout:
         for rank, shard in enumerate(shards):
             for i, piece in zip(self.chunks(rank), shard.split(self.chunk_len, dim=dim)):
                 pieces[i] = piece
-        return torch.cat([pieces[i] for i in range(self.n_chunks)], dim=dim)
+        return torch.cat([pieces[i] for i in range(self.chunk_count)], dim=dim)
 
 
 def check_layout(layout: SequenceLayout, cp: int, q: torch.Tensor, k: torch.Tensor) -> None:

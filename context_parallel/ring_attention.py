@@ -29,47 +29,56 @@ rank computes then depends on the layout (:mod:`context_parallel.layouts`).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
-from context_parallel.blockwise_attention import DEFAULT_BLOCK_SIZE, attend_blocks, attend_blocks_backward, check_qkv
+from context_parallel.blockwise_attention import (DEFAULT_BLOCK_SIZE, attend_blocks, attend_blocks_backward, check_qkv,
+                                                  observed)
 from context_parallel.layouts import SequenceLayout, check_layout
 from context_parallel.online_softmax import SoftmaxState, finish
 from course.collectives import P2P, global_rank, group_rank, group_size, start_exchange
 from course.measure import now
 
 
-class _Recorder:
-    """Per-step record of one pass: which block (its home rank), tiles computed, compute and wait spans
-    (:func:`course.measure.now`: the wall clock after the device's queued work), and the CPU seconds of the
-    computation (``time.thread_time``: on a CPU shared by more ranks than cores it is the work done, where
-    the wall clock also counts the waits for a core)."""
+class _StepRecorder:
+    """Per-step record of one pass, made around the ring's loop rather than inside it: within ``with``, each call of
+    :func:`context_parallel.blockwise_attention.attend_blocks` (or its backward) is one step
+    (:func:`context_parallel.blockwise_attention.observed`) — which block it took (its home rank, from its keys'
+    positions), the tiles computed, the compute span (:func:`course.measure.now`: the wall clock after the device's
+    queued work) and the CPU seconds of the computation (``time.thread_time``: on a CPU shared by more ranks than
+    cores it is the work done, where the wall clock also counts the waits for a core); the wait after a step lasts
+    until the next step begins (or the pass ends). Writes ``stats[name]`` and its totals on leaving; with
+    ``stats`` None it records nothing and costs nothing."""
 
-    def __init__(self, stats: dict | None, name: str, device: torch.device):
+    def __init__(self, stats: dict | None, name: str, device: torch.device, layout: SequenceLayout):
         self.stats, self.name, self.device = stats, name, device
+        self.home = {int(layout.positions(r)[0]): r for r in range(layout.cp)} if stats is not None else {}
         self.steps: list[dict] = []
-        self.mark = now(device) if stats is not None else 0.0
-        self.cpu_mark = time.thread_time()
+        self._watching = contextlib.nullcontext() if stats is None else observed(self)
 
-    def computed(self, step: int, src: int, tiles: int) -> None:
-        if self.stats is None:
-            return
-        end, cpu = now(self.device), time.thread_time()
-        self.steps.append({"step": step, "src": src, "tiles": tiles, "compute": (self.mark, end), "wait": (end, end),
-                           "cpu_seconds": cpu - self.cpu_mark})
-        self.mark = end
+    def __enter__(self):
+        self._watching.__enter__()
+        return self
 
-    def waited(self) -> None:
-        if self.stats is None or not self.steps:
-            return
+    def begin(self) -> None:
+        self.start, self.cpu_start = now(self.device), time.thread_time()
+        if self.steps:
+            self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], self.start)
+
+    def end(self, tiles: int, k_pos: torch.Tensor) -> None:
         end = now(self.device)
-        self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], end)
-        self.mark, self.cpu_mark = end, time.thread_time()
+        self.steps.append({"step": len(self.steps), "src": self.home[int(k_pos[0])], "tiles": tiles,
+                           "compute": (self.start, end), "wait": (end, end),
+                           "cpu_seconds": time.thread_time() - self.cpu_start})
 
-    def close(self) -> None:
-        if self.stats is None:
+    def __exit__(self, *exc) -> None:
+        self._watching.__exit__(*exc)
+        if self.stats is None or exc[0] is not None:
             return
+        if self.steps:
+            self.steps[-1]["wait"] = (self.steps[-1]["wait"][0], now(self.device))
         self.stats[self.name] = self.steps
         self.stats[f"{self.name}_tiles"] = sum(s["tiles"] for s in self.steps)
         self.stats[f"{self.name}_compute_seconds"] = sum(s["compute"][1] - s["compute"][0] for s in self.steps)
@@ -88,22 +97,19 @@ class RingAttention(torch.autograd.Function):
         q_pos = layout.positions(r)
         state = SoftmaxState.empty(q, v.size(-1))
         kv = torch.stack([k, v]).contiguous()  # one message per step: (2, batch, heads, local_len, head_dim)
-        record = _Recorder(stats, "forward", q.device)
-        # BEGIN ASSIGN5_7_2
-        for step in range(p):
-            pending = None
-            if step < p - 1:  # post the next transfer before computing on the block we have
-                incoming = torch.empty_like(kv)
-                pending = start_exchange([P2P("send", kv, right), P2P("recv", incoming, left)], group)
-            src = (r - step) % p  # the rank this block started on
-            tiles = attend_blocks(state, q, kv[0], kv[1], q_pos, layout.positions(src), scale, block_size, causal)
-            record.computed(step, src, tiles)
-            if pending is not None:
-                pending.wait()
-                kv = incoming
-                record.waited()
-        # END ASSIGN5_7_2
-        record.close()
+        with _StepRecorder(stats, "forward", q.device, layout):  # times each attend_blocks call: the loop's steps
+            # BEGIN ASSIGN5_7_2
+            for step in range(p):
+                pending = None
+                if step < p - 1:  # post the next transfer before computing on the block we have
+                    incoming = torch.empty_like(kv)
+                    pending = start_exchange([P2P("send", kv, right), P2P("recv", incoming, left)], group)
+                src = (r - step) % p  # the rank this block started on
+                attend_blocks(state, q, kv[0], kv[1], q_pos, layout.positions(src), scale, block_size, causal)
+                if pending is not None:
+                    pending.wait()
+                    kv = incoming
+            # END ASSIGN5_7_2
         out, lse = finish(state)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -122,35 +128,32 @@ class RingAttention(torch.autograd.Function):
         dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
         kv = torch.stack([k, v]).contiguous()
         dkv = None  # the gradient of the block this rank holds, as far as the ranks before it got
-        record = _Recorder(ctx.stats, "backward", q.device)
-        # BEGIN ASSIGN5_7_2
-        pending_dkv = incoming_dkv = None
-        for step in range(p):
-            pending_kv = None
-            if step < p - 1:
-                incoming_kv = torch.empty_like(kv)
-                pending_kv = start_exchange([P2P("send", kv, right), P2P("recv", incoming_kv, left)], group)
-            src = (r - step) % p
-            gq, gk, gv, tiles = attend_blocks_backward(q, kv[0], kv[1], dout, lse, delta, q_pos,
+        with _StepRecorder(ctx.stats, "backward", q.device, layout):  # times each attend_blocks_backward call
+            # BEGIN ASSIGN5_7_2
+            pending_dkv = incoming_dkv = None
+            for step in range(p):
+                pending_kv = None
+                if step < p - 1:
+                    incoming_kv = torch.empty_like(kv)
+                    pending_kv = start_exchange([P2P("send", kv, right), P2P("recv", incoming_kv, left)], group)
+                src = (r - step) % p
+                gq, gk, gv, _ = attend_blocks_backward(q, kv[0], kv[1], dout, lse, delta, q_pos,
                                                        layout.positions(src), scale, block_size, causal)
-            dq += gq
-            record.computed(step, src, tiles)
-            if pending_dkv is not None:  # the block's gradient so far, from the left
+                dq += gq
+                if pending_dkv is not None:  # the block's gradient so far, from the left
+                    pending_dkv.wait()
+                    dkv = incoming_dkv
+                dkv = torch.stack([gk, gv]) if dkv is None else dkv + torch.stack([gk, gv])
+                if p > 1:  # pass it on with the block (after the last step: to the block's home, the right neighbour)
+                    incoming_dkv = torch.empty_like(dkv)
+                    pending_dkv = start_exchange([P2P("send", dkv, right), P2P("recv", incoming_dkv, left)], group)
+                if pending_kv is not None:
+                    pending_kv.wait()
+                    kv = incoming_kv
+            if pending_dkv is not None:
                 pending_dkv.wait()
                 dkv = incoming_dkv
-            dkv = torch.stack([gk, gv]) if dkv is None else dkv + torch.stack([gk, gv])
-            if p > 1:  # pass it on with the block (after the last step: to the block's home, the right neighbour)
-                incoming_dkv = torch.empty_like(dkv)
-                pending_dkv = start_exchange([P2P("send", dkv, right), P2P("recv", incoming_dkv, left)], group)
-            if pending_kv is not None:
-                pending_kv.wait()
-                kv = incoming_kv
-            record.waited()
-        if pending_dkv is not None:
-            pending_dkv.wait()
-            dkv = incoming_dkv
-        # END ASSIGN5_7_2
-        record.close()
+            # END ASSIGN5_7_2
         dk, dv = dkv[0], dkv[1]
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None)
 

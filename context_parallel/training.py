@@ -45,16 +45,16 @@ def average_gradients_over(model: torch.nn.Module, group) -> None:
         offset += p.numel()
 
 
-def layout_for(args, cp: int) -> SequenceLayout:
-    """The sequence layout of a run: ``args.layout`` (zig-zag or contiguous) for the ring, contiguous for Ulysses."""
-    return SequenceLayout(args.layout if args.attention == "ring" else "contiguous", cp, args.seq_len)
+def layout_for(config, cp: int) -> SequenceLayout:
+    """The sequence layout of a run: ``config.layout`` (zig-zag or contiguous) for the ring, contiguous for Ulysses."""
+    return SequenceLayout(config.layout if config.attention == "ring" else "contiguous", cp, config.seq_len)
 
 
-def build_cp_model(args, vocab_size: int):
+def build_cp_model(config, vocab_size: int):
     """The run's GPT-2 (same weights on every rank: seeded) with context-parallel attention; its
     position table is long enough for the packed sequences."""
-    model = build_gpt2(args.preset, vocab_size, n_positions=max(args.seq_len, args.model_max_length),
-                       dropout=args.dropout, seed=args.seed)
+    model = build_gpt2(config.preset, vocab_size, n_positions=max(config.seq_len, config.model_max_length),
+                       dropout=config.dropout, seed=config.seed)
     return use_context_parallel_attention(model)
 
 
@@ -63,24 +63,24 @@ class ContextParallelTraining(TrainingMode):
 
     mode = "context_parallel"
 
-    def __init__(self, args, data, device, model, mesh: Mesh, **kwargs):
-        super().__init__(args, data, device, **kwargs)
+    def __init__(self, config, data, device, model, mesh: Mesh, **kwargs):
+        super().__init__(config, data, device, **kwargs)
         self.model, self.mesh = model, mesh
         self.dp, self.cp = mesh.dims.dp, mesh.dims.cp
-        if args.batch_size % self.dp:
-            raise ValueError(f"--batch_size {args.batch_size} is not divisible by --dp {self.dp}")
-        self.layout = layout_for(args, self.cp)
-        self.attention = ContextParallelAttention(args.attention, self.layout, mesh.cp_group, args.block_size)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-        self.collate = PackedCollate(data.tokenizer.pad_id, args.seq_len)
+        if config.batch_size % self.dp:
+            raise ValueError(f"--batch_size {config.batch_size} is not divisible by --dp {self.dp}")
+        self.layout = layout_for(config, self.cp)
+        self.attention = ContextParallelAttention(config.attention, self.layout, mesh.cp_group, config.block_size)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+        self.collate = PackedCollate(data.tokenizer.pad_id, config.seq_len)
         self.counter = CommCounter()
         self.n_layer = model.config.n_layer
 
     def epoch_batches(self, epoch: int):
-        """Packed sequences (a new packing each epoch: seed ``args.seed + epoch``), the same on every rank."""
-        sequences = pack_pairs(self.data.train, self.data.collate, self.args.seq_len, seed=self.args.seed + epoch)
-        loader = DataLoader(sequences, batch_size=self.args.batch_size, collate_fn=self.collate, drop_last=True)
-        steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
+        """Packed sequences (a new packing each epoch: seed ``config.seed + epoch``), the same on every rank."""
+        sequences = pack_pairs(self.data.train, self.data.collate, self.config.seq_len, seed=self.config.seed + epoch)
+        loader = DataLoader(sequences, batch_size=self.config.batch_size, collate_fn=self.collate, drop_last=True)
+        steps = len(loader) if self.config.max_batches is None else min(len(loader), self.config.max_batches)
         return loader, steps
 
     def training(self, epoch: int):
@@ -88,7 +88,7 @@ class ContextParallelTraining(TrainingMode):
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:
-        rows = self.args.batch_size // self.dp
+        rows = self.config.batch_size // self.dp
         total = int((shift_targets(batch["labels"]) != IGNORE_INDEX).sum())  # targets of the global batch
         start = self.mesh.dp_rank * rows
         mine = to_device({k: v[start:start + rows] for k, v in batch.items()}, self.device)
@@ -117,23 +117,23 @@ class ContextParallelTraining(TrainingMode):
         return {"comm_per_step": per_step, "cp_traffic_bytes_per_layer": cp_traffic / self.n_layer,
                 "tokens_per_rank_per_sequence": self.layout.local_len}
 
-    def config(self) -> dict:
-        return {**self.args.record(), "mode": self.mode, "world_size": self.mesh.world_size, "dp": self.dp,
-                "cp": self.cp, "attention": self.args.attention, "layout": self.layout.kind,
-                "seq_len": self.args.seq_len, "block_size": self.args.block_size, "attention_dropout": 0.0,
+    def record(self) -> dict:
+        return {**self.config.record(), "mode": self.mode, "world_size": self.mesh.world_size, "dp": self.dp,
+                "cp": self.cp, "attention": self.config.attention, "layout": self.layout.kind,
+                "seq_len": self.config.seq_len, "block_size": self.config.block_size, "attention_dropout": 0.0,
                 "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
-        return f"epoch {epoch} (dp {self.dp} x cp {self.cp}, {self.args.attention})"
+        return f"epoch {epoch} (dp {self.dp} x cp {self.cp}, {self.config.attention})"
 
 
-def cp_training(rank: int, args, data, mesh: Mesh) -> ContextParallelTraining:
-    """This rank's :class:`ContextParallelTraining` on the run's ``args.dp x args.cp`` ``mesh``: the GPT-2 of
+def cp_training(config, data, mesh: Mesh) -> ContextParallelTraining:
+    """This rank's :class:`ContextParallelTraining` on the run's ``config.dp x config.cp`` ``mesh``: the GPT-2 of
     :func:`build_cp_model` (same seed on every rank) on the worker's device. What ``project/train.py --mode cp``
     trains: ``<workdir>/context_parallel_rank{r}_results_epoch{e}.json`` (validation_loss, bleu, training_time,
     tokens_per_sec, train_losses, ``comm_per_step`` per group, config) and, on rank 0,
     ``context_parallel_translations_epoch{e}.json``."""
     device = context().device
-    model = build_cp_model(args, data.tokenizer.vocab_size).to(device)
-    return ContextParallelTraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
-                                   throughput_group=mesh.group("world"), show_progress=rank == 0)
+    model = build_cp_model(config, data.tokenizer.vocab_size).to(device)
+    return ContextParallelTraining(config, data, device, model, mesh, rank=mesh.rank, world_group=mesh.group("world"),
+                                   throughput_group=mesh.group("world"), show_progress=mesh.rank == 0)

@@ -1,7 +1,7 @@
 """The one benchmark harness: warm-up, repeats, median and spread, the machine, JSON, the command line.
 
-Every benchmark of the course (``project/benchmark.py``, ``python -m pipeline.schedule_benchmark``,
-``python -m three_d.factorisation_benchmark``) and every repeated measurement in the notebooks' workers
+Every benchmark of the course (``project/tools/benchmark.py``, ``python -m pipeline.labs.schedule_benchmark``,
+``python -m three_d.labs.factorisation_benchmark``) and every repeated measurement in the notebooks' workers
 measures the same way (docs/architecture.md, "The benchmark harness"):
 
 * **warm-up, then repeats** — :func:`interleaved` runs each variant ``warmup`` times untimed (memory
@@ -20,9 +20,9 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
   never a winner of their own;
 * **JSON** — :func:`write_report` writes ``{"machine", "config", ...results}`` atomically;
 * **the command line** — :func:`parser` gives every benchmark the same options for the same thing
-  (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``; mesh sizes and
-  ``--micro_batches`` named as in :class:`course.config.RunConfig`), :func:`old_name` keeps a former
-  option name working with a note naming the new one, and :func:`check` validates before any process
+  (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``, ``--steps``); the options a run also has
+  (mesh sizes, ``--micro_batches``, ``--seq_len``, ``--vocab_size``, ...) come from the run configuration's one
+  table (:func:`option`, :class:`course.config.RunConfig`), and :func:`check` validates before any process
   starts.
 """
 from __future__ import annotations
@@ -346,45 +346,59 @@ def write_report(path, report: dict) -> Path:
 
 # ---- the command line ----------------------------------------------------------------------------
 
-def parser(description: str, *, out: str, device: str = "auto", repeats: int = MIN_REPEATS, warmup: int = 1,
-           timeout: float | None = None) -> argparse.ArgumentParser:
-    """A benchmark's command line with the options every benchmark shares (group "measurement"):
-    ``--device``, ``--repeats``, ``--warmup``, ``--out`` and, with ``timeout``, ``--timeout``. The
-    benchmark adds its own; mesh sizes and micro-batches take :class:`course.config.RunConfig`'s names."""
+def parser(description: str, *, out: str, device: str | None = "auto", repeats: int = MIN_REPEATS, warmup: int | None = 1,
+           timeout: float | None = None, steps: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's command line with the options every benchmark shares (group "measurement"): ``--device``
+    (unless ``device`` is None: the benchmark runs on the CPU only), ``--repeats``, ``--warmup`` (unless ``warmup``
+    is None: the benchmark warms up on its own), ``--out`` (:func:`out_option`),
+    with ``timeout`` ``--timeout`` and with ``steps`` ``--steps`` (:func:`steps_option`). The benchmark adds its own; an option of the run
+    configuration (mesh sizes, micro-batches, sequence length, ...) it takes from the table with :func:`option`."""
     from course.cli import OptionParser
 
     p = OptionParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("measurement")
-    g.add_argument("--device", default=device, choices=("auto", "cpu", "cuda"),
-                   help="auto: one GPU per rank with NCCL when there are enough, else the CPU with gloo")
+    if device is not None:
+        option(g, "device", default=device, note="a benchmark: one GPU per rank with NCCL when there are enough, "
+                                                "else the CPU with gloo")
     g.add_argument("--repeats", type=int, default=repeats, help=f"timed repeats (>= {MIN_REPEATS}): median and min-max")
-    g.add_argument("--warmup", type=int, default=warmup, help="untimed runs first (allocation, first calls)")
-    g.add_argument("--out", type=Path, default=Path(out), help="where the JSON report goes")
+    if warmup is not None:
+        g.add_argument("--warmup", type=int, default=warmup, help="untimed runs first (allocation, first calls)")
+    out_option(g, default=out)
     if timeout is not None:
-        g.add_argument("--timeout", type=float, default=timeout, help="wall-clock limit of each launch (seconds)")
+        option(g, "timeout", default=timeout, note="a benchmark: of each launch")
+    if steps is not None:
+        steps_option(g, steps)
     return p
 
 
-def gpt2_step_options(group) -> None:
+def steps_option(parser, default: int | None) -> None:
+    """Add ``--steps N`` of the table, the training steps a benchmark or an experiment runs (in each timed repeat),
+    to ``parser``."""
+    option(parser, "steps", default=default)
+
+
+def out_option(parser, default: str | None = None, *, required: bool = False) -> None:
+    """Add ``--out FILE`` of the table, where a benchmark or a measuring tool writes its JSON report (every results
+    file a script writes is its ``--out``), to ``parser``, as a ``pathlib.Path``."""
+    option(parser, "out", default=None if default is None else Path(default), required=required, type=Path)
+
+
+def option(parser, name: str, **override) -> None:
+    """Add option ``--name`` of the run configuration's table to a benchmark's ``parser``, as the table declares it
+    (:func:`course.config.add_option`: ``default``, ``nargs`` for a sweep, ``note``, ``choices`` may differ)."""
+    from course.config import add_option
+
+    add_option(parser, name, **override)
+
+
+def gpt2_step_options(group, *, preset: str = "tiny", seq_len: int = 64, per_rank_batch: int = 8) -> None:
     """Add the options of a benchmark that trains a GPT-2 of its own on random tokens to ``group`` (a parser or an
-    argument group): ``--preset`` (:data:`course.model.PRESETS`), ``--vocab_size``, ``--seq`` (tokens per
-    sequence) and ``--per_rank_batch`` (sequences per rank per step)."""
-    group.add_argument("--preset", default="tiny", help="GPT-2 preset (course.model.PRESETS)")
-    group.add_argument("--vocab_size", type=int, default=5000)
-    group.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    group.add_argument("--per_rank_batch", type=int, default=8, help="sequences per rank per step")
-
-
-def old_name(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
-    """Keep ``old`` working as ``new`` (same value) with a note naming ``new`` (:class:`course.config.RunConfig`'s
-    former names do the same). ``kwargs``: ``type``/``nargs`` of the new option."""
-    from course.config import OldName
-
-    dest = new.lstrip("-")
-    action = next(a for a in parser._actions if a.dest == dest)
-    kwargs = {"type": action.type, "nargs": action.nargs, **kwargs}
-    parser.add_argument(old, dest=dest, action=OldName, new=new, help=argparse.SUPPRESS,
-                        **{k: v for k, v in kwargs.items() if v is not None})
+    argument group): ``--preset``, ``--vocab_size`` and ``--seq_len`` (the table's) and ``--per_rank_batch``
+    (sequences per rank per step)."""
+    option(group, "preset", default=preset)
+    option(group, "vocab_size")
+    option(group, "seq_len", default=seq_len, note="a benchmark: random tokens")
+    group.add_argument("--per_rank_batch", type=int, default=per_rank_batch, help="sequences per rank per step")
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size: int, *,
@@ -401,12 +415,13 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace, world_size:
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be >= {MIN_REPEATS} timed repeats (a median and a spread need three points), "
                      f"not {args.repeats}")
-    if args.warmup < 0:
+    if getattr(args, "warmup", 0) < 0:
         parser.error(f"--warmup must be >= 0, not {args.warmup}")
-    try:
-        args.device, _ = resolve_device_backend(args.device, "auto", world_size)
-    except ValueError as exc:
-        parser.error(str(exc))
+    if hasattr(args, "device"):
+        try:
+            args.device, _ = resolve_device_backend(args.device, "auto", world_size)
+        except ValueError as exc:
+            parser.error(str(exc))
     return args
 
 

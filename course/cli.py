@@ -22,8 +22,12 @@ def closest_option(word: str, options: list[str]) -> str | None:
 
 
 class OptionParser(argparse.ArgumentParser):
-    """An ``argparse.ArgumentParser`` whose "unrecognized arguments" error names the closest option for each
-    unknown one (:func:`closest_option`)."""
+    """An ``argparse.ArgumentParser`` that takes each option by its whole name only (no abbreviations) and whose
+    "unrecognized arguments" error names the closest option for each unknown one (:func:`closest_option`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # one name per option: no abbreviations
+        super().__init__(*args, **kwargs)
 
     def known_options(self) -> list[str]:
         """The option strings this parser shows in ``--help`` (hidden ones left out)."""

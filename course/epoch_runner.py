@@ -199,7 +199,7 @@ class TrainingMode:
     """One kind of training run, as the epoch runner sees it. Subclasses live in the parts.
 
     Args:
-        args: the run's configuration (a :class:`course.config.RunConfig`).
+        config: the run's configuration (a :class:`course.config.RunConfig`).
         data: :class:`course.task.Data`.
         device: this rank's device.
         rank: this process's global rank (0 in a single process): it names the results file.
@@ -215,17 +215,17 @@ class TrainingMode:
     """
 
     mode = "training"
-    results_prefix = ""  # the files' prefix when ``args`` names none (a run's is its configuration's, below)
+    results_prefix = ""  # the files' prefix when ``config`` names none (a run's is its configuration's, below)
 
-    def __init__(self, args, data, device, *, rank: int = 0, world_group=None, throughput_group=None,
+    def __init__(self, config, data, device, *, rank: int = 0, world_group=None, throughput_group=None,
                  show_progress: bool = True, devices: list | None = None):
-        self.args, self.data, self.device, self.rank = args, data, torch.device(device), rank
+        self.config, self.data, self.device, self.rank = config, data, torch.device(device), rank
         # One home for a mode's results prefix: its configuration (course.config.RunConfig.results_prefix), which
         # also checks the work directory for these files before any process starts.
-        self.results_prefix = getattr(args, "results_prefix", self.results_prefix)
+        self.results_prefix = getattr(config, "results_prefix", self.results_prefix)
         self.devices = [torch.device(d) for d in devices] if devices else [self.device]
         self.world_group, self.throughput_group = world_group, throughput_group
-        self.show_progress = show_progress and not args.quiet
+        self.show_progress = show_progress and not config.quiet
 
     def epoch_batches(self, epoch: int) -> tuple[Iterable, int]:
         """The epoch's batches and how many steps to run."""
@@ -294,8 +294,8 @@ class TrainingMode:
         """Mode-specific entries of the epoch's results file."""
         return {}
 
-    def config(self) -> dict:
-        """The run's configuration, recorded in every results file."""
+    def record(self) -> dict:
+        """What every results file keeps under ``config``: the run's configuration and the mode's own entries."""
         return {"mode": self.mode}
 
     def progress_desc(self, epoch: int) -> str:
@@ -332,14 +332,14 @@ class _Checkpoints:
         from course.checkpoint import checkpoint_group, checkpoint_root
 
         self.mode = mode
-        self.every = mode.args.checkpoint_every
-        self.root = checkpoint_root(mode.args.workdir, mode.results_prefix)
+        self.every = mode.config.checkpoint_every
+        self.root = checkpoint_root(mode.config.workdir, mode.results_prefix)
         self.save_seconds: list[float] = []  # each checkpoint written by this run (not counted as training)
         self.wait_seconds: list[float] = []  # async: each end-of-epoch wait for the save still in flight
         self.load_seconds: float | None = None
         self.resumed_world_size: int | None = None
-        self.keep = mode.args.keep_checkpoints
-        self.asynchronous = bool(self.every) and bool(getattr(mode.args, "async_checkpoint", False))
+        self.keep = mode.config.keep_checkpoints
+        self.asynchronous = bool(self.every) and bool(getattr(mode.config, "async_checkpoint", False))
         self.save_group = checkpoint_group(mode.world_group) if self.asynchronous else None
         self.pending = None  # async: the course.checkpoint.PendingCheckpoint in flight
 
@@ -417,7 +417,7 @@ class _Checkpoints:
         decision: list = [None]
         if not shared or dist.get_rank(group) == 0:  # the deciding rank: the group's first, or each lone rank
             try:
-                point = choose_checkpoint(self.mode.args.resume, self.root)
+                point = choose_checkpoint(self.mode.config.resume, self.root)
                 decision[0] = ("ok", None if point.path is None else str(point.path))
                 for damaged in point.skipped:
                     print(f"{damaged.path} (step {damaged.step}) is damaged: {damaged.file} {damaged.problem}; "
@@ -469,16 +469,16 @@ class _Checkpoints:
 
 
 def run_epochs(mode: TrainingMode) -> list[str]:
-    """Train ``mode.args.n_epochs`` epochs; after each, evaluate and write this rank's results.
+    """Train ``mode.config.n_epochs`` epochs; after each, evaluate and write this rank's results.
 
     Writes ``<workdir>/{prefix}rank{r}_results_epoch{e}.json`` (validation_loss, bleu,
     training_time, tokens_per_sec, global_tokens_per_sec, train_loss, train_losses, steps,
     tokens, the mode's extras and ``config``) and, on rank 0, the scored translations
-    ``{prefix}translations_epoch{e}.json``. With ``args.checkpoint_every`` it writes a
-    checkpoint every that many optimizer steps, and with ``args.resume`` (or after a restart)
-    it continues from one (:mod:`course.checkpoint`). With ``args.trace`` every rank records its spans
-    (:mod:`course.trace`; the last ``args.trace_steps`` steps) and rank 0 writes the run's trace there;
-    with ``args.profile`` every rank writes a torch.profiler trace of a few steps of its first epoch
+    ``{prefix}translations_epoch{e}.json``. With ``config.checkpoint_every`` it writes a
+    checkpoint every that many optimizer steps, and with ``config.resume`` (or after a restart)
+    it continues from one (:mod:`course.checkpoint`). With ``config.trace`` every rank records its spans
+    (:mod:`course.trace`; the last ``config.trace_steps`` steps) and rank 0 writes the run's trace there;
+    with ``config.profile`` every rank writes a torch.profiler trace of a few steps of its first epoch
     (:mod:`course.profiler`). Every file is written into the run's staging folder and moved into ``<workdir>`` by
     rank 0 once every rank has finished (:func:`course.results.publish_results`): the results in ``<workdir>``
     are a whole succeeded run's, never part of a failed one's.
@@ -486,16 +486,16 @@ def run_epochs(mode: TrainingMode) -> list[str]:
     Returns:
         The results files this rank wrote (their paths in ``<workdir>``, where they are once this returns).
     """
-    args = mode.args
-    recorder = trace.Recorder(mode.device, max_steps=args.trace_steps) if args.trace else None
+    config = mode.config
+    recorder = trace.Recorder(mode.device, max_steps=config.trace_steps) if config.trace else None
     with trace.recording(recorder) if recorder is not None else contextlib.nullcontext():
         written, resuming = _run_epochs(mode)
     if recorder is not None:
         from course.profiler import profile_path
 
-        profile = profile_path(staging_dir(args.workdir, mode.results_prefix), mode.results_prefix,
-                               mode.rank) if args.profile else None
-        found = trace.write_run_trace(recorder, args.trace, rank=mode.rank, name=mode.trace_name(),
+        profile = profile_path(staging_dir(config.workdir, mode.results_prefix), mode.results_prefix,
+                               mode.rank) if config.profile else None
+        found = trace.write_run_trace(recorder, config.trace, rank=mode.rank, name=mode.trace_name(),
                                       group=mode.world_group, profile=profile)
         if found is not None:
             print(f"trace: {found} (chrome://tracing or https://ui.perfetto.dev)", flush=True)
@@ -505,11 +505,11 @@ def run_epochs(mode: TrainingMode) -> list[str]:
 
 def _profiler(mode: TrainingMode, n_steps: int):
     """``--profile``: a :class:`course.profiler.StepProfiler` over ``n_steps`` steps (else a stand-in)."""
-    if not mode.args.profile or n_steps < 1:
+    if not mode.config.profile or n_steps < 1:
         return contextlib.nullcontext(None)
     from course.profiler import StepProfiler, profile_path
 
-    return StepProfiler(profile_path(staging_dir(mode.args.workdir, mode.results_prefix), mode.results_prefix,
+    return StepProfiler(profile_path(staging_dir(mode.config.workdir, mode.results_prefix), mode.results_prefix,
                                      mode.rank), n_steps, mode.device,
                         mode.trace_name())
 
@@ -518,10 +518,10 @@ def _staging(mode: TrainingMode, resuming: bool) -> Path:
     """The folder this run's ranks write their results into until it has succeeded (:func:`run_epochs`): rank 0
     prepares it (:func:`course.results.prepare_staging`) while the others wait."""
     if mode.rank == 0:
-        prepare_staging(mode.args.workdir, mode.results_prefix, _world_size(mode), resuming)
+        prepare_staging(mode.config.workdir, mode.results_prefix, _world_size(mode), resuming)
     if dist.is_initialized() and mode.world_group is not None:
         dist.barrier(group=mode.world_group)
-    return staging_dir(mode.args.workdir, mode.results_prefix)
+    return staging_dir(mode.config.workdir, mode.results_prefix)
 
 
 def _world_size(mode: TrainingMode) -> int:
@@ -530,21 +530,24 @@ def _world_size(mode: TrainingMode) -> int:
 
 def _publish(mode: TrainingMode, resuming: bool) -> None:
     """Once every rank has written all of the run's files: rank 0 moves them into the work directory
-    (:func:`course.results.publish_results`)."""
-    if dist.is_initialized() and mode.world_group is not None:
+    (:func:`course.results.publish_results`), and every rank returns once they are there."""
+    shared = dist.is_initialized() and mode.world_group is not None
+    if shared:
         dist.barrier(group=mode.world_group)
     if mode.rank == 0:
-        publish_results(mode.args.workdir, mode.results_prefix, _world_size(mode), resuming)
+        publish_results(mode.config.workdir, mode.results_prefix, _world_size(mode), resuming)
+    if shared:
+        dist.barrier(group=mode.world_group)  # (a rank may read its results as soon as run_epochs returns)
 
 
 def _run_epochs(mode: TrainingMode) -> list[str]:
-    args, data = mode.args, mode.data
+    config, data = mode.config, mode.data
     checkpoints = _Checkpoints(mode)
     first_epoch, resumed_step, done, restore_rng = checkpoints.resume()
     staging = _staging(mode, checkpoints.resuming)
     steps_before = resumed_step - (done["steps"] if done else 0)  # optimizer steps before this epoch
     written = []
-    for epoch in range(first_epoch, args.n_epochs):
+    for epoch in range(first_epoch, config.n_epochs):
         batches, n_steps = mode.epoch_batches(epoch)
         mode.train_mode()
         profiled = n_steps - (done["steps"] if done else 0) if epoch == first_epoch else 0  # the first epoch's
@@ -565,14 +568,14 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
         with trace.span("evaluation", "evaluation", mode.device, epoch=epoch):
             ev = mode.evaluation()
             loader = validation_loader(data.validation, ev.group, collate=data.collate,
-                                       max_batches=args.max_val_batches)
+                                       max_batches=config.max_val_batches)
             with trace.span("validation loss", "evaluation", mode.device):
                 validation_loss = evaluate_loss(ev.model, loader, ev.device, logits_fn=ev.logits_fn, group=ev.group)
             bleu, translations = float("nan"), []
-            if args.n_bleu:
-                with trace.span("translation and BLEU", "evaluation", mode.device, sentences=args.n_bleu):
-                    sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: args.n_bleu], ev.device,
-                                                    ev.group, max_length=args.model_max_length,
+            if config.n_bleu:
+                with trace.span("translation and BLEU", "evaluation", mode.device, sentences=config.n_bleu):
+                    sources, hyps, refs = translate(ev.model, data.tokenizer, data.test[: config.n_bleu], ev.device,
+                                                    ev.group, max_length=config.model_max_length,
                                                     logits_fn=ev.logits_fn)
                 bleu = corpus_bleu(hyps, refs)
                 translations = [{"source": s, "reference": r, "hypothesis": h} for s, h, r in zip(sources, hyps, refs)]
@@ -593,16 +596,16 @@ def _run_epochs(mode: TrainingMode) -> list[str]:
             "peak_memory_device": memory.peak_device, "peak_memory_bytes_by_device": memory.peak_bytes_by_device,
             **mode.epoch_extra(epoch, stats),
             **checkpoints.extra(),
-            "config": mode.config(),
+            "config": mode.record(),
         }
         prefix = mode.results_prefix
-        written.append(str(Path(args.workdir) / write_results(staging, mode.rank, epoch, payload, prefix=prefix).name))
+        written.append(str(Path(config.workdir) / write_results(staging, mode.rank, epoch, payload, prefix=prefix).name))
         if mode.rank == 0 and translations:
             write_json(staging / f"{prefix}translations_epoch{epoch}.json", translations)
-    if getattr(args, "export_hf", None):
+    if getattr(config, "export_hf", None):
         from course.hf_export import export_hf
 
-        folder = export_hf(mode.export_state(), args, data.tokenizer, mode=mode.mode, rank=mode.rank,
+        folder = export_hf(mode.export_state(), config, data.tokenizer, mode=mode.mode, rank=mode.rank,
                            group=mode.world_group)
         if mode.rank == 0:
             print(f"exported the model to {folder} (transformers: GPT2LMHeadModel.from_pretrained)", flush=True)

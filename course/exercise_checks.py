@@ -1,6 +1,6 @@
 """The one answer check of the notebooks' exercises: compare, say right or not yet, give a hint.
 
-A part's ``checks.py`` (e.g. ``data_parallel/checks.py``) works out each exercise's value from its formulas and
+A part's ``checks.py`` (e.g. ``data_parallel/labs/checks.py``) works out each exercise's value from its formulas and
 calls :func:`report` with the learner's answer.
 """
 from __future__ import annotations

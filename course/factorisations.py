@@ -2,7 +2,7 @@
 
 Used by the planner's ranked plans (:mod:`project.planner.search`), the fake world's sweep
 (:func:`project.planner.fake_mesh.sweep`) and the 3D factorisation benchmark
-(:mod:`three_d.factorisation_benchmark`): one enumeration, in one order, for all of them.
+(:mod:`three_d.labs.factorisation_benchmark`): one enumeration, in one order, for all of them.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GPU figures the notebooks show: read from the newest GPU report in ``results/gpu/``.
 
-``python project/gpu_report.py``, run on a machine with a GPU, writes ``results/gpu/<device>-<date>.json``
+``python project/tools/gpu_report.py``, run on a machine with a GPU, writes ``results/gpu/<device>-<date>.json``
 (the GPU tier on one GPU, the measured bf16 matrix-product peak beside the datasheet's, tokens/s and MFU of
 a GPT-2 in bf16, peak memory against the planner, activation checkpointing's recomputation on the GPU).
 Notebooks 05 (memory) and 06 (3D parallelism, MFU) print its figures with the device and date they were
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-KIND = "course GPU report"  # the "kind" of a report's JSON (project/gpu_report.py writes it)
+KIND = "course GPU report"  # the "kind" of a report's JSON (project/tools/gpu_report.py writes it)
 RESULTS = "results/gpu"     # where the reports go, relative to the repository
 REPORTS_DIR = Path(__file__).resolve().parent.parent / RESULTS
 PARTS = ("memory", "throughput")
@@ -48,7 +48,7 @@ def latest_report(folder=None) -> dict | None:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path.name} in {RESULTS if folder == REPORTS_DIR else folder} is not JSON ({exc}): "
-                             f"remove it or write it again with project/gpu_report.py") from None
+                             f"remove it or write it again with project/tools/gpu_report.py") from None
         if not isinstance(data, dict) or data.get("kind") != KIND or data.get("dry_run"):
             continue
         shown = f"{RESULTS}/{path.name}" if folder.resolve() == REPORTS_DIR.resolve() else path.name
@@ -147,7 +147,7 @@ def gpu_figures_text(part: str, folder=None) -> str:
     how to make one."""
     figures = gpu_figures(part, folder)
     if figures is None:
-        return (f"No GPU report yet ({RESULTS}/ holds none): run `python project/gpu_report.py` on a machine with a "
+        return (f"No GPU report yet ({RESULTS}/ holds none): run `python project/tools/gpu_report.py` on a machine with a "
                 f"CUDA GPU; it writes {RESULTS}/<device>-<date>.json, and this cell then shows its measured figures "
                 f"with the device and date.")
     width = max(len(r["figure"]) for r in figures["rows"])

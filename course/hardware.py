@@ -58,7 +58,7 @@ kernels reach, each from a named measurement:
 * ``memory_efficiency``: a memory-bound kernel streams at 88 % of the datasheet's HBM bandwidth — 1.80 of 2.04 TB/s
   measured on an A100 80 GB SXM by a bandwidth kernel, "around 90 %" the best of any kernel in NVIDIA's GTC 2025
   talk it cites (NVIDIA developer forum, "Trouble to reach peak bandwidth of A100", 2025); the same fraction is
-  taken for the other GPUs (an assumption until the course's GPU report measures it: ``project/gpu_report.py``);
+  taken for the other GPUs (an assumption until the course's GPU report measures it: ``project/tools/gpu_report.py``);
 * ``attention_efficiency``: FlashAttention-2's throughput as a fraction of the dense peak — on H100 by sequence
   length, forward and backward (:data:`FA2_H100_TABLE`: Shah et al. 2024, FlashAttention-3, Figs. 5 and 6, head
   dimension 128: 191 to 335 TFLOP/s forward, 214 to 322 backward), on A100 73 % (Dao 2023, FlashAttention-2,
@@ -101,7 +101,7 @@ ring/Simple: 8.4 us).
 
 :func:`datasheet_bf16_peak` finds the dense bf16 peak of a GPU by the name CUDA gives it
 (``torch.cuda.get_device_name``), for MFU and for the measured matrix-product peak of the GPU report
-(``project/gpu_report.py``): :data:`GPU_DATASHEETS`, the datasheets' "with sparsity" figures halved.
+(``project/tools/gpu_report.py``): :data:`GPU_DATASHEETS`, the datasheets' "with sparsity" figures halved.
 
 The CPU of this machine has no published figure that fits: the planner measures it (matrix-product
 FLOP/s per rank while every rank computes, gloo all-reduce times fitted to alpha-beta lines:

@@ -52,14 +52,14 @@ print(tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True))
 """
 
 
-def hf_config(args, tokenizer):
+def hf_config(config, tokenizer):
     """The ``transformers.GPT2Config`` the run's model was built from (``course.task.build_model``), with the
     course's end-of-target and padding tokens as ``eos_token_id`` and ``pad_token_id``."""
     from course.model import gpt2_config
 
-    config = gpt2_config(args.preset, tokenizer.vocab_size, n_positions=args.model_max_length, dropout=args.dropout)
-    config.eos_token_id, config.pad_token_id = tokenizer.eos_tgt_id, tokenizer.pad_id
-    return config
+    gpt2 = gpt2_config(config.preset, tokenizer.vocab_size, n_positions=config.model_max_length, dropout=config.dropout)
+    gpt2.eos_token_id, gpt2.pad_token_id = tokenizer.eos_tgt_id, tokenizer.pad_id
+    return gpt2
 
 
 def hf_tokenizer(tokenizer, model_max_length: int):
@@ -73,16 +73,16 @@ def hf_tokenizer(tokenizer, model_max_length: int):
                                    additional_special_tokens=[eos_src], model_max_length=model_max_length)
 
 
-def export_hf(state: dict[str, torch.Tensor], args, tokenizer, *, mode: str = "training", rank: int = 0,
+def export_hf(state: dict[str, torch.Tensor], config, tokenizer, *, mode: str = "training", rank: int = 0,
               group=None) -> Path:
     """Write ``state`` (a ``GPT2LMHeadModel`` state dict of full tensors) and the tokenizer as a Hugging Face
-    folder at ``args.export_hf`` (collective over ``group``, the run's world: every rank passes the
+    folder at ``config.export_hf`` (collective over ``group``, the run's world: every rank passes the
     state it holds; DCP writes each tensor once).
 
     Args:
         state: ``{"transformer.wte.weight": (vocab, n_embd), ..., "lm_head.weight": ...}``, every tensor
             the full one (the keys and shapes of ``course.model.build_gpt2``'s model).
-        args: the run's configuration (``preset``, ``model_max_length``, ``dropout``, ``export_hf``,
+        config: the run's configuration (``preset``, ``model_max_length``, ``dropout``, ``export_hf``,
             ``src_lang``, ``tgt_lang``).
         tokenizer: the run's :class:`course.tokenizer.CourseTokenizer`.
         mode: the training mode's name (for the model card).
@@ -95,7 +95,7 @@ def export_hf(state: dict[str, torch.Tensor], args, tokenizer, *, mode: str = "t
     """
     from course.checkpoint import save_final_weights
 
-    folder = Path(args.export_hf)
+    folder = Path(config.export_hf)
     tmp = folder.with_name(folder.name + ".tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,7 +104,7 @@ def export_hf(state: dict[str, torch.Tensor], args, tokenizer, *, mode: str = "t
         dist.barrier(group=group)
     weights = save_final_weights(state, tmp / "weights.pt", rank=rank, group=group)
     if rank == 0:
-        _write_folder(torch.load(weights, map_location="cpu", weights_only=True), args, tokenizer, mode, tmp, folder)
+        _write_folder(torch.load(weights, map_location="cpu", weights_only=True), config, tokenizer, mode, tmp, folder)
         weights.unlink()
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
@@ -113,26 +113,26 @@ def export_hf(state: dict[str, torch.Tensor], args, tokenizer, *, mode: str = "t
     return folder
 
 
-def _write_folder(state: dict, args, tokenizer, mode: str, tmp: Path, folder: Path) -> None:
+def _write_folder(state: dict, config, tokenizer, mode: str, tmp: Path, folder: Path) -> None:
     from transformers import GenerationConfig, GPT2LMHeadModel
 
-    config = hf_config(args, tokenizer)
-    model = GPT2LMHeadModel(config)
+    gpt2 = hf_config(config, tokenizer)
+    model = GPT2LMHeadModel(gpt2)
     expected = model.state_dict()
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     wrong = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
     if missing or extra or wrong:
-        raise ValueError(f"--export_hf: the {mode} model's weights are not the {args.preset} GPT-2's (missing "
+        raise ValueError(f"--export_hf: the {mode} model's weights are not the {config.preset} GPT-2's (missing "
                          f"{missing[:3]}, unexpected {extra[:3]}, misshaped {wrong[:3]})")
     model.load_state_dict(state)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_tgt_id, pad_token_id=tokenizer.pad_id,
-                                               max_length=config.n_positions, do_sample=False)
+                                               max_length=gpt2.n_positions, do_sample=False)
     model.save_pretrained(tmp)
-    hf_tokenizer(tokenizer, args.model_max_length).save_pretrained(tmp)
-    shape = args.model_shape
+    hf_tokenizer(tokenizer, config.model_max_length).save_pretrained(tmp)
+    shape = config.model_shape
     (tmp / "README.md").write_text(MODEL_CARD.format(
-        name=folder.name, preset=args.preset, n_layer=shape["n_layer"], n_embd=shape["n_embd"],
+        name=folder.name, preset=config.preset, n_layer=shape["n_layer"], n_embd=shape["n_embd"],
         n_head=shape["n_head"], vocab_size=tokenizer.vocab_size, mode=mode, src=tokenizer.src_lang,
         tgt=tokenizer.tgt_lang, folder=folder))
-    (tmp / "course_run.json").write_text(json.dumps({"mode": mode, "config": args.record()}, indent=1,
+    (tmp / "course_run.json").write_text(json.dumps({"mode": mode, "config": config.record()}, indent=1,
                                                     default=str))

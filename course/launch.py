@@ -20,7 +20,8 @@ that group's own communicator. ``LLMSYS_DEVICE`` (e.g. ``cpu``, set by the test 
 Every wait is bounded: the process group has a collective timeout, and the whole run a
 wall-clock limit. If a rank raises, the run ends with that rank's traceback
 (:class:`RankFailure`); if a rank hangs, the run ends naming the rank(s) that never reached
-the collective the others wait in (every rank reports its stack, :mod:`course.rank_watch`).
+the collective the others wait in (every rank reports its stack, :mod:`course.rank_watch`); which rank caused a
+failure, and the report's words, are :mod:`course.rank_failures`'.
 No process is left behind: the ranks die with the launcher, also when it is killed.
 ``max_restarts`` starts every rank again after a failure (the workers resume from their
 latest checkpoint, :mod:`course.checkpoint`); under torchrun, torchrun restarts them and each
@@ -36,7 +37,6 @@ import faulthandler
 import os
 import pickle
 import queue as queue_module
-import re
 import signal
 import socket
 import sys
@@ -54,8 +54,8 @@ import torch.multiprocessing as mp
 
 from course import launch_pool, nccl_rules
 from course.environment import in_torchrun
-from course.rank_watch import (death_report, die_with_parent, enable_stack_dumps, hang_report, name_process,
-                               where_ranks_are)
+from course.rank_failures import failure_report, first_lines, overrun_report
+from course.rank_watch import die_with_parent, enable_stack_dumps, name_process
 
 # Collective timeout of the process group (seconds): a rank blocked this long in a
 # collective raises instead of waiting forever.
@@ -65,17 +65,6 @@ DEVICE_ENV = "LLMSYS_DEVICE"
 # NCCL's watchdog (a thread of every rank) ends a rank whose collective outlived the group's timeout or
 # failed: 1 = abort the communicator, then tear the process down (SIGABRT). Set only where the user has not.
 NCCL_ENV_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-# How the transports word a wait that failed because of a peer — it died, left, or never came: gloo ("Connection
-# closed by peer", "Read error ...: Connection reset by peer", "Write error ...: Broken pipe", "Timed out waiting
-# ... for recv operation"), the TCP store ("failed to recv, got 0 bytes", "Connection refused", "Socket Timeout"),
-# NCCL ("ncclRemoteError: ... remote process exited or there was a network error", "ncclSystemError: ... unexpected
-# exit of a remote peer", "Watchdog caught collective operation timeout", "NCCL communicator was aborted", "Some
-# NCCL operations have failed or timed out"). A rank that raised one of these is a casualty, not the cause: the
-# launcher looks for the cause in the ranks' exit statuses and the order they ended in (:func:`cause_of_failure`).
-LOST_PEER = re.compile(
-    r"timed? ?out|timeout|connection (closed|reset) by (remote )?peer|broken pipe|connection refused|"
-    r"read error|write error|failed to recv|got 0 bytes|ncclRemoteError|remote process exit|remote peer|"
-    r"connection closure|communicator was aborted|watchdog|NCCL operations have failed", re.I)
 
 
 class RankFailure(RuntimeError):
@@ -177,7 +166,7 @@ def gpu_index(local_rank: int, n_local: int, visible: int) -> int:
     if n_local > visible:
         raise ValueError(f"{n_local} ranks on this node need {n_local} GPUs (one each), but {visible} "
                          f"{'is' if visible == 1 else 'are'} visible; start at most {visible} ranks per node "
-                         "(torchrun --nproc_per_node, --world_size) or use --device cpu")
+                         "(torchrun --nproc_per_node, or the run's mesh sizes --dp --pp --tp --cp) or use --device cpu")
     if not 0 <= local_rank < n_local:
         raise ValueError(f"LOCAL_RANK {local_rank} is outside 0..{n_local - 1}")
     return local_rank
@@ -481,7 +470,8 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
         RankFailure: a rank raised (its traceback), died without reporting (its exit status), or the run passed
             ``timeout`` seconds (the ranks that never came are named). When ranks fail together — one is killed and
             its peers lose their connection to it, one raises and the others' waits fail — the rank named is the
-            cause (:func:`cause_of_failure`), whatever words the transport used for the others' errors.
+            cause (:func:`course.rank_failures.cause_of_failure`), whatever words the transport used for the others'
+            errors.
     """
     world_size = len(procs)
     outputs: dict[int, Any] = {}
@@ -495,144 +485,14 @@ def collect_results(procs, results, stack_dir: Path, timeout: float | None) -> d
                 time.sleep(0.5)  # let a report still in the pipe arrive
                 if results.empty():
                     deaths = [r for r, p in enumerate(procs) if r not in outputs and not p.is_alive()]
-                    raise _failure(procs, results, outputs, stack_dir, {}, deaths)
+                    raise RankFailure(*failure_report(procs, results, outputs, stack_dir, {}, deaths))
             if deadline is not None and time.monotonic() > deadline:
-                running = [r for r in range(world_size) if r not in outputs]
-                where = where_ranks_are({r: procs[r].pid for r in running}, stack_dir)
-                raise RankFailure(running[0], f"rank(s) {running} did not finish within {timeout:.0f} s "
-                                              f"(hung in a collective?); ranks {sorted(outputs)} finished. "
-                                              f"{hang_report(where)}\nAll processes were stopped.")
+                raise RankFailure(*overrun_report(procs, outputs, stack_dir, timeout))
             continue
         if status == "error":
-            raise _failure(procs, results, outputs, stack_dir, {rank: value}, [])
+            raise RankFailure(*failure_report(procs, results, outputs, stack_dir, {rank: value}, []))
         outputs[rank] = pickle.loads(value)
     return outputs
-
-
-def cause_of_failure(errors: dict[int, str], deaths: list[int], exitcodes: dict[int, int | None]) -> tuple[str, int]:
-    """Which rank caused a failure, from what the launcher saw — not from any one library's words.
-
-    Args:
-        errors: ``{rank: traceback}`` of the ranks that reported an error, in the order they arrived.
-        deaths: the ranks that ended without reporting, in the order they were seen to end.
-        exitcodes: each rank's exit status (negative: killed by that signal).
-
-    Returns:
-        ``("died", rank)``: the first rank that died of anything but SIGABRT (SIGKILL, a crash, an exit code) —
-        a dead rank cannot have been killed by its peers' errors, and NCCL's watchdog aborts a rank (SIGABRT) *after*
-        a peer failed; else ``("raised", rank)``: the first rank whose error is its own (not a lost-peer or timed-out
-        wait, :data:`LOST_PEER`); else ``("died", rank)``: the first rank aborted (SIGABRT); else ``("lost", rank)``:
-        every error is a wait that failed on a peer that is still alive (a hang or a deadlock: the caller asks where
-        each rank is); ``rank`` is then the first to report.
-
-    Raises:
-        ValueError: neither an error nor a death to go by.
-    """
-    abort = -signal.SIGABRT
-    hard = [r for r in deaths if exitcodes.get(r) != abort]
-    if hard:
-        return "died", hard[0]
-    own = [r for r, text in errors.items() if not LOST_PEER.search(text)]
-    if own:
-        return "raised", own[0]
-    if deaths:
-        return "died", deaths[0]
-    if errors:
-        return "lost", next(iter(errors))
-    raise ValueError("no error and no death to find a cause in")
-
-
-# A peer's connection closed under a rank: the peer's process ended (or left its group) — its death, if it died, is
-# on its way to the launcher (the fork server reports it), so the launcher waits a little longer for it.
-_CONNECTION_LOST = re.compile(r"closed by (remote )?peer|reset by (remote )?peer|broken pipe|got 0 bytes|"
-                              r"failed to recv|remote process exit|remote peer|connection closure", re.I)
-
-
-def _settle(procs, results, outputs: dict, errors: dict, deaths: list, grace: float = 1.0,
-            lost_grace: float = 5.0) -> None:
-    """After a first failure, gather the others for up to ``grace`` seconds, in the order they come (into ``errors``
-    and ``deaths``, in place), until every rank has returned, reported or ended: a killed rank's peers report a lost
-    connection at about the time it is seen to die, and which came first is what names the cause. While every error
-    is a closed connection and no death is seen yet, up to ``lost_grace`` seconds (a loaded machine's fork server
-    may take that long to report the death that closed it)."""
-    start = time.monotonic()
-    while True:
-        for r, p in enumerate(procs):
-            if r not in outputs and r not in errors and r not in deaths and not p.is_alive() and \
-                    p.exitcode not in (0, None):
-                deaths.append(r)
-        if all(r in outputs or r in errors or r in deaths for r in range(len(procs))):
-            return
-        waited = time.monotonic() - start
-        peer_closed = errors and not deaths and all(_CONNECTION_LOST.search(v) for v in errors.values())
-        if waited > (lost_grace if peer_closed else grace):
-            return
-        try:
-            other, status, value = results.get(timeout=0.05)
-        except queue_module.Empty:
-            continue
-        if status == "error":
-            errors.setdefault(other, value)
-        else:
-            outputs[other] = pickle.loads(value)
-
-
-def _failure(procs, results, outputs: dict, stack_dir, errors: dict, deaths: list) -> RankFailure:
-    """The :class:`RankFailure` of a run in which ``errors`` (``{rank: traceback}``) were reported and ``deaths``
-    seen: the others are gathered (:func:`_settle`), the cause is named (:func:`cause_of_failure`), and the rest say
-    what happened to them."""
-    stack_dir = Path(stack_dir)
-    _settle(procs, results, outputs, errors, deaths)
-    kind, rank = cause_of_failure(errors, deaths, {r: p.exitcode for r, p in enumerate(procs)})
-    casualties = "".join(f"\nrank {r} then raised (its peer was gone): {_last_line(v)}" for r, v in errors.items()
-                         if r != rank)
-    casualties += "".join(f"\n{death_report(r, procs[r].exitcode, stack_dir / f'rank{r}.stack')} (after rank {rank})"
-                          for r in deaths if r != rank)
-    if kind == "died":
-        where = _whereabouts(procs, {**outputs, **errors}, stack_dir, exclude=rank)  # those still running, silent
-        return RankFailure(rank, death_report(rank, procs[rank].exitcode, stack_dir / f"rank{rank}.stack") + casualties
-                           + ("\n" + hang_report(where) if where else ""))
-    value = errors[rank]
-    if kind == "raised":
-        return RankFailure(rank, f"rank {rank} raised:\n{value}{casualties}")
-    # every report is a wait that failed on a living peer: the cause is a rank that never came
-    head, report = f"rank {rank} raised", ""
-    waited = {r: v for r, v in errors.items() if r != rank}
-    where = {r: w for r, w in _whereabouts(procs, outputs, stack_dir, exclude=rank).items() if r not in waited}
-    absent = sorted(r for r, w in where.items() if not w.in_collective)
-    if absent:
-        head = (f"rank(s) {absent} never reached the collective that rank {rank} timed out in; "
-                f"rank {rank} raised")
-    elif waited:
-        head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
-                f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
-                f"raised")
-    elif outputs:  # the peers it waited for had returned: they skipped the collective
-        head = (f"rank(s) {sorted(outputs)} had already returned when rank {rank} timed out waiting "
-                f"in a collective (or lost its peer in it): they never posted it; rank {rank} raised")
-    report = "\n" + hang_report(where) if where else ""
-    report += "".join(f"\n  rank {r}: timed out waiting at {_innermost_frame(v)}" for r, v in sorted(waited.items()))
-    return RankFailure(rank, f"{head}:\n{value}{report}")
-
-
-def _last_line(traceback_text: str) -> str:
-    """The exception line of a traceback (its last non-empty line)."""
-    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(no traceback)"
-
-
-def _innermost_frame(traceback_text: str) -> str:
-    """``path:line in function`` of the innermost frame of a traceback outside torch (the caller's wait)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
-    library = re.compile(r"/site-packages/|/torch/|(^|/)course/[^/]+\.py$")  # torch's and the course library's
-    own = [f for f in frames if not library.search(f[0]) or "/tests/" in f[0]] or frames
-    return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else "(no traceback)"
-
-
-def _whereabouts(procs, outputs, stack_dir, exclude: int) -> dict:
-    """Where the other ranks still running are: ``{rank: RankWhereabouts}`` (empty if none runs)."""
-    running = {r: p.pid for r, p in enumerate(procs) if r not in outputs and r != exclude and p.is_alive()}
-    return where_ranks_are(running, Path(stack_dir)) if running else {}
 
 
 _JOINS = [0]  # groups this process has joined under torchrun (a script may launch several times)
@@ -655,20 +515,11 @@ def _attempt_store(rank: int, world_size: int, timeout: float):
     return dist.PrefixStore(f"llmsys_attempt{attempt}", store)
 
 
-def _first_lines(rank: int, exc: BaseException) -> str:
-    """``rank r failed: Type: message`` and the innermost line of the course's or the user's code."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "site-packages" not in f.filename and "/lib/python" not in f.filename]
-    where = f"\n  at {frames[-1].filename}:{frames[-1].lineno}: {(frames[-1].line or '').strip()}" if frames else ""
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return f"rank {rank} failed: {text[0] if text else type(exc).__name__}{where}"
-
-
 def _join_torchrun(worker, world_size, args, device, backend, collective_timeout):
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(f"world_size {world_size} does not match torchrun's WORLD_SIZE={env_world}; "
-                         "leave --world_size out or make them agree")
+                         "leave the mesh sizes (--dp --pp --tp --cp) out or make them agree")
     rank = int(os.environ["RANK"])
     local_rank = local_rank_from_env(rank, world_size)
     die_with_parent(os.getppid())  # the torchrun agent
@@ -684,7 +535,7 @@ def _join_torchrun(worker, world_size, args, device, backend, collective_timeout
     try:
         return {rank: worker(rank, world_size, *args)}
     except BaseException as exc:
-        print(_first_lines(rank, exc), file=sys.stderr, flush=True)
+        print(first_lines(rank, exc), file=sys.stderr, flush=True)
         raise
     finally:
         teardown_worker()

@@ -3,7 +3,7 @@
 Presets (``PRESETS``):
 
 * ``tiny``   — 4 layers, 128 wide, 4 heads: the CPU default; an epoch of Multi30k
-  takes a few minutes on 2 cores. Divisible for 2 or 4 pipeline stages and tp_size 2 or 4.
+  takes a few minutes on 2 cores. Divisible for 2 or 4 pipeline stages and tp 2 or 4.
 * ``small``  — 6 layers, 384 wide, 6 heads: a laptop-GPU size.
 * ``gpt2``   — the 124M GPT-2 of Radford et al. 2019 (12 layers, 768 wide, 12 heads), for GPUs.
 * ``gpt2-xl`` — the 1.5B GPT-2 (48 layers, 1600 wide, 25 heads; Radford et al. 2019, Table 2): a model

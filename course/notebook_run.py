@@ -1,7 +1,7 @@
 """How big a notebook's runs are: full (what the committed outputs show) or quick (the test suite).
 
 The notebooks are executed twice over their lives: once with their full sizes by
-``python project/execute_notebooks.py``, whose outputs are committed (what a reader sees on the
+``python project/tools/execute_notebooks.py``, whose outputs are committed (what a reader sees on the
 repository's page and the course's site), and on every test run (``pytest`` executes each notebook
 top to bottom with :func:`execute`, ``conftest.py``) to prove that its cells still run. The second
 only has to show that the code runs, and the whole suite has a time budget, so the test suite sets
@@ -15,7 +15,7 @@ a notebook by hand gets the full sizes (the variable is unset).
 
 Every notebook's first code cell ends with :func:`print_machine`: the first output of a notebook says which
 machine its numbers come from and how loaded it was (``course.benchmarking``'s measurement protocol;
-``project/execute_notebooks.py`` checks the machine before the run and hands its record to the kernel).
+``project/tools/execute_notebooks.py`` checks the machine before the run and hands its record to the kernel).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 QUICK_ENV = "LLMSYS_NOTEBOOK_QUICK"
-# The machine record project/execute_notebooks.py made before the run (JSON of machine_record()), read by
+# The machine record project/tools/execute_notebooks.py made before the run (JSON of machine_record()), read by
 # print_machine() in the notebook's kernel.
 MACHINE_ENV = "LLMSYS_NOTEBOOK_MACHINE"
 
@@ -75,12 +75,12 @@ def machine_line(info: dict, checked_by: str | None = None) -> str:
 
 
 def print_machine() -> None:
-    """Print the machine this notebook runs on (:func:`machine_line`): the record ``project/execute_notebooks.py``
+    """Print the machine this notebook runs on (:func:`machine_line`): the record ``project/tools/execute_notebooks.py``
     made before the run (environment variable ``LLMSYS_NOTEBOOK_MACHINE``), else one measured now. Called at the
     end of every notebook's first code cell, so that it is the notebook's first output."""
     given = os.environ.get(MACHINE_ENV)
     if given:
-        print(machine_line(json.loads(given), checked_by="project/execute_notebooks.py"))
+        print(machine_line(json.loads(given), checked_by="project/tools/execute_notebooks.py"))
         return
     import torch
 

@@ -26,28 +26,28 @@ class Data:
     collate: Collate
 
 
-def prepare_data(args) -> Data:
+def prepare_data(config) -> Data:
     """Load the corpus, get the (cached) tokenizer, and make every split a dataset tokenized as it is read.
 
-    ``args`` is the run's configuration (:class:`course.config.RunConfig`).
+    ``config`` is the run's configuration (:class:`course.config.RunConfig`).
     """
-    Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    corpus = load_translation_dataset(args.dataset, args.data_dir, args.src_lang, args.tgt_lang)
-    first = args.max_train_examples
+    Path(config.workdir).mkdir(parents=True, exist_ok=True)
+    corpus = load_translation_dataset(config.dataset, config.data_dir, config.src_lang, config.tgt_lang)
+    first = config.max_train_examples
     if first is not None and first < len(corpus["train"]):  # quick runs and tests: a slice of the training pairs
         corpus["train"] = corpus["train"].select(range(first))
-    tokenizer = get_tokenizer(corpus, args.workdir, args.vocab_size, args.src_lang, args.tgt_lang, args.dataset,
+    tokenizer = get_tokenizer(corpus, config.workdir, config.vocab_size, config.src_lang, config.tgt_lang, config.dataset,
                               train_examples=first)
-    splits = {name: EncodedPairs(corpus[name], tokenizer, args.src_lang, args.tgt_lang)
+    splits = {name: EncodedPairs(corpus[name], tokenizer, config.src_lang, config.tgt_lang)
               for name in ("train", "validation", "test")}
     return Data(tokenizer, splits["train"], splits["validation"], splits["test"],
-                make_collate(tokenizer, args.model_max_length))
+                make_collate(tokenizer, config.model_max_length))
 
 
-def build_model(args, vocab_size: int, **overrides):
-    """The GPT-2 of ``args.preset`` (dropout ``args.dropout``) with the same initial weights on every rank (seeded)."""
-    return build_gpt2(args.preset, vocab_size, n_positions=args.model_max_length, dropout=args.dropout,
-                      seed=args.seed, **overrides)
+def build_model(config, vocab_size: int, **overrides):
+    """The GPT-2 of ``config.preset`` (dropout ``config.dropout``) with the same initial weights on every rank (seeded)."""
+    return build_gpt2(config.preset, vocab_size, n_positions=config.model_max_length, dropout=config.dropout,
+                      seed=config.seed, **overrides)
 
 
 def worker_env_quiet() -> None:

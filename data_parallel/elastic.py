@@ -82,14 +82,14 @@ class ElasticTraining(DataParallelTraining):
 
     mode = "data_parallel"
 
-    def __init__(self, args, data, device, model, optimizer, dp_group, *, micro_batches: int, nodes: list[dict],
+    def __init__(self, config, data, device, model, optimizer, dp_group, *, micro_batches: int, nodes: list[dict],
                  **kwargs):
-        super().__init__(args, data, device, model, optimizer, dp_group, **kwargs)
+        super().__init__(config, data, device, model, optimizer, dp_group, **kwargs)
         self.micro_batches = micro_batches
         self.mine = my_micro_batches(self.dp_rank, self.dp_size, micro_batches)
-        self.micro_batch_size = args.batch_size // micro_batches
+        self.micro_batch_size = config.batch_size // micro_batches
         self.nodes = nodes
-        self.log = log_path(args.workdir, self.results_prefix)
+        self.log = log_path(config.workdir, self.results_prefix)
         self.attempt = None  # this attempt's number in the log (rank 0), once its first step starts
         self.back_at = None  # rank 0: the step after which the last restart's cost is known
 
@@ -98,10 +98,10 @@ class ElasticTraining(DataParallelTraining):
     def epoch_steps(self, epoch: int) -> list[list[int]]:
         """The epoch's global batches: positions in the training set, ``B`` each (full batches only), at most
         ``--max_batches``."""
-        args = self.args
-        batches = global_batch_indices(len(self.data.train), args.batch_size, 1, args.seed + epoch)
-        batches = [b for b in batches if len(b) == args.batch_size]
-        return batches if args.max_batches is None else batches[: args.max_batches]
+        config = self.config
+        batches = global_batch_indices(len(self.data.train), config.batch_size, 1, config.seed + epoch)
+        batches = [b for b in batches if len(b) == config.batch_size]
+        return batches if config.max_batches is None else batches[: config.max_batches]
 
     def epoch_batches(self, epoch: int):
         """Each step's ``{"step": global step, "positions": [this rank's micro-batches' positions]}`` (the
@@ -157,11 +157,11 @@ class ElasticTraining(DataParallelTraining):
         self.attempt = 1 + max((e["attempt"] for e in earlier), default=0)
         append_event(self.log, {"event": "start", "attempt": self.attempt, "time": time.time(),
                                 "world_size": self.dp_size, "resumed_step": resumed_step, "nodes": self.nodes,
-                                "nnodes": self.args.elastic, "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
+                                "nnodes": self.config.elastic, "run_id": os.environ.get("TORCHELASTIC_RUN_ID")})
         changes = restarts(read_events(self.log))
         if changes:
             last = changes[-1]
-            print(describe_restart(last, self.args.elastic), flush=True)
+            print(describe_restart(last, self.config.elastic), flush=True)
             self.back_at = last["interrupted_after"]
             if not last["steps_redone"]:
                 print(describe_cost(last), flush=True)
@@ -186,17 +186,17 @@ class ElasticTraining(DataParallelTraining):
         if self.rank == 0:
             record = [summary(read_events(self.log))]
         dist.broadcast_object_list(record, src=0, group=self.world_group)
-        low, high = parse_nnodes(self.args.elastic)
+        low, high = parse_nnodes(self.config.elastic)
         return {**super().epoch_extra(epoch, stats),
-                "elastic": {"nnodes": self.args.elastic, "min_nodes": low, "max_nodes": high,
+                "elastic": {"nnodes": self.config.elastic, "min_nodes": low, "max_nodes": high,
                             "max_restarts": int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)),
                             "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
                             "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.dp_size)),
                             "micro_batches_per_step": self.micro_batches, "micro_batch_size": self.micro_batch_size,
                             "log": str(self.log), **record[0]}}
 
-    def config(self) -> dict:
-        return {**super().config(), "per_rank_batch_size": len(self.mine) * self.micro_batch_size,
+    def record(self) -> dict:
+        return {**super().record(), "per_rank_batch_size": len(self.mine) * self.micro_batch_size,
                 "micro_batches_per_step": self.micro_batches, "micro_batches_per_rank": len(self.mine),
                 "grad_sync": "average_gradients, micro-batches accumulated"}
 
@@ -207,7 +207,7 @@ def node_of_this_rank(rank: int) -> dict:
             "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), "rank": rank}
 
 
-def elastic_training(rank: int, config, data, device, mesh) -> ElasticTraining:
+def elastic_training(config, data, mesh) -> ElasticTraining:
     """This rank's :class:`ElasticTraining` over ``mesh.dp_group`` (``config.elastic`` set, under torchrun):
     the GPT-2 and AdamW of :func:`data_parallel.training.dp_training`, ``M`` from ``--elastic`` and torchrun's
     ``LOCAL_WORLD_SIZE``, every rank's node gathered for the log (collective over the world). On CPU an explicit
@@ -221,12 +221,12 @@ def elastic_training(rank: int, config, data, device, mesh) -> ElasticTraining:
     if threads.isdigit() and int(threads) > 0:  # several agents may share a machine (project/elastic_demo.py): the
         torch.set_num_threads(int(threads))  # launcher's cores / LOCAL_WORLD_SIZE would count this agent's ranks only
     everyone = [None] * mesh.world_size
-    dist.all_gather_object(everyone, node_of_this_rank(rank), group=mesh.group("world"))
+    dist.all_gather_object(everyone, node_of_this_rank(mesh.rank), group=mesh.group("world"))
     nodes = {}
     for n in everyone:
         key = (n["host"], n["agent_pid"])
         nodes.setdefault(key, {**{k: n[k] for k in ("host", "agent_pid", "restart_count")}, "ranks": []})
         nodes[key]["ranks"].append(n["rank"])
     micro = micro_batches_per_step(config.elastic, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return dp_training(rank, config, data, device, mesh, kind=ElasticTraining, micro_batches=micro,
+    return dp_training(config, data, mesh, kind=ElasticTraining, micro_batches=micro,
                        nodes=list(nodes.values()))

@@ -1,7 +1,7 @@
-"""Assignment 5.1.3 — data-parallel training of GPT-2: the training mode and the per-rank worker.
+"""Assignment 5.1.3 — data-parallel training of GPT-2: the training mode and its builder.
 
-:func:`run_dp` is the worker that ``project/run_data_parallel.py`` launches on every rank
-(``course.launch.launch(run_dp, world_size, args)``). Each rank holds a full replica of
+:func:`dp_training` builds what ``project/run_data_parallel.py`` (``project/train.py --mode dp``) trains on every
+rank. Each rank holds a full replica of
 the model, trains on its own shard of every global batch, and averages gradients over the
 data-parallel group before each optimizer step, so the replicas never diverge.
 :class:`DataParallelTraining` says what one epoch and one step are; the shared epoch
@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
+from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, supervised_step
 from course.launch import context
 from course.mesh import Mesh
 from course.model import parameter_fingerprint
-from course.task import build_model, prepare_data, worker_env_quiet
+from course.task import build_model
 from data_parallel.data_order import DATA_ORDER, regrouped_batches
 from data_parallel.gradients import average_gradients
 from data_parallel.partition import partition_dataset
@@ -42,7 +42,7 @@ class DataParallelTraining(TrainingMode):
         model, optimizer: this rank's replica and its optimizer.
         dp_group: the data-parallel group; ``dp_rank``/``dp_size`` are this rank's place in it.
         sharding: optional; an object that does the whole training step instead (``train_step(batch,
-            device)``, ``begin_evaluation()``, ``summon_full_params()``, ``config()``), e.g.
+            device)``, ``begin_evaluation()``, ``summon_full_params()``, ``record()``), e.g.
             ``memory.training.ShardedStep`` for ``--zero``, ``--activation_checkpointing``, ``--precision``;
             None (default): plain data parallelism.
         grad_sync: None: :func:`average_gradients` after the backward pass. Otherwise an object
@@ -54,8 +54,8 @@ class DataParallelTraining(TrainingMode):
 
     mode = "data_parallel"
 
-    def __init__(self, args, data, device, model, optimizer, dp_group, sharding=None, grad_sync=None, **kwargs):
-        super().__init__(args, data, device, **kwargs)
+    def __init__(self, config, data, device, model, optimizer, dp_group, sharding=None, grad_sync=None, **kwargs):
+        super().__init__(config, data, device, **kwargs)
         if sharding is not None and grad_sync is not None:
             raise ValueError("give a sharding (it does its own gradient communication) or a grad_sync, not both")
         self.model, self.optimizer, self.dp_group = model, optimizer, dp_group
@@ -73,21 +73,21 @@ class DataParallelTraining(TrainingMode):
         return parameter_fingerprint(SimpleNamespace(parameters=lambda: params))
 
     def epoch_batches(self, epoch: int):
-        """This rank's shard of the epoch (a new shuffle each epoch: seed ``args.seed + epoch``),
+        """This rank's shard of the epoch (a new shuffle each epoch: seed ``config.seed + epoch``),
         and the number of steps every rank of the dp group can take."""
-        args, data = self.args, self.data
+        config, data = self.config, self.data
         loader = steps = None
         # BEGIN ASSIGN5_1_3
-        loader = partition_dataset(self.dp_rank, self.dp_size, data.train, args.batch_size, data.collate,
-                                   seed=args.seed + epoch)
-        steps = common_steps(len(loader), args.max_batches, self.dp_group)
+        loader = partition_dataset(self.dp_rank, self.dp_size, data.train, config.batch_size, data.collate,
+                                   seed=config.seed + epoch)
+        steps = common_steps(len(loader), config.max_batches, self.dp_group)
         # END ASSIGN5_1_3
         self.order_dp = self.dp_size
         if self.resumed_order is not None and self.resumed_order[0] == epoch and self.resumed_order[1] != self.dp_size:
             # resumed at another dp in mid-epoch: the epoch keeps the global batches of the run that began it
             self.order_dp = self.resumed_order[1]
-            loader, steps = regrouped_batches(data.train, args.batch_size, data.collate, args.seed + epoch,
-                                              self.order_dp, self.dp_rank, self.dp_size, args.max_batches)
+            loader, steps = regrouped_batches(data.train, config.batch_size, data.collate, config.seed + epoch,
+                                              self.order_dp, self.dp_rank, self.dp_size, config.max_batches)
         return loader, steps
 
     # ---- checkpoints: model and optimizer (ZeRO: memory.sharded_checkpoint), and the data order ----
@@ -146,79 +146,54 @@ class DataParallelTraining(TrainingMode):
             extra.update(self.sharding.epoch_extra(stats["steps"]))
         return extra
 
-    def config(self) -> dict:
-        return {**self.args.record(), "world_size": self.dp_size, "mode": self.mode,
-                "per_rank_batch_size": self.args.batch_size // self.dp_size,
+    def record(self) -> dict:
+        return {**self.config.record(), "world_size": self.dp_size, "mode": self.mode,
+                "per_rank_batch_size": self.config.batch_size // self.dp_size,
                 "grad_sync": "average_gradients" if self.grad_sync is None else type(self.grad_sync).__name__,
-                **(self.sharding.config() if self.sharding is not None else {})}
+                **(self.sharding.record() if self.sharding is not None else {})}
 
     def progress_desc(self, epoch: int) -> str:
         return f"epoch {epoch} (rank 0 of {self.dp_size})"
 
 
-def run_dp(rank: int, world_size: int, args, make_sharding=None, grad_sync_factory=None) -> dict:
-    """Train ``args.n_epochs`` epochs data-parallel; write ``rank{r}_results_epoch{e}.json``.
-
-    Args:
-        args: the run's configuration (``project/run_data_parallel.py``'s ``DataParallelConfig``;
-            ``batch_size`` is global).
-        grad_sync_factory: None, or ``factory(args, model, dp_group)`` returning the
-            ``grad_sync`` of :class:`DataParallelTraining` (a module-level function: it is
-            pickled to the ranks).
-
-    In epoch e, rank r trains on ``partition_dataset(r, world_size, train, batch_size,
-    collate, seed=args.seed + e)`` — a new shuffle each epoch, the same on every rank —
-    for the number of batches every rank has, averaging gradients after each backward.
-    With ``args.save_checkpoint``, the final weights go to ``<workdir>/checkpoint_data_parallel.pt``
-    (a ``torch.save`` file made from a DCP checkpoint, :func:`course.checkpoint.save_final_weights`).
-
-    ``make_sharding(model, args, dp_group, mesh)`` (optional, picklable) builds the object that does
-    the training step instead (:class:`DataParallelTraining`'s ``sharding``); its ``optimizer``
-    is the run's optimizer.
-
-    Returns:
-        ``{"results": [paths], "initial_sha256": ..., "final_sha256": ...}`` — the
-        fingerprints of the weights before and after training (equal across ranks when
-        data parallelism is right).
-    """
-    worker_env_quiet()
-    device = context().device
-    mesh = Mesh.build(dp=world_size)
-    mode = dp_training(rank, args, prepare_data(args), device, mesh, make_sharding, grad_sync_factory)
-    written = run_epochs(mode)
-    final_sha = mode.fingerprint()
-    save_final_checkpoint(mode, mesh)
-    return {"results": written, "initial_sha256": mode.initial_sha, "final_sha256": final_sha}
-
-
 def save_final_checkpoint(mode: DataParallelTraining, mesh: Mesh) -> None:
-    """With ``--save_checkpoint`` (``mode.args.save_checkpoint``), after training: the final weights, gathered from
+    """With ``--save_checkpoint`` (``mode.config.save_checkpoint``), after training: the final weights, gathered from
     their shards under ZeRO-3, to ``<workdir>/checkpoint_data_parallel.pt`` (a ``torch.save`` file made from a DCP
     checkpoint, :func:`course.checkpoint.save_final_weights`). Collective over ``mesh.dp_group``; nothing without
     the option."""
-    if not mode.args.save_checkpoint:
+    if not mode.config.save_checkpoint:
         return
     from course.checkpoint import save_final_weights
 
     with mode.sharding.summon_full_params() if mode.sharding is not None else contextlib.nullcontext():
         save_final_weights({k: v.detach().clone() for k, v in mode.model.state_dict().items()},
-                           Path(mode.args.workdir) / "checkpoint_data_parallel.pt", rank=mode.rank,
+                           Path(mode.config.workdir) / "checkpoint_data_parallel.pt", rank=mode.rank,
                            group=mesh.dp_group)
 
 
-def dp_training(rank: int, args, data, device, mesh: Mesh, make_sharding=None, grad_sync_factory=None, *,
-                kind: type | None = None, **extra) -> DataParallelTraining:
-    """This rank's :class:`DataParallelTraining` over ``mesh.dp_group``: the GPT-2 of ``args`` (same seed
-    on every rank) on ``device``, AdamW at ``args.learning_rate`` — or the optimizer of the sharding that
-    ``make_sharding(model, args, dp_group, mesh)`` builds — and the ``grad_sync`` of ``grad_sync_factory(args,
-    model, dp_group)`` (see :func:`run_dp`). What :func:`run_dp` trains; the parity harness
-    (``project/parity.py``) steps it directly. ``kind``: a subclass of :class:`DataParallelTraining` to build
-    instead, with ``extra`` keyword arguments (:class:`data_parallel.elastic.ElasticTraining`)."""
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    sharding = make_sharding(model, args, mesh.dp_group, mesh) if make_sharding is not None else None
+def dp_training(config, data, mesh: Mesh, *, kind: type | None = None, **extra) -> DataParallelTraining:
+    """This rank's :class:`DataParallelTraining` over ``mesh.dp_group``: the GPT-2 of ``config`` (same seed on every
+    rank) on the worker's device, with what the run's options ask for — the memory part's sharded step for
+    ``--zero``, ``--activation_checkpointing`` or ``--precision bf16`` (:func:`memory.build_sharding`: its
+    optimizer), else the communication part's synchroniser for ``--bucket_mb``, ``--overlap`` or
+    ``--compression`` (:func:`communication.build_grad_sync`), else AdamW at ``config.learning_rate`` with
+    :func:`average_gradients` after each backward pass. What ``project/train.py --mode dp`` trains; the parity
+    harness (``project/tools/parity.py``) steps it directly. ``kind``: a subclass of :class:`DataParallelTraining`
+    to build instead, with ``extra`` keyword arguments (``--elastic``: :func:`data_parallel.elastic.elastic_training`
+    builds its :class:`data_parallel.elastic.ElasticTraining` so)."""
+    device = context().device
+    model = build_model(config, data.tokenizer.vocab_size).to(device)
+    sharding = grad_sync = None
+    if config.memory_options():
+        from memory import build_sharding
+
+        sharding = build_sharding(model, config, mesh.dp_group, mesh)
+    elif config.communication_options():
+        from communication import build_grad_sync
+
+        grad_sync = build_grad_sync(config, model, mesh.dp_group)
     optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
-                                                                                   lr=args.learning_rate)
-    grad_sync = grad_sync_factory(args, model, mesh.dp_group) if grad_sync_factory is not None else None
-    return (kind or DataParallelTraining)(args, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
-                                          grad_sync=grad_sync, rank=rank, world_group=mesh.group("world"),
-                                          throughput_group=mesh.dp_group, show_progress=rank == 0, **extra)
+                                                                                   lr=config.learning_rate)
+    return (kind or DataParallelTraining)(config, data, device, model, optimizer, mesh.dp_group, sharding=sharding,
+                                          grad_sync=grad_sync, rank=mesh.rank, world_group=mesh.group("world"),
+                                          throughput_group=mesh.dp_group, show_progress=mesh.rank == 0, **extra)

@@ -50,15 +50,15 @@ class FaultTolerantTraining(TrainingMode):
 
     mode = "fault_tolerant"
 
-    def __init__(self, args, data, device, model, optimizer, manager, mesh, info, **kwargs):
-        super().__init__(args, data, device, **kwargs)
+    def __init__(self, config, data, device, model, optimizer, manager, mesh, info, **kwargs):
+        super().__init__(config, data, device, **kwargs)
         self.model, self.optimizer, self.manager, self.mesh, self.info = model, optimizer, manager, mesh, info
-        self.results_prefix = args.group_prefix(info.group)  # each group its own results files and checkpoints
+        self.results_prefix = config.group_prefix(info.group)  # each group its own results files and checkpoints
         self.dp_group = mesh.dp_group
-        self.shards = args.replicas * args.dp
-        self.shard = info.group * args.dp + mesh.dp_rank
-        self.steps_per_epoch = len(self._loader(0)) if args.max_batches is None else \
-            min(args.max_batches, len(self._loader(0)))
+        self.shards = config.replicas * config.dp
+        self.shard = info.group * config.dp + mesh.dp_rank
+        self.steps_per_epoch = len(self._loader(0)) if config.max_batches is None else \
+            min(config.max_batches, len(self._loader(0)))
         self._cached: tuple[int, list] | None = None
         self.log: list[dict] = []  # per committed step: step, live groups, loss
         self.aborted: list[int] = []  # steps whose attempt was aborted (a group failed in it)
@@ -67,9 +67,9 @@ class FaultTolerantTraining(TrainingMode):
     # ---- data: the batch of a step, whichever step the quorum is at ----
     def _loader(self, epoch: int) -> DataLoader:
         sampler = DistributedSampler(self.data.train, num_replicas=self.shards, rank=self.shard, shuffle=True,
-                                     seed=self.args.seed, drop_last=True)
+                                     seed=self.config.seed, drop_last=True)
         sampler.set_epoch(epoch)
-        return DataLoader(self.data.train, batch_size=self.args.batch_size // self.shards, sampler=sampler,
+        return DataLoader(self.data.train, batch_size=self.config.batch_size // self.shards, sampler=sampler,
                           collate_fn=self.data.collate, drop_last=True)
 
     def batch_for(self, step: int) -> dict:
@@ -142,7 +142,7 @@ class FaultTolerantTraining(TrainingMode):
     def load_checkpoint_state(self, state: dict) -> None:
         super().load_checkpoint_state(state)
         step = int(state["progress"]["global_step"])
-        self.manager.load_state_dict({"step": step, "batches_committed": step * self.args.replicas})
+        self.manager.load_state_dict({"step": step, "batches_committed": step * self.config.replicas})
         report("resumed", step)
 
     def evaluation(self) -> Evaluation:
@@ -153,12 +153,12 @@ class FaultTolerantTraining(TrainingMode):
                 "aborted_steps": list(self.aborted), "healed_at_steps": list(self.healed),
                 "replica_group": self.info.group, "incarnation": self.info.incarnation}
 
-    def config(self) -> dict:
-        return {**self.args.record(), "mode": self.mode, "replica_group": self.info.group,
-                "per_group_batch_size": self.args.batch_size // self.args.replicas}
+    def record(self) -> dict:
+        return {**self.config.record(), "mode": self.mode, "replica_group": self.info.group,
+                "per_group_batch_size": self.config.batch_size // self.config.replicas}
 
     def progress_desc(self, epoch: int) -> str:
-        return f"epoch {epoch} (replica group {self.info.group} of {self.args.replicas})"
+        return f"epoch {epoch} (replica group {self.info.group} of {self.config.replicas})"
 
 
 def make_manager(config, model, optimizer, mesh, info, device):

@@ -66,7 +66,6 @@ import os
 import resource
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +79,7 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
 from course.cli import OptionParser  # noqa: E402
 from instructor.keys import KEYS  # noqa: E402
 from instructor.leaks import FEEDBACK_CHARS, ReferenceLines  # noqa: E402
+from instructor.session import run_in_session  # noqa: E402
 from instructor.submission import (PolicyError, SubmissionError, grading_tree, submission_root,  # noqa: E402
                                    submitted_code)
 
@@ -226,21 +226,11 @@ def _run_pytest(tree: Path, marker_expr: str, record: Path, timeout: float, extr
     cmd = [sys.executable, "-m", "pytest", "-p", "instructor.grading_plugin", "-p", "pytest_timeout",
            "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-m", marker_expr, "--rootdir", str(tree),
            "-c", str(tree / "pyproject.toml"), *extra, "tests"]
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        output, _ = proc.communicate()
+        run = run_in_session(cmd, cwd=tree, env=env, timeout=timeout)
     finally:
         kill_leftovers(run_id)
-    out = {"start": None, "finish": None, "timed_out": timed_out, "output": output or ""}
+    out = {"start": None, "finish": None, "timed_out": run.timed_out, "output": run.output}
     if record.is_file():
         for line in record.read_text(encoding="utf-8", errors="replace").splitlines():
             try:

@@ -35,7 +35,7 @@ computing something else is a ``fail``.
 
 The submission's code runs as the grader runs it (:func:`instructor.submission.grading_tree`: only the key's blocks
 are taken, the block policy is checked, every key the key does not depend on is a stub), in a subprocess with a
-time limit (``python -m project.performance``, which holds the ranks' work and writes raw numbers); nothing of the
+time limit (``python -m project.tools.performance``, which holds the ranks' work and writes raw numbers); nothing of the
 student's runs in this process, which judges the numbers.
 """
 from __future__ import annotations
@@ -44,8 +44,6 @@ import argparse
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(ROOT))
 
+from instructor.session import run_in_session  # noqa: E402
 
 PASS, FAIL, NOT_MEASURABLE = "pass", "fail", "not measurable here"
 VERDICTS = (PASS, FAIL, NOT_MEASURABLE)
@@ -252,7 +251,7 @@ def checks_of(measured: dict) -> list[dict]:
 
 
 def verdict_of(measured: dict) -> dict:
-    """:func:`judge` of one measurement (``project/performance.py``'s raw numbers); the machine record and the raw
+    """:func:`judge` of one measurement (``project/tools/performance.py``'s raw numbers); the machine record and the raw
     numbers kept beside it."""
     key = PERF_KEYS[measured["key"]]
     if key.timed:
@@ -282,32 +281,18 @@ class PerfResult:
 
 
 def _run_measurement(tree: Path, name: str, timeout: float, out: Path) -> dict:
-    """``python -m project.performance --measure NAME --out OUT`` in ``tree`` (the grading copy), in a process
-    session of its own bounded by ``timeout``; the whole session is killed when it ends (the launcher's ranks end
-    with their launcher; a rank that does not is in the session too)."""
+    """``python -m project.tools.performance --key NAME --out OUT`` in ``tree`` (the grading copy), in a process
+    session of its own bounded by ``timeout`` (:func:`instructor.session.run_in_session`: the whole session is
+    killed when it ends)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LLMSYS_GRADE"))}
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "project.performance", "--measure", name, "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        output = ""
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if timed_out:
-            proc.communicate()
-    if timed_out:
+    cmd = [sys.executable, "-m", "project.tools.performance", "--key", name, "--out", str(out)]
+    run = run_in_session(cmd, cwd=tree, env=env, timeout=timeout)
+    if run.timed_out:
         raise RuntimeError(f"the measurement ran past {timeout:.0f} s (a hung rank?)")
-    if proc.returncode != 0 or not out.is_file():
-        tail = "\n".join((output or "").strip().splitlines()[-15:])
-        raise RuntimeError(f"the measurement failed (exit {proc.returncode}):\n{tail}")
+    if run.returncode != 0 or not out.is_file():
+        tail = "\n".join(run.output.strip().splitlines()[-15:])
+        raise RuntimeError(f"the measurement failed (exit {run.returncode}):\n{tail}")
     return json.loads(out.read_text())
 
 

@@ -20,7 +20,7 @@ Per rank and step, for ``Ψ`` parameters in fp32 (4 bytes), ring traffic:
 (less the second all-gather of the root unit, which stays gathered from forward to backward), and the
 model state held is ``(4 + 4 + 8) Ψ / s`` bytes instead of ``/ dp``: memory traded for communication that
 stays inside the shard group. ``replicas = 1`` is ZeRO-3; ``shard = 1`` is data parallelism with the
-gradient all-reduced. ``python -m memory.hsdp_benchmark`` measures both for every layout of the ranks.
+gradient all-reduced. ``python -m memory.labs.hsdp_benchmark`` measures both for every layout of the ranks.
 
 :class:`HybridShardedModel` is the course's own ZeRO-3 (:class:`memory.fsdp.FullyShardedModel`, assignment
 5.5.3) over the shard group, whose units add the replica all-reduce after their reduce-scatter.

@@ -174,7 +174,7 @@ class ShardedStep:
         state = [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
         return {"params": params, "grads": [g for g in grads if g is not None], "optimizer": state}
 
-    def config(self) -> dict:
+    def record(self) -> dict:
         """What the results files record about the memory options."""
         found = {"zero": self.zero, "precision": self.precision,
                  "activation_checkpointing": bool(getattr(self, "checkpointing", False))}
@@ -246,16 +246,16 @@ class ShardedStep:
                 check_names(state[ZERO_UNITS][u.name]["names"], [names[id(p)] for p in u.params], f"unit {u.name}")
 
 
-def build_sharding(model, args, group, mesh=None) -> ShardedStep:
-    """The ``make_sharding`` of ``project/run_data_parallel.py``: a :class:`ShardedStep` from the
-    options ``--zero``, ``--hsdp``, ``--activation_checkpointing``, ``--precision`` with AdamW at
-    ``--learning_rate`` (as plain data parallelism). ``--hsdp R`` > 1 takes its shard and replicate groups
+def build_sharding(model, config, group, mesh=None) -> ShardedStep:
+    """The sharded step of ``project/run_data_parallel.py`` (:func:`data_parallel.training.dp_training`): a
+    :class:`ShardedStep` from the options ``--zero``, ``--hsdp``, ``--activation_checkpointing``, ``--precision``
+    with AdamW at ``--learning_rate`` (as plain data parallelism). ``--hsdp R`` > 1 takes its shard and replicate groups
     from ``mesh`` (:meth:`course.mesh.Mesh.hybrid_shard_groups`; collective the first time). ``--zeropp`` with
     hpz takes its node-sized group, ``--zeropp_group`` ranks, from the same layout (its shard group)."""
-    replicas = getattr(args, "hsdp", 1) or 1
+    replicas = getattr(config, "hsdp", 1) or 1
     hybrid = mesh.hybrid_shard_groups(replicas) if replicas > 1 else None
-    zeropp = args.zeropp_options() if hasattr(args, "zeropp_options") else ()
-    hpz_group = mesh.hybrid_shard_groups(args.dp // args.hpz_group_size())[0] if "hpz" in zeropp else None
-    return ShardedStep(model, args.zero, group, torch.optim.AdamW, activation_checkpointing=args.activation_checkpointing,
-                       precision=args.precision, hybrid=hybrid, zeropp=zeropp, hpz_group=hpz_group,
-                       lr=args.learning_rate)
+    zeropp = config.zeropp_options() if hasattr(config, "zeropp_options") else ()
+    hpz_group = mesh.hybrid_shard_groups(config.dp // config.hpz_group_size())[0] if "hpz" in zeropp else None
+    return ShardedStep(model, config.zero, group, torch.optim.AdamW,
+                       activation_checkpointing=config.activation_checkpointing, precision=config.precision,
+                       hybrid=hybrid, zeropp=zeropp, hpz_group=hpz_group, lr=config.learning_rate)

@@ -38,23 +38,11 @@ import contextlib
 import torch
 
 from course import collectives
+from course.config import ZEROPP
 from memory.fsdp import FullyShardedModel, ShardedUnit
 
 QMAX = 127  # symmetric int8: values in [-127, 127]
-OPTIONS = ("qwz", "hpz", "qgz")
-
-
-def parse_zeropp(text: str | None) -> tuple[str, ...]:
-    """``"qwz,hpz"`` -> ``("qwz", "hpz")`` (empty or None: ``()``).
-
-    Raises:
-        ValueError: a name that is not one of :data:`OPTIONS`.
-    """
-    names = tuple(n.strip().lower() for n in (text or "").split(",") if n.strip())
-    bad = [n for n in names if n not in OPTIONS]
-    if bad:
-        raise ValueError(f"--zeropp {text!r}: unknown {', '.join(bad)}; give a comma list of {', '.join(OPTIONS)}")
-    return names
+OPTIONS = ZEROPP  # --zeropp's parts (the option table's, course.config)
 
 
 def quantize_blockwise(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ DeepSeek-AI 2024, DeepSeek-V3).
 * :mod:`moe.gradients` — dense gradients over dp × cp, expert gradients over their replicas (a5_8_3).
 * :mod:`moe.gpt2` — GPT-2 with MoE MLPs in every other block, and the dense model it is compared with.
 * :mod:`moe.training` — the training mode of ``project/run_moe.py``.
-* :mod:`moe.experiments`, :mod:`moe.checks` — notebook workers and exercise checks.
+* :mod:`moe.labs.experiments`, :mod:`moe.labs.checks` — notebook workers and exercise checks.
 
 Every collective takes its group (the ep group for tokens; the dp × cp and edp groups for gradients)
 through :mod:`course.collectives`, so it is counted. Importing this package does not import

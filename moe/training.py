@@ -26,27 +26,27 @@ from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epoch
 from course.launch import context
 from course.loss import lm_loss
 from course.mesh import Mesh
-from course.task import build_model, prepare_data, worker_env_quiet
+from course.task import build_model
 from moe.config import MoEConfig
 from moe.gpt2 import DenseGPT2, MoEGPT2, parameter_counts
 from moe.gradients import sync_moe_gradients
 
 
-def moe_config(args) -> MoEConfig:
+def moe_config(config) -> MoEConfig:
     """The :class:`moe.config.MoEConfig` of the run's options (raises its ValueErrors)."""
-    return MoEConfig(num_experts=args.num_experts, top_k=args.top_k, capacity_factor=args.capacity_factor,
-                     normalize_gates=False if args.no_normalize_gates else None, aux_loss_coef=args.aux_loss_coef,
-                     z_loss_coef=args.z_loss_coef, router=args.router, shared_experts=args.shared_experts,
-                     router_bias_update=args.router_bias_update, n_group=args.n_group, topk_group=args.topk_group)
+    return MoEConfig(num_experts=config.num_experts, top_k=config.top_k, capacity_factor=config.capacity_factor,
+                     normalize_gates=False if config.no_normalize_gates else None, aux_loss_coef=config.aux_loss_coef,
+                     z_loss_coef=config.z_loss_coef, router=config.router, shared_experts=config.shared_experts,
+                     router_bias_update=config.router_bias_update, n_group=config.n_group, topk_group=config.topk_group)
 
 
-def build_moe_model(args, vocab_size: int, group=None):
-    """The run's model: :class:`moe.gpt2.MoEGPT2` over the ep ``group``, or with ``args.dense`` the
+def build_moe_model(config, vocab_size: int, group=None):
+    """The run's model: :class:`moe.gpt2.MoEGPT2` over the ep ``group``, or with ``config.dense`` the
     :class:`moe.gpt2.DenseGPT2` of the same active parameters per token (same seed)."""
-    hf = build_model(args, vocab_size)
-    if args.dense:
-        return DenseGPT2(hf, args.top_k, every=args.moe_every)
-    return MoEGPT2(hf, moe_config(args), group, seed=args.seed, every=args.moe_every)
+    hf = build_model(config, vocab_size)
+    if config.dense:
+        return DenseGPT2(hf, config.top_k, every=config.moe_every)
+    return MoEGPT2(hf, moe_config(config), group, seed=config.seed, every=config.moe_every)
 
 
 def shard_batches(dataset, batch_size: int, rank: int, world: int, collate, seed: int,
@@ -121,10 +121,10 @@ class MoETraining(TrainingMode):
 
     mode = "moe"
 
-    def __init__(self, args, data, device, model, mesh: Mesh, **kwargs):
-        super().__init__(args, data, device, **kwargs)
+    def __init__(self, config, data, device, model, mesh: Mesh, **kwargs):
+        super().__init__(config, data, device, **kwargs)
         self.model, self.mesh = model, mesh
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
         self.counter = CommCounter()
         self.routing: list[torch.Tensor] = []
 
@@ -134,8 +134,8 @@ class MoETraining(TrainingMode):
 
     def epoch_batches(self, epoch: int):
         group = self.mesh.dp_cp_group
-        return shard_batches(self.data.train, self.args.batch_size, group_rank(group), group_size(group),
-                             self.data.collate, seed=self.args.seed + epoch, max_batches=self.args.max_batches)
+        return shard_batches(self.data.train, self.config.batch_size, group_rank(group), group_size(group),
+                             self.data.collate, seed=self.config.seed + epoch, max_batches=self.config.max_batches)
 
     def training(self, epoch: int):
         self.counter, self.routing = CommCounter(), []
@@ -175,48 +175,40 @@ class MoETraining(TrainingMode):
                                 "dropped": routing[:, :, -2].tolist(), "tokens": routing[:, :, -1].tolist()}
         return extra
 
-    def config(self) -> dict:
-        args, dims = self.args, self.mesh.dims
-        return {**args.record(), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
-                "ep": dims.ep, "dense": bool(args.dense), "num_experts": args.num_experts, "top_k": args.top_k,
-                "capacity_factor": args.capacity_factor,
-                "normalize_gates": bool(moe_config(args).normalize_gates),
-                "aux_loss_coef": args.aux_loss_coef, "z_loss_coef": args.z_loss_coef, "moe_every": args.moe_every,
-                "per_rank_batch_size": args.batch_size // dims.dp, "mesh": self.mesh.describe()}
+    def record(self) -> dict:
+        config, dims = self.config, self.mesh.dims
+        return {**config.record(), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
+                "ep": dims.ep, "dense": bool(config.dense), "num_experts": config.num_experts, "top_k": config.top_k,
+                "capacity_factor": config.capacity_factor,
+                "normalize_gates": bool(moe_config(config).normalize_gates),
+                "aux_loss_coef": config.aux_loss_coef, "z_loss_coef": config.z_loss_coef, "moe_every": config.moe_every,
+                "per_rank_batch_size": config.batch_size // dims.dp, "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
-        kind = "dense" if self.args.dense else f"E={self.args.num_experts} k={self.args.top_k}"
+        kind = "dense" if self.config.dense else f"E={self.config.num_experts} k={self.config.top_k}"
         return f"epoch {epoch} ({kind}, dp {self.mesh.dims.dp}, ep {self.mesh.dims.ep})"
 
 
-def run_moe(rank: int, world_size: int, args) -> dict:
-    """Train ``args.n_epochs`` epochs of the MoE GPT-2 over ``world_size`` ranks (``dp = world_size``,
-    ``ep = args.ep``); the worker of ``project/run_moe.py``.
+def moe_training(config, data, mesh: Mesh) -> MoETraining:
+    """This rank's :class:`MoETraining` on ``mesh`` (its ep, dp x cp and edp groups): the model of
+    :func:`build_moe_model` on the worker's device. What ``project/train.py --mode moe`` trains; the parity
+    harness (``project/tools/parity.py``) steps it directly."""
+    device = context().device
+    model = build_moe_model(config, data.tokenizer.vocab_size, mesh.ep_group).to(device)
+    return MoETraining(config, data, device, model, mesh, rank=mesh.rank, world_group=mesh.group("world"),
+                       throughput_group=mesh.dp_cp_group, show_progress=mesh.rank == 0)
 
-    Writes ``<workdir>/moe_rank{r}_results_epoch{e}.json`` and, on rank 0, ``moe_translations_epoch{e}.json``.
+
+def train_moe(rank: int, world_size: int, config, data, mesh: Mesh | None = None, keep_model: bool = False) -> dict:
+    """:func:`moe_training`'s epochs on prepared data (:func:`course.task.prepare_data`) and, optionally, a built
+    mesh (default: ``dp = world_size``, ``ep = config.ep``); with ``keep_model`` the result also holds the trained
+    ``"model"`` (in this process only: it is not picklable).
 
     Returns:
-        ``{"results": [paths], "train_losses": [...], "validation_loss": [...]}``.
+        ``{"results": [paths], "train_losses": [...], "validation_loss": [...]}`` (and ``"model"``).
     """
-    worker_env_quiet()
-    return train_moe(rank, world_size, args, prepare_data(args))
-
-
-def moe_training(rank: int, args, data, mesh: Mesh) -> MoETraining:
-    """This rank's :class:`MoETraining` on ``mesh`` (its ep, dp x cp and edp groups): the model of
-    :func:`build_moe_model` on the worker's device. What :func:`train_moe` trains; the parity harness
-    (``project/parity.py``) steps it directly."""
-    device = context().device
-    model = build_moe_model(args, data.tokenizer.vocab_size, mesh.ep_group).to(device)
-    return MoETraining(args, data, device, model, mesh, rank=rank, world_group=mesh.group("world"),
-                       throughput_group=mesh.dp_cp_group, show_progress=rank == 0)
-
-
-def train_moe(rank: int, world_size: int, args, data, mesh: Mesh | None = None, keep_model: bool = False) -> dict:
-    """:func:`run_moe` on prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh;
-    with ``keep_model`` the result also holds the trained ``"model"`` (in this process only: it is not picklable)."""
-    mesh = mesh or Mesh.build(dp=world_size, ep=args.ep)
-    mode = moe_training(rank, args, data, mesh)
+    mesh = mesh or Mesh.build(dp=world_size, ep=config.ep)
+    mode = moe_training(config, data, mesh)
     model = mode.model
     written = run_epochs(mode)
     results = [json.loads(open(path).read()) for path in written]

@@ -16,9 +16,10 @@
 * ``partition.linear_partition``, ``gpt2.gpt2_measured_balance`` — stages balanced by
   measured layer cost (``--balance auto``)
 * ``training``         — the training modes of ``project/run_pipeline.py``
-* ``schedule_benchmark`` — bubble and tokens/s of every schedule vs theory (JSON)
-* ``metrics``, ``bubble_experiment``, ``memory_experiment`` — bubble, in-flight
-  micro-batches and the notebook's measurements (plots: :mod:`course.plots`)
+* ``metrics``          — bubble and in-flight micro-batches of an action list, the replay of measured costs
+* ``labs``             — ``schedule_benchmark`` (bubble and tokens/s of every schedule vs theory, JSON),
+  ``bubble_experiment``, ``memory_experiment`` (the notebook's measurements; plots: :mod:`course.plots`) and
+  ``checks`` (the exercises' answer checks)
 
 See notebooks/02_pipeline_parallel.ipynb.
 """

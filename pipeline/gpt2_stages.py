@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.renames import renamed_keywords
 from pipeline.gpt2 import GPT2Head, gpt2_balance, gpt2_layers
 
 
@@ -57,7 +56,6 @@ def gpt2_stage(model, stage: int, n_stages: int,
 
 
 
-@renamed_keywords(n_chunks="virtual_stages")
 def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
                 balance: list[int] | None = None,
                 placement: str = "loop") -> tuple[list[nn.Sequential], nn.Parameter | None]:
@@ -89,13 +87,13 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
     if placement == "v" and virtual_stages != 2:
         raise ValueError(f"the V placement holds two chunks per rank, got virtual_stages={virtual_stages}")
     layers = list(gpt2_layers(model))
-    n_virtual = virtual_stages * n_stages
+    total_stages = virtual_stages * n_stages
     if balance is None:
-        balance = gpt2_balance(model.config.n_layer, n_virtual)
-    if len(balance) != n_virtual or sum(balance) != len(layers) or min(balance) < 1:
-        raise ValueError(f"balance {balance} must give {n_virtual} virtual stages >= 1 layer each, "
+        balance = gpt2_balance(model.config.n_layer, total_stages)
+    if len(balance) != total_stages or sum(balance) != len(layers) or min(balance) < 1:
+        raise ValueError(f"balance {balance} must give {total_stages} virtual stages >= 1 layer each, "
                          f"{len(layers)} layers in all")
-    starts = [sum(balance[:k]) for k in range(n_virtual)]
+    starts = [sum(balance[:k]) for k in range(total_stages)]
     chunks = [nn.Sequential(*layers[starts[v]:starts[v] + balance[v]])
               for v in (stage_of(stage, c, n_stages, placement) for c in range(virtual_stages))]
     tied = None
@@ -105,7 +103,7 @@ def gpt2_chunks(model, stage: int, n_stages: int, virtual_stages: int,
         # its own parameter too, so that a split backward's W of chunk 1 (over chunk 1's parameters) takes the
         # head's share of its gradient; the rank's optimizer sees it once (parameters are deduplicated)
         head.weight, head._tied_head = head.head_weight(), None
-    if rank_of(n_virtual - 1, n_stages, placement) != 0 and isinstance(head, GPT2Head) and head.weight is None:
+    if rank_of(total_stages - 1, n_stages, placement) != 0 and isinstance(head, GPT2Head) and head.weight is None:
         if stage == 0:
             tied = layers[0].wte.weight
         elif stage == n_stages - 1:

@@ -17,11 +17,9 @@ unit time slots for the idealised ones of :func:`simulate`).
 """
 from __future__ import annotations
 
-from course.renames import renamed_keywords
 from pipeline.placement import flatten_pairs, rank_of, stage_of
 
 
-@renamed_keywords(n_micro="micro_batches")
 def bubble_fraction(n_stages: int, micro_batches: int) -> float:
     """Ideal bubble fraction of GPipe and 1F1B: ``(p - 1) / (m + p - 1)`` (equal stage costs).
 
@@ -96,7 +94,7 @@ def _chain(actions: list[list[tuple]], placement: str = "loop"):
     ``c`` of rank ``r`` is virtual stage :func:`pipeline.placement.stage_of` ``(r, c, p, placement)``
     (``c * p + r`` for ``"loop"``)."""
     p = len(actions)
-    n_virtual = p * (1 + max((a[2] for acts in actions for a in flatten_pairs(acts) if len(a) > 2), default=0))
+    total_stages = p * (1 + max((a[2] for acts in actions for a in flatten_pairs(acts) if len(a) > 2), default=0))
 
     def dependency(action: tuple, r: int):
         kind, i = ("B" if action[0] == "BW" else action[0]), action[1]
@@ -104,7 +102,7 @@ def _chain(actions: list[list[tuple]], placement: str = "loop"):
         if kind == "F":
             return s, (("F", i, s - 1) if s > 0 else None)
         if kind == "B":
-            return s, (("B", i, s + 1) if s < n_virtual - 1 else ("F", i, s))
+            return s, (("B", i, s + 1) if s < total_stages - 1 else ("F", i, s))
         return s, ("B", i, s)
     return p, dependency
 
@@ -272,7 +270,7 @@ def communication_plan(actions: list[list[tuple]], placement: str = "loop") -> l
     """
     actions = [flatten_pairs(acts) for acts in actions]
     p, dependency = _chain(actions, placement)
-    n_virtual = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
+    total_stages = p * (1 + max((a[2] for acts in actions for a in acts if len(a) > 2), default=0))
     events = simulate(actions, placement=placement)
     plan = [{"steps": [int(round(e[2])) for e in events[r]], "batches": {}} for r in range(p)]
     for r in range(p):
@@ -281,7 +279,7 @@ def communication_plan(actions: list[list[tuple]], placement: str = "loop") -> l
             s = dependency(action, r)[0]
             kind = "B" if kind == "BW" else kind  # a whole backward hands over the same gradient
             target = s + 1 if kind == "F" else s - 1 if kind == "B" else None
-            if target is None or not 0 <= target < n_virtual or rank_of(target, p, placement) == r:
+            if target is None or not 0 <= target < total_stages or rank_of(target, p, placement) == r:
                 continue  # W, the ends of the chain, or a hand-over inside this rank
             message = (kind, i, target)
             peer = rank_of(target, p, placement)

@@ -42,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from course.renames import renamed_keywords
 from pipeline.placement import PAIR, PLACEMENTS, flatten_pairs, rank_of, stage_of  # noqa: F401 (the registry's names)
 
 Action = tuple  # (kind, micro-batch) or (kind, micro-batch, chunk); kind "F", "B", "W" or "BW"; or a pair
@@ -55,7 +54,6 @@ def _check(rank: int, n_stages: int, micro_batches: int) -> None:
         raise ValueError(f"rank {rank} is not a stage of a {n_stages}-stage pipeline")
 
 
-@renamed_keywords(n_micro="micro_batches")
 def gpipe_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """GPipe's actions on ``rank``: ``F0 .. F{m-1}`` then ``B0 .. B{m-1}``.
 
@@ -68,7 +66,6 @@ def gpipe_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     # END ASSIGN5_2_4
 
 
-@renamed_keywords(n_micro="micro_batches")
 def one_f_one_b_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """1F1B's actions on ``rank``: warm-up forwards, steady one-forward-one-backward, cool-down backwards.
 
@@ -92,7 +89,6 @@ def one_f_one_b_actions(rank: int, n_stages: int, micro_batches: int) -> list[Ac
     # END ASSIGN5_2_4
 
 
-@renamed_keywords(n_micro="micro_batches")
 def micro_batches_per_round(n_stages: int, micro_batches: int) -> int:
     """Micro-batches per round of the interleaved schedule: ``p`` if ``m >= p``, else ``m``.
 
@@ -111,7 +107,6 @@ def micro_batches_per_round(n_stages: int, micro_batches: int) -> int:
     return micro_batches // rounds
 
 
-@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
 def interleaved_warmup(rank: int, n_stages: int, micro_batches: int, virtual_stages: int) -> int:
     """Warm-up forwards of interleaved 1F1B on ``rank``: ``(v - 1) * q + 2 * (p - rank - 1)``, at most ``v * m``,
     with ``q`` = :func:`micro_batches_per_round` (``q = p`` when ``p`` divides ``m``)."""
@@ -119,7 +114,6 @@ def interleaved_warmup(rank: int, n_stages: int, micro_batches: int, virtual_sta
     return min((virtual_stages - 1) * q + 2 * (n_stages - rank - 1), virtual_stages * micro_batches)
 
 
-@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
 def interleaved_1f1b_actions(rank: int, n_stages: int, micro_batches: int, virtual_stages: int) -> list[Action]:
     """Interleaved 1F1B's actions on ``rank``: ``(kind, micro-batch, chunk)`` with kind ``"F"`` or ``"B"``.
 
@@ -165,7 +159,6 @@ def interleaved_1f1b_actions(rank: int, n_stages: int, micro_batches: int, virtu
     # END ASSIGN5_2_5
 
 
-@renamed_keywords(n_micro="micro_batches")
 def zb_h1_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """ZB-H1's actions on ``rank`` (Qi et al. 2024, Sec. 2.1, Fig. 3; torch's ``ScheduleInterleavedZeroBubble``, v = 1).
 
@@ -210,7 +203,6 @@ def _check_v(rank: int, n_stages: int, micro_batches: int, least: int = 1) -> No
                          f"m={micro_batches}; use --micro_batches >= {least}")
 
 
-@renamed_keywords(n_micro="micro_batches")
 def zbv_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """ZB-V's actions on ``rank`` of ``p`` (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 6, Fig. 8;
     torch's ``ScheduleZBVZeroBubble``). V placement: chunk 0 is stage ``rank``, chunk 1 stage ``2p - 1 - rank``
@@ -267,7 +259,6 @@ def zbv_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     # END ASSIGN5_2_7
 
 
-@renamed_keywords(n_micro="micro_batches")
 def dualpipev_actions(rank: int, n_stages: int, micro_batches: int) -> list[Action]:
     """DualPipeV's actions on ``rank`` of ``p`` (DeepSeek-V3 technical report, Sec. 3.2.1, Fig. 5, "cut in
     half" to one direction on ``p`` ranks as in the DualPipe repository; torch's ``ScheduleDualPipeV``).
@@ -364,7 +355,7 @@ class Schedule:
         name: the option value (``--schedule``), e.g. ``"1f1b"``.
         title: how plots and tables name it.
         actions: ``actions(rank, p, m, v)`` — the rank's action list (``v``, chunks per rank, is 1
-            unless :attr:`chunks`).
+            unless :attr:`interleaved`).
         work_per_micro: units of work per micro-batch and stage relative to one forward + backward,
             for the theoretical bubble: 1 for GPipe and 1F1B; ``v`` for interleaved (``v`` chunks per
             rank, each with ``1/v`` of the work, so the warm-up costs ``1/v`` as much); 3 for ZB-H1
@@ -372,7 +363,7 @@ class Schedule:
             chunks of F, B, W per micro-batch and the bubble of one 1F1B slot, ``p - 1`` units per rank);
             3 for DualPipeV (its ``(p - 1)(F&B + B - 3W)`` with F = B = W = 1, the whole backward BW = 2
             and the pair F&B = 3 is ``2(p - 1)`` units against the ``6m`` of work).
-        chunks: the schedule takes ``v > 1`` model chunks per rank.
+        interleaved: the schedule takes ``v > 1`` model chunks per rank (virtual stages, looped over the ranks).
         source: the paper and section.
         placement: where a rank's chunks sit in the chain of stages (:func:`stage_of`): ``"loop"`` (one chunk,
             or interleaved), or ``"v"`` — always two chunks per rank, rank ``r`` holding stages ``r`` and
@@ -383,16 +374,15 @@ class Schedule:
     title: str
     actions: Callable[[int, int, int, int], list[Action]]
     work_per_micro: Callable[[int], int]
-    chunks: bool
+    interleaved: bool
     source: str
     placement: str = "loop"
 
     def chunks_per_rank(self, virtual_stages: int = 1) -> int:
-        """The model chunks each rank holds: ``virtual_stages`` for a schedule with :attr:`chunks`, 2 with
+        """The model chunks each rank holds: ``virtual_stages`` for an :attr:`interleaved` schedule, 2 with
         the V placement, else 1."""
-        return 2 if self.placement == "v" else virtual_stages if self.chunks else 1
+        return 2 if self.placement == "v" else virtual_stages if self.interleaved else 1
 
-    @renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
     def bubble(self, n_stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
         """The theoretical bubble fraction ``(p - 1) / (w m + p - 1)``, ``w`` = :attr:`work_per_micro`,
         with every stage and every action equally long (:func:`pipeline.metrics.bubble_fraction`)."""
@@ -428,13 +418,12 @@ def get_schedule(name: str) -> Schedule:
     return SCHEDULES[name]
 
 
-@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
 def schedule_actions(schedule: str, rank: int, n_stages: int, micro_batches: int,
                      virtual_stages: int = 1) -> list[Action]:
     """The action list of ``schedule`` (a name in :data:`SCHEDULES`) on ``rank``.
 
     Args:
-        virtual_stages: ``v``, model chunks per rank; only a schedule with ``chunks`` takes ``v > 1``. A V
+        virtual_stages: ``v``, model chunks per rank; only an ``interleaved`` schedule takes ``v > 1``. A V
             schedule (``placement == "v"``) always runs two chunks; it takes 1 (the default) or 2.
 
     Raises:
@@ -447,13 +436,12 @@ def schedule_actions(schedule: str, rank: int, n_stages: int, micro_batches: int
             raise ValueError(f"the {schedule} schedule runs two chunks per rank in a V (stages r and 2p - 1 - r), got "
                              f"virtual_stages={virtual_stages}; leave it at 1 or 2")
         return entry.actions(rank, n_stages, micro_batches, 2)
-    if virtual_stages != 1 and not entry.chunks:
+    if virtual_stages != 1 and not entry.interleaved:
         raise ValueError(f"the {schedule} schedule runs one chunk per rank, got virtual_stages={virtual_stages}; "
                          "use the interleaved schedule for several chunks")
     return entry.actions(rank, n_stages, micro_batches, virtual_stages)
 
 
-@renamed_keywords(n_micro="micro_batches", n_chunks="virtual_stages")
 def all_actions(schedule: str, n_stages: int, micro_batches: int, virtual_stages: int = 1) -> list[list[Action]]:
     """The action lists of every rank ``0 .. n_stages - 1``."""
     return [schedule_actions(schedule, r, n_stages, micro_batches, virtual_stages) for r in range(n_stages)]

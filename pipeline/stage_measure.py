@@ -92,7 +92,7 @@ class StageMeter:
     Args:
         device: this rank's device (its clock, :func:`course.measure.now`).
         parameters: the stage's parameters (left out of the saved activation bytes).
-        n_chunks: this rank's chunks (a span is named ``F3.1`` with several, ``F3`` with one).
+        virtual_stages: this rank's chunks (a span is named ``F3.1`` with several, ``F3`` with one).
         timed: time every step; False: only while an event recorder is active (:func:`course.trace.active`).
             Settable later (attribute ``timed``).
         group: the pipeline's process group, whose first rank's clock is the origin.
@@ -104,8 +104,8 @@ class StageMeter:
     The constructor is collective in ``group`` (:func:`common_clock_origin`).
     """
 
-    def __init__(self, device: torch.device, parameters, n_chunks: int, timed: bool = True, group=None):
-        self.device, self.n_chunks, self.timed, self.timing = device, n_chunks, timed, timed
+    def __init__(self, device: torch.device, parameters, virtual_stages: int, timed: bool = True, group=None):
+        self.device, self.virtual_stages, self.timed, self.timing = device, virtual_stages, timed, timed
         self._parameters = list(parameters)  # not activations
         self._activation_bytes: dict = {}
         self.result = StepResult(timer=timer_name(device))
@@ -146,7 +146,7 @@ class StageMeter:
             return
         end = now(self.device)  # ... and after this event's kernels have run
         cpu = cpu_seconds() - self._cpu_start
-        span = trace.record(f"{kind}{i}" if self.n_chunks == 1 else f"{kind}{i}.{chunk}", "compute", start, end,
+        span = trace.record(f"{kind}{i}" if self.virtual_stages == 1 else f"{kind}{i}.{chunk}", "compute", start, end,
                             kind=kind, micro_batch=i, chunk=chunk, stage=stage, cpu_s=cpu)
         self.result.events.append((kind, i, span.start - self.origin, span.end - self.origin))
         self.result.event_chunks.append(chunk)

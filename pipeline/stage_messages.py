@@ -37,17 +37,17 @@ class StageMessages:
             this group's ranks; messages travel to their global ranks (:func:`course.collectives.global_rank`).
         device: this rank's device; received tensors are put there (NCCL: CUDA).
         stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
-        n_chunks: this rank's chunks ``v`` (virtual stages ``c * p + s``; with the V placement ``s`` and ``2p - 1 - s``).
+        virtual_stages: this rank's chunks ``v`` (virtual stages ``c * p + s``; with the V placement ``s`` and ``2p - 1 - s``).
         placement: ``"loop"`` or ``"v"`` (:func:`pipeline.placement.stage_of`): which rank holds a virtual stage.
 
     Before each action the runner names it with :meth:`at`; :meth:`post` and :meth:`take` then address
     the neighbouring virtual stage of that action. :meth:`start` empties the boxes for a step.
     """
 
-    def __init__(self, group, device: torch.device, stage_index: int, n_stages: int, n_chunks: int,
+    def __init__(self, group, device: torch.device, stage_index: int, n_stages: int, virtual_stages: int,
                  placement: str = "loop"):
         self.group, self.device, self.placement = group, device, placement
-        self.stage_index, self.n_stages, self.n_chunks = stage_index, n_stages, n_chunks
+        self.stage_index, self.n_stages, self.virtual_stages = stage_index, n_stages, virtual_stages
         self._plans: dict = {}
         self.start()
 
@@ -84,7 +84,7 @@ class StageMessages:
                              "the input's .grad, which stays None when the activation received in the forward was "
                              "not made to require grad — call .requires_grad_() on what recv() returns (see recv)")
         target = self._neighbour(stage, "send")
-        if not 0 <= target < self.n_chunks * self.n_stages:
+        if not 0 <= target < self.virtual_stages * self.n_stages:
             raise ValueError(f"virtual stage {self.virtual_stage} is the {'last' if self._kind == 'F' else 'first'} "
                              f"one: its {'forward' if self._kind == 'F' else 'backward'} sends nothing")
         message = (self._kind, self._micro, target)

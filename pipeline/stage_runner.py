@@ -90,7 +90,7 @@ class StageRunner:
 
     Attributes:
         stage_index, n_stages: this rank's stage ``s`` and the number of stages ``p``.
-        chunks, n_chunks: this rank's modules and their number ``v``.
+        chunks, virtual_stages: this rank's modules (model chunks) and their number ``v``.
         chunk: the chunk of the action being run (None outside :meth:`run`).
         is_first, is_last: the current chunk is the first / last virtual stage; outside
             :meth:`run`, this rank holds it (``s == 0``; ``s == last_rank``: ``p - 1``, or 0 with the V placement).
@@ -107,18 +107,18 @@ class StageRunner:
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         if not self.chunks:
             raise ValueError("a stage runner needs at least one chunk")
-        self.n_chunks, self.chunk = len(self.chunks), None
+        self.virtual_stages, self.chunk = len(self.chunks), None
         self.stage_index, self.n_stages = group_rank(group), group_size(group)
-        if placement == "v" and self.n_chunks != 2:
+        if placement == "v" and self.virtual_stages != 2:
             raise ValueError(f"the V placement runs two chunks per rank (stages r and 2p - 1 - r), got "
-                             f"{self.n_chunks}; build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
+                             f"{self.virtual_stages}; build them with pipeline.gpt2_stages.gpt2_chunks(..., placement='v')")
         self.device = torch.device(device)
         self._whole = False  # the current backward is a whole one ("BW") in a split list
         if self.is_last and loss_fn is None:
             raise ValueError("the last stage needs a loss_fn")
         self.loss_fn = loss_fn
-        self.messages = StageMessages(group, self.device, self.stage_index, self.n_stages, self.n_chunks, placement)
-        self.meter = StageMeter(self.device, [p for c in self.chunks for p in c.parameters()], self.n_chunks,
+        self.messages = StageMessages(group, self.device, self.stage_index, self.n_stages, self.virtual_stages, placement)
+        self.meter = StageMeter(self.device, [p for c in self.chunks for p in c.parameters()], self.virtual_stages,
                                 timed, group=group)
 
     @property
@@ -151,7 +151,7 @@ class StageRunner:
     def last_rank(self) -> int:
         """The rank (in the group) that holds the last virtual stage, where the loss is computed: ``p - 1``, or
         0 with the V placement."""
-        return rank_of(self.n_chunks * self.n_stages - 1, self.n_stages, self.placement)
+        return rank_of(self.virtual_stages * self.n_stages - 1, self.n_stages, self.placement)
 
     @property
     def is_first(self) -> bool:
@@ -163,7 +163,7 @@ class StageRunner:
     def is_last(self) -> bool:
         if self.chunk is None:
             return self.stage_index == self.last_rank
-        return self.virtual_stage == self.n_chunks * self.n_stages - 1
+        return self.virtual_stage == self.virtual_stages * self.n_stages - 1
 
     @property
     def in_flight(self) -> dict:
@@ -325,8 +325,8 @@ class StageRunner:
             for action, step in zip(actions, plan["steps"]):
                 kind, i = action[0], action[1]
                 chunk = action[2] if len(action) > 2 else 0
-                if not 0 <= chunk < self.n_chunks:
-                    raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.n_chunks}")
+                if not 0 <= chunk < self.virtual_stages:
+                    raise ValueError(f"action {action} names chunk {chunk}, but this rank has {self.virtual_stages}")
                 while batches and batches[0][0] < step:  # what earlier steps hand over, before this action
                     self.messages.communicate(batches.pop(0)[1])
                 self.chunk = chunk

@@ -54,7 +54,7 @@ def pipeline_step(runner, schedule: str, micro_batches: int, inputs: list | None
         ValueError: an unknown schedule or a number of micro-batches it refuses
             (:func:`pipeline.schedules.schedule_actions`); see :meth:`pipeline.stage_runner.StageRunner.run`.
     """
-    actions = schedule_actions(schedule, runner.stage_index, runner.n_stages, micro_batches, runner.n_chunks)
+    actions = schedule_actions(schedule, runner.stage_index, runner.n_stages, micro_batches, runner.virtual_stages)
     for chunk in runner.chunks:
         for p in chunk.parameters():
             p.grad = None

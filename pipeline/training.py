@@ -1,14 +1,14 @@
 """Training GPT-2 on Multi30k with pipeline parallelism: what ``project/run_pipeline.py`` runs.
 
-Modes (``--model_parallel_mode``):
+What runs:
 
-* ``model_parallel`` — the model split over ``--pp`` stages, the whole batch going
+* ``--single_process sequential`` — the model split over ``--pp`` stages, the whole batch going
   through them one stage after another (:class:`pipeline.gpt2.GPT2Pipeline` with a single
   micro-batch). One process.
-* ``pipeline_parallel`` — the same stages, the batch cut into ``--micro_batches`` micro-batches
-  that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
+* ``--single_process pipe`` (the default) — the same stages, the batch cut into ``--micro_batches``
+  micro-batches that flow through the clock-cycle schedule (:class:`pipeline.pipe.Pipe`), one worker
   thread per stage. One process.
-* a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
+* ``--schedule NAME``, a schedule of the registry (``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zbv``, ``dualpipev``:
   :data:`pipeline.schedules.SCHEDULES`) — one process per stage, activations and gradients sent
   between neighbours in the ``pp`` group of the run's mesh, the per-stage action lists of
   the schedule (:mod:`pipeline.stage_runner`). Every rank trains :func:`stage_training`'s stage (through
@@ -17,7 +17,7 @@ Modes (``--model_parallel_mode``):
 All modes minimise the same loss — the batch's mean next-token loss on target tokens —
 so with dropout 0 they compute the same updates. The shared epoch runner
 (:func:`course.epoch_runner.run_epochs`) writes
-``<workdir>/pipeline_<mode>_rank{r}_results_epoch{e}.json``, here with the per-stage
+``<workdir>/pipeline_<schedule or single_process>_rank{r}_results_epoch{e}.json``, here with the per-stage
 timeline of the epoch's last full batch.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from course import trace
 from course.collectives import global_rank
+from course.launch import context
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.loss import count_target_tokens, lm_loss
 from course.model import parameter_fingerprint
@@ -41,73 +42,64 @@ from pipeline.schedules import SCHEDULES, micro_batches_per_round
 from pipeline.stage_runner import StageRunner
 from pipeline.step import gather_stages, pipeline_step
 
-MULTIPROCESS_MODES = tuple(SCHEDULES)  # one process per stage, running that schedule
-SINGLE_PROCESS_MODES = ("model_parallel", "pipeline_parallel")
+def micro_batch_size(config) -> int:
+    """Rows per micro-batch: the whole batch for ``--single_process sequential``, else ``batch_size // micro_batches``."""
+    return config.batch_size if config.kind == "sequential" else config.batch_size // config.micro_batches
 
 
-def results_prefix(mode: str) -> str:
-    """``pipeline_<mode>_``: pipeline results never collide with data-parallel ones."""
-    return f"pipeline_{mode}_"
+def train_loader(data, config, epoch: int) -> DataLoader:
+    """The epoch's shuffled batches — the same on every rank (seed ``config.seed + epoch``)."""
+    g = torch.Generator().manual_seed(config.seed + epoch)
+    return DataLoader(data.train, batch_size=config.batch_size, shuffle=True, generator=g, collate_fn=data.collate)
 
 
-def micro_batch_size(args) -> int:
-    """Rows per micro-batch: the whole batch for ``model_parallel``, else ``batch_size // micro_batches``."""
-    return args.batch_size if args.model_parallel_mode == "model_parallel" else args.batch_size // args.micro_batches
-
-
-def train_loader(data, args, epoch: int) -> DataLoader:
-    """The epoch's shuffled batches — the same on every rank (seed ``args.seed + epoch``)."""
-    g = torch.Generator().manual_seed(args.seed + epoch)
-    return DataLoader(data.train, batch_size=args.batch_size, shuffle=True, generator=g, collate_fn=data.collate)
-
-
-def _steps(loader, args) -> int:
-    return len(loader) if args.max_batches is None else min(len(loader), args.max_batches)
+def _steps(loader, config) -> int:
+    return len(loader) if config.max_batches is None else min(len(loader), config.max_batches)
 
 
 class PipelineMode(TrainingMode):
-    """What both kinds of pipeline run share: the results prefix, the batches, the configuration."""
+    """What both kinds of pipeline run share: the batches, the configuration; ``mode`` is what runs (the schedule,
+    or ``pipe``/``sequential``)."""
 
-    def __init__(self, args, data, device, **kwargs):
-        super().__init__(args, data, device, **kwargs)
-        self.mode = args.model_parallel_mode
-        self.results_prefix = results_prefix(self.mode)
+    def __init__(self, config, data, device, **kwargs):
+        super().__init__(config, data, device, **kwargs)
+        self.mode = config.kind
 
     def epoch_batches(self, epoch: int):
-        loader = train_loader(self.data, self.args, epoch)
-        return loader, _steps(loader, self.args)
+        loader = train_loader(self.data, self.config, epoch)
+        return loader, _steps(loader, self.config)
 
-    def config(self, world_size: int = 1, **extra) -> dict:
-        args = self.args
-        return {**args.record(), "mode": self.mode, "world_size": world_size,
-                "micro_batches": 1 if self.mode == "model_parallel" else args.micro_batches,
-                "micro_batch_size": micro_batch_size(args), **extra}
+    def record(self, world_size: int = 1, **extra) -> dict:
+        config = self.config
+        return {**config.record(), "mode": self.mode, "world_size": world_size,
+                "micro_batches": 1 if self.mode == "sequential" else config.micro_batches,
+                "micro_batch_size": micro_batch_size(config), **extra}
 
 
-# ---- one process: model_parallel and pipeline_parallel ------------------------------------
+# ---- one process: --single_process pipe and sequential -------------------------------------
 
-def cpu_threads_per_stage(args) -> int | None:
+def cpu_threads_per_stage(config) -> int | None:
     """On CPU, give each stage ``cores // pp`` threads, as the 1f1b processes get
     (:mod:`course.launch`): a stage owns its share of the cores like it would own a GPU,
     and the stage threads of one clock cycle do not fight over the same cores. Returns the
     thread count (None on GPU)."""
-    if args.device != "cpu":
+    if config.device != "cpu":
         return None
-    threads = max(1, (os.cpu_count() or 1) // args.pp)
+    threads = max(1, (os.cpu_count() or 1) // config.pp)
     torch.set_num_threads(threads)
     return threads
 
 
 class PipeTraining(PipelineMode):
-    """``model_parallel`` / ``pipeline_parallel``: :class:`pipeline.gpt2.GPT2Pipeline` in this process.
+    """``--single_process sequential`` / ``pipe``: :class:`pipeline.gpt2.GPT2Pipeline` in this process.
 
     With ``--device cuda`` stage s runs on ``cuda:s`` (:func:`pipeline.gpt2.stage_devices`): the epoch's
     clock synchronises every stage's GPU before it is read, and the results give each GPU's peak memory
     (``peak_memory_bytes_by_device``) beside the largest (``peak_memory_bytes``, on ``peak_memory_device``).
     """
 
-    def __init__(self, args, data, model, piped, devices, threads, optimizer):
-        super().__init__(args, data, devices[0], devices=devices)  # the clock and the memory meter: every stage's
+    def __init__(self, config, data, model, piped, devices, threads, optimizer):
+        super().__init__(config, data, devices[0], devices=devices)  # the clock and the memory meter: every stage's
         self.model, self.piped, self.devices, self.threads, self.optimizer = model, piped, devices, threads, optimizer
 
     def train_mode(self):
@@ -142,39 +134,39 @@ class PipeTraining(PipelineMode):
         return {"timeline": self.timeline, "timeline_note": "forward of the epoch's last batch, one row per stage task",
                 "param_sha256": parameter_fingerprint(self.model)}
 
-    def config(self) -> dict:
-        return super().config(1, devices=[str(d) for d in self.devices], threads_per_stage=self.threads)
+    def record(self) -> dict:
+        return super().record(1, devices=[str(d) for d in self.devices], threads_per_stage=self.threads)
 
 
-def run_single_process(args) -> list[str]:
+def run_single_process(config) -> list[str]:
     """Train with :class:`pipeline.gpt2.GPT2Pipeline` in this process; returns the results files.
 
     On CPU, torch's thread count is set to ``cores // pp`` for the run and restored after.
     """
     previous_threads = torch.get_num_threads()
     try:
-        return _run_single_process(args)
+        return _run_single_process(config)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run_single_process(args) -> list[str]:
+def _run_single_process(config) -> list[str]:
     worker_env_quiet()
-    threads = cpu_threads_per_stage(args)
-    torch.manual_seed(args.seed)
-    data = prepare_data(args)
-    model = build_model(args, data.tokenizer.vocab_size)
-    devices = stage_devices(args.device, args.pp)
-    piped = GPT2Pipeline(model, args.pp, micro_batch_size(args), devices=devices)
+    threads = cpu_threads_per_stage(config)
+    torch.manual_seed(config.seed)
+    data = prepare_data(config)
+    model = build_model(config, data.tokenizer.vocab_size)
+    devices = stage_devices(config.device, config.pp)
+    piped = GPT2Pipeline(model, config.pp, micro_batch_size(config), devices=devices)
     piped.pipe.record_timeline = True
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    return run_epochs(PipeTraining(args, data, model, piped, devices, threads, optimizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    return run_epochs(PipeTraining(config, data, model, piped, devices, threads, optimizer))
 
 
-# ---- one process per stage: 1f1b and gpipe ---------------------------------------------------
+# ---- one process per stage: --schedule ------------------------------------------------------
 
 class StageTraining(PipelineMode):
-    """``1f1b`` / ``gpipe``: this rank trains its stage with the schedule's action list.
+    """``--schedule NAME``: this rank trains its stage with the schedule's action list.
 
     Every rank reads the same batches; the first stage feeds the input_ids of each
     micro-batch, the last takes the labels and computes the loss. The tied embedding/head
@@ -183,13 +175,13 @@ class StageTraining(PipelineMode):
     model, which is then evaluated with the sentences shared out over the pp group.
     """
 
-    def __init__(self, args, data, device, mesh, model, stage, tied):
-        super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
+    def __init__(self, config, data, device, mesh, model, stage, tied):
+        super().__init__(config, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          show_progress=mesh.is_last_stage)
         self.mesh, self.model, self.stage, self.tied = mesh, model, stage, tied
         self.balance = None  # layers per (virtual) stage if --balance auto
         self.sync_tied = TiedGradients(mesh.embedding_group)
-        self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
+        self.optimizer = torch.optim.AdamW(stage.parameters(), lr=config.learning_rate)
         self.runner = StageRunner(stage, device, group=mesh.pp_group,
                                   loss_fn=lambda logits, t: lm_loss(logits, t[0], reduction="sum") / t[1],
                                   placement=SCHEDULES[self.mode].placement)
@@ -209,11 +201,11 @@ class StageTraining(PipelineMode):
         return super().training(epoch)
 
     def train_step(self, batch: dict) -> StepOutcome:
-        args, runner = self.args, self.runner
-        inputs = list(batch["input_ids"].split(micro_batch_size(args)))
+        config, runner = self.config, self.runner
+        inputs = list(batch["input_ids"].split(micro_batch_size(config)))
         micro_batches = len(inputs)
-        labels = list(batch["labels"].split(micro_batch_size(args)))
-        if SCHEDULES[self.mode].chunks and micro_batches != valid_interleaved_micro(runner.n_stages, micro_batches):
+        labels = list(batch["labels"].split(micro_batch_size(config)))
+        if SCHEDULES[self.mode].interleaved and micro_batches != valid_interleaved_micro(runner.n_stages, micro_batches):
             # a short last batch: fewer, unequal micro-batches that the interleaved schedule accepts
             micro_batches = valid_interleaved_micro(runner.n_stages, micro_batches)
             inputs = list(batch["input_ids"].tensor_split(micro_batches))
@@ -232,7 +224,7 @@ class StageTraining(PipelineMode):
         self.optimizer.step()
         self.peak_in_flight = max(self.peak_in_flight, result.peak_in_flight)
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
-        if micro_batches == args.micro_batches or not self.timeline:
+        if micro_batches == config.micro_batches or not self.timeline:
             self.timeline = result.timeline(runner.stage_index, "chunk")
         loss = sum(result.losses.values()) if runner.is_last else None
         return StepOutcome(loss, int(batch["attention_mask"].sum()))
@@ -263,8 +255,8 @@ class StageTraining(PipelineMode):
                 "timeline_note": "forward and backward of every micro-batch of the epoch's last full batch on this stage",
                 "param_sha256": parameter_fingerprint(self.model)}
 
-    def config(self) -> dict:
-        return super().config(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
+    def record(self) -> dict:
+        return super().record(self.runner.n_stages, schedule=self.mode, stage_rank=self.runner.stage_index,
                               stage_layers=sum(len(c) for c in self.runner.chunks),
                               balance=self.balance, mesh=self.mesh.describe())
 
@@ -272,26 +264,27 @@ class StageTraining(PipelineMode):
         return f"{self.mode} epoch {epoch} (last stage)"
 
 
-def stage_training(args, data, device, mesh) -> StageTraining:
-    """This rank's :class:`StageTraining` on ``mesh`` (its pp group): the whole GPT-2 built (same seed on
-    every rank), cut into this rank's stage (or ``args.virtual_stages`` chunks for a schedule that takes
-    them), placed by layer count or, with ``args.balance == "auto"``, by measured cost. What
-    ``project/train.py --mode pipeline`` trains (:mod:`project.modes`); the parity harness (``project/parity.py``) steps it directly."""
+def stage_training(config, data, mesh) -> StageTraining:
+    """This rank's :class:`StageTraining` on ``mesh`` (its pp group), on the worker's device: the whole GPT-2 built
+    (same seed on every rank), cut into this rank's stage (or ``config.virtual_stages`` chunks for a schedule that
+    takes them), placed by layer count or, with ``config.balance == "auto"``, by measured cost. What
+    ``project/train.py --mode pipeline`` trains (:mod:`project.modes`); the parity harness
+    (``project/tools/parity.py``) steps it directly."""
+    device = context().device
     world_size = mesh.dims.pp
-    model = build_model(args, data.tokenizer.vocab_size)
-    n_virtual = args.virtual_stages
+    model = build_model(config, data.tokenizer.vocab_size)
     balance = None
-    if args.balance == "auto":
-        balance = measured_balance(args, data, model, device, mesh, world_size * n_virtual)
-    entry = SCHEDULES[args.model_parallel_mode]
-    if entry.chunks or entry.placement == "v":
-        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, entry.chunks_per_rank(n_virtual), balance,
-                                   placement=entry.placement)
+    if config.balance == "auto":
+        balance = measured_balance(config, data, model, device, mesh, world_size * config.virtual_stages)
+    entry = SCHEDULES[config.schedule]
+    if entry.interleaved or entry.placement == "v":
+        chunks, tied = gpt2_chunks(model, mesh.stage, world_size, entry.chunks_per_rank(config.virtual_stages),
+                                   balance, placement=entry.placement)
         stage = torch.nn.ModuleList(chunks)
     else:
         stage, tied = gpt2_stage(model, mesh.stage, world_size, balance)
     stage.to(device)
-    training = StageTraining(args, data, device, mesh, model, stage, tied)
+    training = StageTraining(config, data, device, mesh, model, stage, tied)
     training.balance = balance
     return training
 
@@ -308,13 +301,13 @@ def valid_interleaved_micro(n_stages: int, micro_batches: int) -> int:
     return 1
 
 
-def measured_balance(args, data, model, device, mesh, n_parts: int) -> list[int]:
+def measured_balance(config, data, model, device, mesh, n_parts: int) -> list[int]:
     """``--balance auto``: layers per (virtual) stage from the measured cost of each layer on a
     micro-batch of the first training batch (:func:`pipeline.gpt2.gpt2_measured_balance`), with
     this rank's threads. Every rank of the pp group measures at once, under the load of the run,
     and all get the partition of the per-layer medians."""
-    batch = next(iter(train_loader(data, args, 0)))
-    sample = batch["input_ids"][:micro_batch_size(args)]
+    batch = next(iter(train_loader(data, config, 0)))
+    sample = batch["input_ids"][:micro_batch_size(config)]
     model.to(device)
     balance, _ = gpt2_measured_balance(model, n_parts, sample, group=mesh.pp_group)
     model.to("cpu")

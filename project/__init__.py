@@ -1,1 +1,4 @@
-"""The run scripts the course's users launch (run_data_parallel.py, run_pipeline.py, run_tensor_parallel.py) and what they alone need (Modal support, Slurm)."""
+"""The run scripts the course's users launch: the one entry point (``train.py``), its registry of modes (``modes.py``)
+and their configurations (``options/``), the documented commands ``run_*.py`` and the Slurm script; the tooling
+around the runs lives in ``project/tools/``.
+"""

@@ -99,13 +99,13 @@ def parse(argv: list[str] | None = None):
         config.resolve()
         config.check()
         from course.checkpoint import checkpoint_root, latest_checkpoint
-        from project.options.run_data_parallel import check_elastic, step_options
+        from project.options.run_data_parallel import check_elastic
 
         if latest_checkpoint(checkpoint_root(config.workdir, config.results_prefix)) is None:
             config.check_environment()  # a new run; a node joining a run in progress leaves the checks of its files
             # to the workers, which start once the rendezvous has stopped every worker that writes them
         config.elastic = front.nnodes
-        memory, comm = step_options(config)
+        memory, comm = config.memory_options(), config.communication_options()
         check_elastic(config, memory + comm, nproc_per_node=front.nproc_per_node)
     except ConfigError as exc:
         parser.error(str(exc))

@@ -136,7 +136,7 @@ def check_request(argv: list[str] | None = None):
         parser.error(f"--mode {front.mode} on {front.nodes} x {front.gpus_per_node} GPUs: {exc}")
     if mode.runs_in_process(config):
         parser.error(f"--mode {front.mode} with these options runs in one process; a multi-node job runs one process "
-                     "per GPU: choose a schedule (e.g. --model_parallel_mode 1f1b)")
+                     "per GPU: choose a schedule (e.g. --schedule 1f1b)")
     tp = getattr(config, "tp", 1) or 1
     if front.gpus_per_node % tp:
         parser.error(f"--tp {tp} does not divide --gpus_per_node {front.gpus_per_node}: a tensor-parallel group "

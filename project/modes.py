@@ -7,15 +7,15 @@ A :class:`Mode` names what one kind of run is made of:
 * ``config`` — its options: a :class:`course.config.RunConfig` subclass of ``project/options`` (torch-free), whose
   ``results_prefix`` is the one home of the prefix of the run's files
   (``<workdir>/{prefix}rank{r}_results_epoch{e}.json``);
-* ``build(config, data, mesh) -> TrainingMode`` — on every rank, inside the one worker of ``project/train.py``
-  (:func:`train_worker`), once the mesh (``config.dims``) and the data are made: the part's
-  :class:`course.epoch_runner.TrainingMode` that :func:`course.epoch_runner.run_epochs` then trains;
+* ``builder`` — the part's ``build(config, data, mesh) -> TrainingMode`` (the same signature for every mode), called
+  on every rank inside the one worker of ``project/train.py`` (:func:`train_worker`), once the mesh
+  (``config.dims``) and the data are made: the part's :class:`course.epoch_runner.TrainingMode` that
+  :func:`course.epoch_runner.run_epochs` then trains;
 * the rest of what differs: the line printed before the run, the launcher's collective timeout, what a rank does
-  after the epochs, a configuration that runs in the calling process instead of on ranks, and the name
-  ``modal_run.py`` has always given it.
+  after the epochs, and a configuration that runs in the calling process instead of on ranks.
 
 Everything that starts runs reads this table: ``project/train.py`` and the six documented commands
-``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.modal_support`: its modes, their options and
+``project/run_*.py`` over it, ``modal_run.py`` (:mod:`project.tools.modal_support`: its modes, their options and
 checks), the Slurm script (``project/slurm/torchrun.sbatch --mode NAME``) and torchrun
 (``torchrun ... project/train.py --mode NAME``). A new mode is one :func:`register` call here (and its options
 module, and its part's builder): it then runs from all of them.
@@ -25,7 +25,7 @@ This module imports no torch (``modal run`` checks a request on a laptop without
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from project.options.run_3d import ThreeDConfig
@@ -45,8 +45,9 @@ class Mode:
         name: its ``--mode`` name.
         config: its configuration class (a :class:`course.config.RunConfig`; torch-free).
         script: its documented command, ``project/<script>.py`` (a few lines over this registry).
-        build: ``build(config, data, mesh)`` -> this rank's :class:`course.epoch_runner.TrainingMode`; called on
-            every rank with the run's :class:`course.mesh.Mesh` of ``config.dims`` and
+        builder: ``"module:function"``, the part's ``build(config, data, mesh)`` -> this rank's
+            :class:`course.epoch_runner.TrainingMode` (e.g. ``"data_parallel.training:dp_training"``); :meth:`build`
+            calls it on every rank with the run's :class:`course.mesh.Mesh` of ``config.dims`` and
             :func:`course.task.prepare_data`'s data.
         describe: ``describe(config)`` -> the line printed before the run starts.
         collective_timeout: seconds a rank may wait in one collective (None: the launcher's default,
@@ -55,28 +56,35 @@ class Mode:
         in_process: ``in_process(config)`` -> True for a configuration that runs in the calling process, without
             ranks, through ``run_in_process(config)`` (None: every configuration runs on ranks).
         run_in_process: see ``in_process``.
-        modal: ``modal_run.py``'s ``--mode`` name for it (None: ``name``).
+        builder_when: ``{option: "module:function"}``: a builder of the same signature that replaces
+            :attr:`builder` when that option is set (dp's ``--elastic``: ``data_parallel.elastic:elastic_training``).
     """
 
     name: str
     config: type
     script: str
-    build: Callable[[Any, Any, Any], Any]
+    builder: str
     describe: Callable[[Any], str]
     collective_timeout: float | None = None
     finish: Callable[[Any, Any, Any], None] | None = None
     in_process: Callable[[Any], bool] | None = None
     run_in_process: Callable[[Any], Any] | None = None
-    modal: str | None = None
+    builder_when: dict[str, str] = field(default_factory=dict)
 
     @property
     def script_path(self) -> str:
         """``project/<script>.py``."""
         return f"project/{self.script}.py"
 
-    @property
-    def modal_name(self) -> str:
-        return self.modal or self.name
+    def build(self, config, data, mesh):
+        """This rank's training: the part's builder (:attr:`builder`, or the one of :attr:`builder_when` whose option
+        is set; imported now) called as ``build(config, data, mesh)``."""
+        import importlib
+
+        builder = next((b for option, b in self.builder_when.items() if getattr(config, option, None) is not None),
+                       self.builder)
+        module, _, name = builder.partition(":")
+        return getattr(importlib.import_module(module), name)(config, data, mesh)
 
     def runs_in_process(self, config) -> bool:
         """Whether ``config`` runs in the calling process (no ranks: :attr:`run_in_process`)."""
@@ -90,12 +98,11 @@ def register(mode: Mode) -> Mode:
     """Add ``mode`` to :data:`MODES`.
 
     Raises:
-        ValueError: its name, Modal name or configuration class is another mode's already.
+        ValueError: its name or configuration class is another mode's already.
     """
     for other in MODES.values():
-        if mode.name in (other.name, other.modal_name) or mode.modal_name in (other.name, other.modal_name):
-            raise ValueError(f"mode {mode.name!r} (Modal: {mode.modal_name!r}) is registered already as "
-                             f"{other.name!r}; choose another name")
+        if mode.name == other.name:
+            raise ValueError(f"mode {mode.name!r} is registered already; choose another name")
         if mode.config is other.config:
             raise ValueError(f"mode {mode.name!r}: {mode.config.__name__} is mode {other.name!r}'s configuration "
                              "already; every mode has its own")
@@ -152,47 +159,8 @@ def train_worker(rank: int, world_size: int, name: str, config) -> dict:
 
 
 # ---- the modes ------------------------------------------------------------------------------------------------
-# Each builder imports its part when a rank calls it (this module stays torch-free for modal_run.py).
-
-def _device():
-    from course.launch import context
-
-    return context().device
-
-
-def uses_grad_sync(config: DataParallelConfig) -> bool:
-    """Whether a gradient-communication option (``--bucket_mb``, ``--overlap``, ``--compression``) is set."""
-    return config.bucket_mb is not None or config.overlap or config.compression != "none"
-
-
-def grad_sync_factory(config: DataParallelConfig):
-    """None (``average_gradients``) unless a gradient-communication option is set; else the factory
-    (:func:`communication.compression.build_grad_sync`) that every rank calls to build its ``grad_sync``."""
-    if not uses_grad_sync(config):
-        return None
-    from communication.compression import build_grad_sync
-
-    return build_grad_sync
-
-
-def _build_dp(config: DataParallelConfig, data, mesh):
-    if config.elastic is not None:  # under project/elastic.py (torchrun --nnodes=MIN:MAX)
-        from data_parallel.elastic import elastic_training
-
-        return elastic_training(mesh.rank, config, data, _device(), mesh)
-    from data_parallel.training import dp_training
-
-    make_sharding = None
-    if config.zero or config.activation_checkpointing or config.precision != "fp32":  # (--hsdp needs --zero 3)
-        from memory.training import build_sharding as make_sharding
-    return dp_training(mesh.rank, config, data, _device(), mesh, make_sharding, grad_sync_factory(config))
-
-
-def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
-    from data_parallel.training import save_final_checkpoint
-
-    save_final_checkpoint(training, mesh)
-
+# Each mode's builder is its part's own ``build(config, data, mesh)``, registered by name ("module:function") and
+# imported when a rank calls it (this module stays torch-free for modal_run.py); what else differs is described here.
 
 def _placed(c) -> str:
     """Where and what a run of ranks trains, as every mode's line before the run prints it: its device, backend
@@ -201,7 +169,7 @@ def _placed(c) -> str:
 
 
 def _describe_dp(c: DataParallelConfig) -> str:
-    sync = ("average_gradients" if not uses_grad_sync(c) else f"compression={c.compression}"
+    sync = ("average_gradients" if not c.communication_options() else f"compression={c.compression}"
             if c.compression != "none" else f"buckets of {c.bucket_mb or 25.0} MB, overlap={c.overlap}")
     split = (f"{c.batch_size // c.dp} per rank" if c.elastic is None else
              f"elastic {c.elastic} nodes: micro-batches accumulated")
@@ -213,10 +181,10 @@ def _describe_dp(c: DataParallelConfig) -> str:
             f"activation_checkpointing={c.activation_checkpointing}")
 
 
-def _build_pipeline(config: PipelineConfig, data, mesh):
-    from pipeline.training import stage_training
+def _finish_dp(training, config: DataParallelConfig, mesh) -> None:
+    from data_parallel.training import save_final_checkpoint
 
-    return stage_training(config, data, _device(), mesh)
+    save_final_checkpoint(training, mesh)
 
 
 def _run_pipe(config: PipelineConfig):
@@ -226,15 +194,8 @@ def _run_pipe(config: PipelineConfig):
 
 
 def _describe_pipeline(c: PipelineConfig) -> str:
-    mode = c.model_parallel_mode
-    return (f"{mode}: pp={c.pp} micro_batches={1 if mode == 'model_parallel' else c.micro_batches} "
+    return (f"{c.kind}: pp={c.pp} micro_batches={1 if c.kind == 'sequential' else c.micro_batches} "
             f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
-
-
-def _build_tp(config: TensorParallelConfig, data, mesh):
-    from tensor_parallel.training import tp_training
-
-    return tp_training(mesh.rank, config, data, mesh)
 
 
 def _describe_tp(c: TensorParallelConfig) -> str:
@@ -242,21 +203,9 @@ def _describe_tp(c: TensorParallelConfig) -> str:
             f"{_placed(c)} batch={c.batch_size}")
 
 
-def _build_3d(config: ThreeDConfig, data, mesh):
-    from three_d.training import three_d_training
-
-    return three_d_training(config, data, mesh)
-
-
 def _describe_3d(c: ThreeDConfig) -> str:
     return (f"3d: dp={c.dp} pp={c.pp} tp={c.tp} schedule={c.schedule} micro_batches={c.micro_batches} "
             f"batch={c.batch_size} device={c.device} preset={c.preset} max_batches={c.max_batches}")
-
-
-def _build_cp(config: ContextParallelConfig, data, mesh):
-    from context_parallel.training import cp_training
-
-    return cp_training(mesh.rank, config, data, mesh)
 
 
 def _describe_cp(c: ContextParallelConfig) -> str:
@@ -264,22 +213,10 @@ def _describe_cp(c: ContextParallelConfig) -> str:
             f"seq_len={c.seq_len} {_placed(c)} batch={c.batch_size} sequences")
 
 
-def _build_moe(config: MoERunConfig, data, mesh):
-    from moe.training import moe_training
-
-    return moe_training(mesh.rank, config, data, mesh)
-
-
 def _describe_moe(c: MoERunConfig) -> str:
     kind = "dense" if c.dense else f"{c.num_experts} experts, top-{c.top_k}, capacity factor " \
                                    f"{c.capacity_factor or 'dropless'}"
     return f"mixture of experts: dp={c.dp} ep={c.ep} {kind} {_placed(c)} batch={c.batch_size}"
-
-
-def _build_ft(config: FaultTolerantConfig, data, mesh):
-    from fault_tolerance.training import ft_training
-
-    return ft_training(config, data, mesh)
 
 
 def _finish_ft(training, config: FaultTolerantConfig, mesh) -> None:
@@ -319,15 +256,19 @@ def _describe_ft(c: FaultTolerantConfig) -> str:
 
 PIPELINE_COLLECTIVE_TIMEOUT = 600.0  # seconds: a stage waits for its neighbours' whole forward/backward passes
 
-register(Mode("dp", DataParallelConfig, "run_data_parallel", _build_dp, _describe_dp, finish=_finish_dp,
-              modal="data"))
-register(Mode("pipeline", PipelineConfig, "run_pipeline", _build_pipeline, _describe_pipeline,
-              collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
+register(Mode("dp", DataParallelConfig, "run_data_parallel", "data_parallel.training:dp_training",
+              _describe_dp, finish=_finish_dp,
+              builder_when={"elastic": "data_parallel.elastic:elastic_training"}))  # under project/elastic.py
+register(Mode("pipeline", PipelineConfig, "run_pipeline", "pipeline.training:stage_training",
+              _describe_pipeline, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT, in_process=lambda c: not c.multiprocess,
               run_in_process=_run_pipe))
-register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", _build_tp, _describe_tp, modal="tensor"))
-register(Mode("3d", ThreeDConfig, "run_3d", _build_3d, _describe_3d, collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
-register(Mode("cp", ContextParallelConfig, "run_context_parallel", _build_cp, _describe_cp))
-register(Mode("moe", MoERunConfig, "run_moe", _build_moe, _describe_moe))
+register(Mode("tp", TensorParallelConfig, "run_tensor_parallel", "tensor_parallel.training:tp_training",
+              _describe_tp))
+register(Mode("3d", ThreeDConfig, "run_3d", "three_d.training:three_d_training", _describe_3d,
+              collective_timeout=PIPELINE_COLLECTIVE_TIMEOUT))
+register(Mode("cp", ContextParallelConfig, "run_context_parallel", "context_parallel.training:cp_training",
+              _describe_cp))
+register(Mode("moe", MoERunConfig, "run_moe", "moe.training:moe_training", _describe_moe))
 # Replica groups start their own ranks (one process group each, under torchft's lighthouse): run_in_process.
-register(Mode("ft", FaultTolerantConfig, "run_fault_tolerant", _build_ft, _describe_ft, finish=_finish_ft,
-              in_process=lambda c: True, run_in_process=run_replica_groups))
+register(Mode("ft", FaultTolerantConfig, "run_fault_tolerant", "fault_tolerance.training:ft_training", _describe_ft,
+              finish=_finish_ft, in_process=lambda c: True, run_in_process=run_replica_groups))

@@ -13,7 +13,6 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file: import the packages of the tree this script sits in
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from project.modes import grad_sync_factory  # noqa: E402,F401  (imported from here too)
 from project.options.run_data_parallel import DataParallelConfig  # noqa: E402,F401
 from project.train import mode_command  # noqa: E402
 

@@ -1,12 +1,12 @@
 """Tensor-parallel GPT-2 training on Multi30k German→English (assignment 5.3).
 
-    python project/run_tensor_parallel.py --tp_size 2
-    python project/run_tensor_parallel.py --tp_size 2 --sequence_parallel
-    python project/run_tensor_parallel.py --tp_size 2 --block_types tp,spd,parallel,parallel
-    torchrun --standalone --nproc_per_node=4 project/run_tensor_parallel.py --tp_size 4
+    python project/run_tensor_parallel.py --tp 2
+    python project/run_tensor_parallel.py --tp 2 --sequence_parallel
+    python project/run_tensor_parallel.py --tp 2 --block_types tp,spd,parallel,parallel
+    torchrun --standalone --nproc_per_node=4 project/run_tensor_parallel.py --tp 4
 
-Spawns ``--tp_size`` processes (gloo on CPU, NCCL with one GPU each), or joins the group
-torchrun made; every rank holds 1/tp_size of each split weight and all ranks process the
+Spawns ``--tp`` processes (gloo on CPU, NCCL with one GPU each), or joins the group
+torchrun made; every rank holds 1/tp of each split weight and all ranks process the
 same batches. ``--block_types`` picks, per layer, exact Megatron blocks (``tp``), Sync-Point
 Drop (``spd``, an approximation) or per-rank residual streams (``parallel``, a different
 architecture): one name for all layers or one per layer, comma-separated. Writes

@@ -1,7 +1,7 @@
 """One entry point for every training mode of the course (the registry :data:`project.modes.MODES`).
 
     python project/train.py --mode dp --dp 2                         # = python project/run_data_parallel.py --dp 2
-    python project/train.py --mode pipeline --model_parallel_mode 1f1b --pp 2 --micro_batches 4
+    python project/train.py --mode pipeline --schedule 1f1b --pp 2 --micro_batches 4
     python project/train.py --mode tp --tp 2 --sequence_parallel
     python project/train.py --mode 3d --dp 1 --pp 4 --tp 2
     python project/train.py --mode cp --cp 2 --attention ulysses

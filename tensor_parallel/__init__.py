@@ -10,7 +10,7 @@
   configuration's checks).
 * :mod:`tensor_parallel.export` — the shards put back together as ``transformers``' GPT-2 (``--export_hf``).
 * :mod:`tensor_parallel.training` — the training mode of ``project/run_tensor_parallel.py``.
-* :mod:`tensor_parallel.experiments` — workers that notebooks/03_tensor_parallel.ipynb launches.
+* :mod:`tensor_parallel.labs.experiments` — workers that notebooks/03_tensor_parallel.ipynb launches.
 
 Every module takes the tensor-parallel process group (``group``, the ``tp`` group of the
 run's mesh; None: the whole world) and communicates only in it, through the counted

@@ -131,7 +131,7 @@ def run_parallel_blocks(blocks: Sequence[BlockBase], x: torch.Tensor, attn_bias:
 
     Args:
         x: (batch, seq, hidden) the same on every rank (sequence parallel: this rank's
-            (batch, seq / tp_size, hidden)).
+            (batch, seq / tp, hidden)).
 
     Returns:
         ``x + sum_r d_r``, same shape as ``x``.

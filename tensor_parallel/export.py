@@ -25,11 +25,11 @@ import torch
 from course.collectives import all_gather, group_size
 
 
-def _qkv_to_gpt2(weight: torch.Tensor, bias: torch.Tensor, tp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _qkv_to_gpt2(weight: torch.Tensor, bias: torch.Tensor, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Gathered ``[Q_0; K_0; V_0; Q_1; ...]`` rows (3 n_embd, n_embd) -> ``[Q; K; V]`` (the inverse of
     :func:`tensor_parallel.gpt2.reorder_qkv_for_tensor_parallel`)."""
     def regroup(t):
-        q, k, v = zip(*(chunk.chunk(3, dim=0) for chunk in t.chunk(tp_size, dim=0)))
+        q, k, v = zip(*(chunk.chunk(3, dim=0) for chunk in t.chunk(tp, dim=0)))
         return torch.cat([*q, *k, *v], dim=0)
 
     return regroup(weight), regroup(bias)

@@ -1,6 +1,6 @@
 """Tensor-parallel GPT-2 built from a ``transformers`` GPT2LMHeadModel (Shoeybi et al. 2019, Sec. 3).
 
-The split, for ``tp_size = p`` ranks (rank r):
+The split, for ``tp = p`` ranks (rank r):
 
 * **Attention** by heads: rank r keeps heads ``[r * n_head/p, (r + 1) * n_head/p)``. GPT-2
   fuses Q, K and V in one ``c_attn`` whose output is ``[Q | K | V]``, each ``n_embd`` wide,
@@ -40,7 +40,7 @@ from tensor_parallel.sequence_parallel import pad_sequence_to_multiple, sync_par
 from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_lm_loss
 
 
-def reorder_qkv_for_tensor_parallel(weight: torch.Tensor, bias: torch.Tensor, tp_size: int):
+def reorder_qkv_for_tensor_parallel(weight: torch.Tensor, bias: torch.Tensor, tp: int):
     """Reorder GPT-2's fused Q/K/V projection so that contiguous chunk r holds rank r's heads.
 
     Args:
@@ -49,17 +49,17 @@ def reorder_qkv_for_tensor_parallel(weight: torch.Tensor, bias: torch.Tensor, tp
 
     Returns:
         ``(weight, bias)`` of the same shapes with rows ordered
-        ``[Q_0; K_0; V_0; Q_1; K_1; V_1; ...]``, where ``Q_r`` are the ``n_embd / tp_size``
+        ``[Q_0; K_0; V_0; Q_1; K_1; V_1; ...]``, where ``Q_r`` are the ``n_embd / tp``
         rows of Q that belong to rank r's heads (likewise K, V). Chunk r of
-        ``tp_size`` equal chunks is then rank r's ``[Q_r; K_r; V_r]``.
+        ``tp`` equal chunks is then rank r's ``[Q_r; K_r; V_r]``.
     """
     n_embd = weight.size(0) // 3
-    divide(n_embd, tp_size, "n_embd")
+    divide(n_embd, tp, "n_embd")
     # BEGIN ASSIGN5_3_4
     q, k, v = weight.split(n_embd, dim=0)
     bq, bk, bv = bias.split(n_embd, dim=0)
-    w_parts = [torch.cat(parts, dim=0) for parts in zip(q.chunk(tp_size), k.chunk(tp_size), v.chunk(tp_size))]
-    b_parts = [torch.cat(parts, dim=0) for parts in zip(bq.chunk(tp_size), bk.chunk(tp_size), bv.chunk(tp_size))]
+    w_parts = [torch.cat(parts, dim=0) for parts in zip(q.chunk(tp), k.chunk(tp), v.chunk(tp))]
+    b_parts = [torch.cat(parts, dim=0) for parts in zip(bq.chunk(tp), bk.chunk(tp), bv.chunk(tp))]
     return torch.cat(w_parts, dim=0), torch.cat(b_parts, dim=0)
     # END ASSIGN5_3_4
 
@@ -75,10 +75,10 @@ def attention_bias(attention_mask: torch.Tensor | None, batch: int, seq: int, dt
 
 
 class TensorParallelAttention(nn.Module):
-    """GPT-2 self-attention with this rank's ``n_head / tp_size`` heads.
+    """GPT-2 self-attention with this rank's ``n_head / tp`` heads.
 
     Shapes: (batch, seq, n_embd) -> (batch, seq, n_embd), same on every rank (sequence
-    parallel: (batch, seq / tp_size, n_embd) in and out). ``attn_bias``: see :func:`attention_bias`.
+    parallel: (batch, seq / tp, n_embd) in and out). ``attn_bias``: see :func:`attention_bias`.
     ``group``: the tensor-parallel process group (None: the world).
     """
 
@@ -160,14 +160,14 @@ BLOCK_CLASSES = {"tp": TensorParallelBlock, "spd": SyncPointDropBlock, "parallel
 
 @dataclass
 class TensorParallelOutput:
-    """``logits``: (batch, seq, padded_vocab / tp_size), this rank's vocabulary slice; ``loss``: scalar or None."""
+    """``logits``: (batch, seq, padded_vocab / tp), this rank's vocabulary slice; ``loss``: scalar or None."""
 
     logits: torch.Tensor
     loss: torch.Tensor | None = None
 
 
 class TensorParallelGPT2(nn.Module):
-    """GPT-2 split over the ranks of a tensor-parallel process group (``tp_size`` = its size).
+    """GPT-2 split over the ranks of a tensor-parallel process group (``tp`` = its size).
 
     Built on every rank from the same ``transformers.GPT2LMHeadModel`` (same seed), of
     which each rank keeps its shards. ``forward(input_ids, attention_mask=None,
@@ -186,7 +186,7 @@ class TensorParallelGPT2(nn.Module):
             the whole world). Every collective of the model runs in it.
 
     Raises:
-        ValueError: ``n_head`` or the MLP width not divisible by ``tp_size``; bad ``block_types``.
+        ValueError: ``n_head`` or the MLP width not divisible by ``tp``; bad ``block_types``.
     """
 
     def __init__(self, hf_model, block_types=None, sequence_parallel: bool = False, group=None):
@@ -195,7 +195,7 @@ class TensorParallelGPT2(nn.Module):
         self.group = group
         p = group_size(group)
         self.block_types = validate_tp_config(config, p, block_types)
-        self.tp_size, self.sequence_parallel = p, sequence_parallel
+        self.tp, self.sequence_parallel = p, sequence_parallel
         self.vocab_size = config.vocab_size
         self.padded_vocab_size = -(-config.vocab_size // p) * p  # rows added so that ranks split evenly
         tr = hf_model.transformer
@@ -225,7 +225,7 @@ class TensorParallelGPT2(nn.Module):
                 labels: torch.Tensor | None = None) -> TensorParallelOutput:
         seq = input_ids.size(1)
         if self.sequence_parallel:
-            input_ids, attention_mask, seq = pad_sequence_to_multiple(input_ids, attention_mask, self.tp_size)
+            input_ids, attention_mask, seq = pad_sequence_to_multiple(input_ids, attention_mask, self.tp)
         batch, padded_seq = input_ids.shape
         positions = torch.arange(padded_seq, device=input_ids.device)[None]
         with region("embedding"):
@@ -260,7 +260,7 @@ class TensorParallelGPT2(nn.Module):
         return TensorParallelOutput(logits, loss)
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, padded_vocab / tp_size) -> (batch, seq, vocab_size), the same on every rank."""
+        """(batch, seq, padded_vocab / tp) -> (batch, seq, vocab_size), the same on every rank."""
         return gather_from_tensor_parallel_region(logits, self.group)[..., : self.vocab_size]
 
     def partial_grad_params(self) -> list[nn.Parameter]:

@@ -1,7 +1,7 @@
 """Column- and row-parallel linear layers (Shoeybi et al. 2019, Megatron-LM, Sec. 3).
 
 A linear layer ``Y = X A^T + b`` with ``A`` of shape (out_features, in_features), as in
-``torch.nn.Linear``, can be split over ``tp_size`` ranks in two ways:
+``torch.nn.Linear``, can be split over ``tp`` ranks in two ways:
 
 * **column parallel** — ``A`` split by output features (rows of ``A``, columns of ``A^T``):
   rank r computes ``Y_r = X A_r^T + b_r``, its own slice of the output features. The
@@ -14,7 +14,7 @@ A linear layer ``Y = X A^T + b`` with ``A`` of shape (out_features, in_features)
 Both are built from the full ("master") weight of a dense layer, so the parallel layer
 computes the same function as the dense one. Both take the tensor-parallel ``group`` (the
 ``tp`` group of the run's mesh; None: the whole world) and communicate only in it; "rank"
-and ``tp_size`` are the rank in that group and its size. With ``sequence_parallel=True`` (Korthikanti
+and ``tp`` are the rank in that group and its size. With ``sequence_parallel=True`` (Korthikanti
 et al. 2022, Sec. 4.2.2) the column layer all-gathers its input along the sequence instead
 of ``f``, and the row layer reduce-scatters its output along the sequence instead of ``g``.
 """
@@ -35,8 +35,8 @@ from tensor_parallel.mappings import (copy_to_tensor_parallel_region, gather_fro
 def divide(numerator: int, denominator: int, what: str) -> int:
     """``numerator // denominator``; ValueError naming ``what`` if it does not divide evenly."""
     if numerator % denominator:
-        raise ValueError(f"{what}={numerator} is not divisible by tp_size={denominator}; "
-                         f"choose sizes that are multiples of tp_size or a tp_size that divides {numerator}")
+        raise ValueError(f"{what}={numerator} is not divisible by tp={denominator}; "
+                         f"choose sizes that are multiples of tp or a tp that divides {numerator}")
     return numerator // denominator
 
 
@@ -65,9 +65,9 @@ class ColumnParallelLinear(nn.Module):
     """Linear layer with the weight split by output features over the ranks.
 
     Shapes: input (..., in_features), the same on every rank (or, with
-    ``sequence_parallel``, this rank's (batch, seq / tp_size, in_features)); output
-    (..., out_features / tp_size), or (..., out_features) with ``gather_output=True``.
-    Parameters on rank r: ``weight`` (out_features / tp_size, in_features) = rows
+    ``sequence_parallel``, this rank's (batch, seq / tp, in_features)); output
+    (..., out_features / tp), or (..., out_features) with ``gather_output=True``.
+    Parameters on rank r: ``weight`` (out_features / tp, in_features) = rows
     ``[r * out/p, (r + 1) * out/p)`` of the master weight, and the same slice of the bias.
 
     Args:
@@ -76,7 +76,7 @@ class ColumnParallelLinear(nn.Module):
         group: the tensor-parallel process group (None: the world).
 
     Raises:
-        ValueError: ``out_features`` not divisible by ``tp_size``; master shapes wrong.
+        ValueError: ``out_features`` not divisible by ``tp``; master shapes wrong.
 
     Source: Shoeybi et al. 2019, Megatron-LM, Sec. 3 (Eq. 3, the first GEMM of the MLP).
     """
@@ -103,7 +103,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(bias_shard.detach().clone()) if bias else None
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's output slice without any communication: (..., in) -> (..., out / tp_size)."""
+        """This rank's output slice without any communication: (..., in) -> (..., out / tp)."""
         return F.linear(x, self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,11 +129,11 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Linear layer with the weight split by input features over the ranks.
 
-    Shapes: input (..., in_features / tp_size) when ``input_is_parallel`` (the output of a
+    Shapes: input (..., in_features / tp) when ``input_is_parallel`` (the output of a
     column-parallel layer), else (..., in_features), the same on every rank, of which this
     rank takes its slice. Output (..., out_features), the same on every rank (with
-    ``sequence_parallel``: this rank's (batch, seq / tp_size, out_features)).
-    Parameters on rank r: ``weight`` (out_features, in_features / tp_size) = columns
+    ``sequence_parallel``: this rank's (batch, seq / tp, out_features)).
+    Parameters on rank r: ``weight`` (out_features, in_features / tp) = columns
     ``[r * in/p, (r + 1) * in/p)`` of the master weight; ``bias`` (out_features,), the whole
     bias, replicated — added once, after the partial sums are reduced.
 
@@ -142,7 +142,7 @@ class RowParallelLinear(nn.Module):
         group: the tensor-parallel process group (None: the world).
 
     Raises:
-        ValueError: ``in_features`` not divisible by ``tp_size``; master shapes wrong;
+        ValueError: ``in_features`` not divisible by ``tp``; master shapes wrong;
             ``sequence_parallel`` without ``input_is_parallel``.
 
     Source: Shoeybi et al. 2019, Megatron-LM, Sec. 3 (the second GEMM of the MLP, ``g``).
@@ -170,7 +170,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(master_bias.detach().clone()) if bias else None
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sum, no bias, no communication: (..., in / tp_size) -> (..., out)."""
+        """This rank's partial sum, no bias, no communication: (..., in / tp) -> (..., out)."""
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,17 +38,17 @@ SEQUENCE_DIM = 1
 
 
 def split_along_dim(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
-    """This rank's chunk of ``x`` along ``dim`` (size ``x.size(dim) // tp_size``; no communication).
+    """This rank's chunk of ``x`` along ``dim`` (size ``x.size(dim) // tp``; no communication).
 
-    ``tp_size`` is the size of ``group`` and "this rank" its rank in ``group``.
+    ``tp`` is the size of ``group`` and "this rank" its rank in ``group``.
 
     Raises:
-        ValueError: ``x.size(dim)`` is not divisible by ``tp_size``.
+        ValueError: ``x.size(dim)`` is not divisible by ``tp``.
     """
     p = group_size(group)
     if x.size(dim) % p:
         raise ValueError(f"cannot split size {x.size(dim)} of dim {dim} into {p} equal chunks; "
-                         f"make it divisible by tp_size={p}")
+                         f"make it divisible by tp={p}")
     # BEGIN ASSIGN5_3_1
     return x.chunk(p, dim=dim)[group_rank(group)].contiguous()
     # END ASSIGN5_3_1
@@ -184,27 +184,27 @@ def reduce_from_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Ten
 
 
 def scatter_to_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(..., n) -> (..., n / tp_size): this rank's chunk of the last dimension."""
+    """(..., n) -> (..., n / tp): this rank's chunk of the last dimension."""
     return ScatterToTensorParallelRegion.apply(x, group)
 
 
 def gather_from_tensor_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(..., n / tp_size) -> (..., n): every rank's chunk, concatenated in rank order."""
+    """(..., n / tp) -> (..., n): every rank's chunk, concatenated in rank order."""
     return GatherFromTensorParallelRegion.apply(x, group)
 
 
 def scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(batch, seq, ...) -> (batch, seq / tp_size, ...): this rank's part of the sequence."""
+    """(batch, seq, ...) -> (batch, seq / tp, ...): this rank's part of the sequence."""
     return ScatterToSequenceParallelRegion.apply(x, group)
 
 
 def gather_from_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(batch, seq / tp_size, ...) -> (batch, seq, ...): all-gather forward, reduce-scatter backward."""
+    """(batch, seq / tp, ...) -> (batch, seq, ...): all-gather forward, reduce-scatter backward."""
     return GatherFromSequenceParallelRegion.apply(x, group)
 
 
 def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(batch, seq, ...) partial sums -> (batch, seq / tp_size, ...) of their sum: reduce-scatter forward."""
+    """(batch, seq, ...) partial sums -> (batch, seq / tp, ...) of their sum: reduce-scatter forward."""
     return ReduceScatterToSequenceParallelRegion.apply(x, group)
 
 

@@ -41,23 +41,23 @@ def parse_block_types(block_types: str | Sequence[str] | None, n_layer: int) -> 
     return names
 
 
-def validate_tp_config(config, tp_size: int, block_types=None) -> list[str]:
-    """Check that a GPT-2 config can be split over ``tp_size`` ranks; return one block type per layer.
+def validate_tp_config(config, tp: int, block_types=None) -> list[str]:
+    """Check that a GPT-2 config can be split over ``tp`` ranks; return one block type per layer.
 
     ``config`` needs ``n_head``, ``n_embd``, ``n_layer`` and ``n_inner`` (None: 4 * n_embd),
     like ``transformers.GPT2Config``.
 
     Raises:
-        ValueError: ``tp_size`` < 1; ``n_head`` or the MLP width not divisible by ``tp_size``;
+        ValueError: ``tp`` < 1; ``n_head`` or the MLP width not divisible by ``tp``;
             bad ``block_types`` (see :func:`tensor_parallel.block_types.parse_block_types`).
     """
-    if not isinstance(tp_size, int) or tp_size < 1:
-        raise ValueError(f"tp_size must be a whole number >= 1, not {tp_size!r}")
-    if config.n_head % tp_size:
-        raise ValueError(f"n_head={config.n_head} is not divisible by tp_size={tp_size}: attention is split by "
-                         f"heads; choose a tp_size that divides {config.n_head}")
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a whole number >= 1, not {tp!r}")
+    if config.n_head % tp:
+        raise ValueError(f"n_head={config.n_head} is not divisible by tp={tp}: attention is split by "
+                         f"heads; choose a tp that divides {config.n_head}")
     inner = config.n_inner if config.n_inner is not None else 4 * config.n_embd
-    if inner % tp_size:
-        raise ValueError(f"the MLP width (n_inner={inner}) is not divisible by tp_size={tp_size}; "
-                         f"choose a tp_size that divides {inner}")
+    if inner % tp:
+        raise ValueError(f"the MLP width (n_inner={inner}) is not divisible by tp={tp}; "
+                         f"choose a tp that divides {inner}")
     return parse_block_types(block_types, config.n_layer)

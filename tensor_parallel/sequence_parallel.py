@@ -17,7 +17,7 @@ as plain TP while the activations outside the attention and MLP shrink p times.
 In the model (:class:`tensor_parallel.gpt2.TensorParallelGPT2`): the embedding output is
 split along the sequence, ``ColumnParallelLinear``/``RowParallelLinear`` are built with
 ``sequence_parallel=True``, and the final layer norm's output is all-gathered before the
-(vocabulary-parallel) output layer. The sequence length must be divisible by ``tp_size``;
+(vocabulary-parallel) output layer. The sequence length must be divisible by ``tp``;
 the model pads the input at the end (causal attention makes trailing padding harmless).
 
 Each rank's layer norms and row-parallel biases now see only its tokens, so their

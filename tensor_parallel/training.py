@@ -18,7 +18,7 @@ from course.collectives import CommCounter
 from course.epoch_runner import Evaluation, StepOutcome, TrainingMode, run_epochs, supervised_step
 from course.launch import context
 from course.mesh import Mesh
-from course.task import build_model, prepare_data, worker_env_quiet
+from course.task import build_model
 from tensor_parallel.export import hf_state_dict
 from tensor_parallel.gpt2 import TensorParallelGPT2
 
@@ -62,10 +62,10 @@ class TensorParallelTraining(TrainingMode):
 
     mode = "tensor_parallel"
 
-    def __init__(self, args, data, device, model, n_layer, mesh, **kwargs):
-        super().__init__(args, data, device, **kwargs)
+    def __init__(self, config, data, device, model, n_layer, mesh, **kwargs):
+        super().__init__(config, data, device, **kwargs)
         self.model, self.n_layer, self.mesh = model, n_layer, mesh
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
         self.counter = CommCounter()  # counts and bytes (it reads no clock: no GPU synchronisation)
 
     @property
@@ -73,8 +73,8 @@ class TensorParallelTraining(TrainingMode):
         return f"tp{self.mesh.tp_rank}"  # each tp rank saves its shards
 
     def epoch_batches(self, epoch: int):
-        loader = epoch_loader(self.data.train, self.args.batch_size, self.data.collate, seed=self.args.seed + epoch)
-        steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
+        loader = epoch_loader(self.data.train, self.config.batch_size, self.data.collate, seed=self.config.seed + epoch)
+        steps = len(loader) if self.config.max_batches is None else min(len(loader), self.config.max_batches)
         return loader, steps
 
     def training(self, epoch: int):
@@ -97,53 +97,39 @@ class TensorParallelTraining(TrainingMode):
         return {"comm_per_step": per_step(self.counter, stats["steps"], self.n_layer),
                 "parameters_on_rank": sum(p.numel() for p in self.model.parameters())}
 
-    def config(self) -> dict:
-        tp_size = self.mesh.dims.tp
-        return {**self.args.record(), "world_size": self.mesh.world_size, "tp_size": tp_size, "mode": self.mode,
-                "sequence_parallel": bool(self.args.sequence_parallel), "block_types": self.model.block_types,
+    def record(self) -> dict:
+        return {**self.config.record(), "world_size": self.mesh.world_size, "mode": self.mode,
+                "sequence_parallel": bool(self.config.sequence_parallel), "block_types": self.model.block_types,
                 "n_layer": self.n_layer, "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
-        return f"epoch {epoch} (tp_size {self.mesh.dims.tp})"
+        return f"epoch {epoch} (tp {self.mesh.dims.tp})"
 
 
-def tp_training(rank: int, args, data, mesh: Mesh) -> TensorParallelTraining:
-    """This rank's :class:`TensorParallelTraining` over ``mesh.tp_group``: the GPT-2 of ``args`` (same seed
-    on every rank) cut into this rank's shards (``args.block_types``, ``args.sequence_parallel``) on the
-    worker's device. What :func:`train_tp` trains; the parity harness (``project/parity.py``) steps it
-    directly."""
+def tp_training(config, data, mesh: Mesh) -> TensorParallelTraining:
+    """This rank's :class:`TensorParallelTraining` over ``mesh.tp_group``: the GPT-2 of ``config`` (same seed
+    on every rank) cut into this rank's shards (``config.block_types``, ``config.sequence_parallel``) on the
+    worker's device. What ``project/train.py --mode tp`` trains; the parity harness (``project/tools/parity.py``) steps
+    it directly."""
     device = context().device
-    hf_model = build_model(args, data.tokenizer.vocab_size)
-    model = TensorParallelGPT2(hf_model, block_types=args.block_types, sequence_parallel=args.sequence_parallel,
+    hf_model = build_model(config, data.tokenizer.vocab_size)
+    model = TensorParallelGPT2(hf_model, block_types=config.block_types, sequence_parallel=config.sequence_parallel,
                                group=mesh.tp_group).to(device)
-    return TensorParallelTraining(args, data, device, model, hf_model.config.n_layer, mesh, rank=rank,
-                                  world_group=mesh.group("world"), show_progress=rank == 0)
+    return TensorParallelTraining(config, data, device, model, hf_model.config.n_layer, mesh, rank=mesh.rank,
+                                  world_group=mesh.group("world"), show_progress=mesh.rank == 0)
 
 
-def run_tp(rank: int, world_size: int, args) -> dict:
-    """Train ``args.n_epochs`` epochs with tensor parallelism over ``world_size`` ranks (``tp = world_size``).
-
-    Writes ``<workdir>/tensor_parallel_rank{r}_results_epoch{e}.json`` (validation_loss,
-    bleu, training_time, tokens_per_sec, train_losses, ``comm_per_step``, config) and, on
-    rank 0, ``tensor_parallel_translations_epoch{e}.json``.
-
-    Args:
-        args: the run's configuration (``project/run_tensor_parallel.py``'s ``TensorParallelConfig``; ``tp == world_size``,
-            ``sequence_parallel``, ``block_types``, and the shared ones).
+def train_tp(rank: int, world_size: int, config, data, mesh: Mesh | None = None) -> dict:
+    """:func:`tp_training`'s epochs on already prepared data (:func:`course.task.prepare_data`) and, optionally, a
+    built mesh (default: ``tp = world_size``).
 
     Returns:
         ``{"results": [paths], "train_losses": [...], "validation_loss": [...]}``.
     """
-    worker_env_quiet()
-    return train_tp(rank, world_size, args, prepare_data(args))
-
-
-def train_tp(rank: int, world_size: int, args, data, mesh: Mesh | None = None) -> dict:
-    """:func:`run_tp` on already prepared data (:func:`course.task.prepare_data`) and, optionally, a built mesh."""
     import json
 
     mesh = mesh or Mesh.build(tp=world_size)
-    written = run_epochs(tp_training(rank, args, data, mesh))
+    written = run_epochs(tp_training(config, data, mesh))
     results = [json.loads(open(path).read()) for path in written]
     return {"results": written, "train_losses": [x for r in results for x in r["train_losses"]],
             "validation_loss": [r["validation_loss"] for r in results]}

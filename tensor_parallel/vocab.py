@@ -26,9 +26,9 @@ from tensor_parallel.mappings import reduce_from_tensor_parallel_region
 IGNORE_INDEX = -100
 
 
-def vocab_range(vocab_size: int, rank: int, tp_size: int) -> tuple[int, int]:
+def vocab_range(vocab_size: int, rank: int, tp: int) -> tuple[int, int]:
     """``[start, end)`` of the token ids rank ``rank`` owns (equal ranges; ValueError if uneven)."""
-    per_rank = divide(vocab_size, tp_size, "vocab_size")
+    per_rank = divide(vocab_size, tp, "vocab_size")
     return rank * per_rank, (rank + 1) * per_rank
 
 
@@ -37,7 +37,7 @@ class VocabParallelEmbedding(nn.Module):
 
     Shapes: ``input_ids`` (...) of token ids in ``[0, num_embeddings)``, the same on every
     rank -> (..., embedding_dim), the same on every rank. Parameter on rank r: ``weight``
-    (num_embeddings / tp_size, embedding_dim), rows ``[vocab_start, vocab_end)`` of the master.
+    (num_embeddings / tp, embedding_dim), rows ``[vocab_start, vocab_end)`` of the master.
 
     Args:
         master_weight: the dense (num_embeddings, embedding_dim) weight to cut from; drawn
@@ -45,7 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         group: the tensor-parallel process group (None: the world); rank r is the rank in it.
 
     Raises:
-        ValueError: ``num_embeddings`` not divisible by ``tp_size``; master shape wrong.
+        ValueError: ``num_embeddings`` not divisible by ``tp``; master shape wrong.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, master_weight: torch.Tensor | None = None,
@@ -116,7 +116,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     """Per-token cross-entropy (nats) from this rank's slice of the logits.
 
     Args:
-        logits: (..., vocab_size / tp_size), rank r's columns ``[r * V/p, (r+1) * V/p)``.
+        logits: (..., vocab_size / tp), rank r's columns ``[r * V/p, (r+1) * V/p)``.
         target: (...) token ids in ``[0, vocab_size)``, or ``ignore_index``; same on every rank.
         group: the tensor-parallel process group (None: the world).
 
@@ -140,7 +140,7 @@ def vocab_parallel_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
     -100 (source, ``<eos_src>``, padding) are not counted.
 
     Args:
-        logits: (batch, seq, vocab_size / tp_size); labels: (batch, seq).
+        logits: (batch, seq, vocab_size / tp); labels: (batch, seq).
         reduction: ``mean`` over counted tokens (0 if there are none) or ``sum``.
         group: the tensor-parallel process group (None: the world).
     """

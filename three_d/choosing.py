@@ -1,7 +1,7 @@
 """Choosing ``(dp, pp, tp)``: rank the factorisations by prediction and by measurement, and MFU.
 
 Notebook 06 predicts each factorisation's step time and memory per rank with the planner
-(``python -m project.planner``), measures them (:mod:`three_d.factorisation_benchmark`) and compares the two
+(``python -m project.planner``), measures them (:mod:`three_d.labs.factorisation_benchmark`) and compares the two
 orders with :func:`compare_rankings`; :func:`leader_verdicts` says whether the factorisation with the best
 median is measurably faster than every other (:func:`course.benchmarking.compare`), the only way the notebook
 names a fastest one. :func:`mfu` is the field's model FLOPs utilisation, :func:`matmul_rate` the peak it divides

@@ -82,7 +82,7 @@ class TensorParallelStage(nn.Module):
         self.blocks = stage_blocks(config.n_layer, stage, n_stages)
         full = tensor_parallel.TensorParallelGPT2(hf_model, group=group)
         self.__dict__["full_model"] = full  # not a submodule: its other stages' layers are not this stage's
-        self.tp_size, self.vocab_size, self.padded_vocab_size = full.tp_size, full.vocab_size, full.padded_vocab_size
+        self.tp, self.vocab_size, self.padded_vocab_size = full.tp, full.vocab_size, full.padded_vocab_size
         if self.is_first:
             self.wte, self.wpe, self.drop = full.wte, full.wpe, full.drop
         self.h = nn.ModuleDict({str(i): full.h[i] for i in self.blocks})

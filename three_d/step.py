@@ -36,7 +36,6 @@ import torch
 
 import pipeline
 from course.collectives import all_reduce, group_size
-from course.renames import renamed_keywords
 from three_d import SCHEDULES, V_SCHEDULE_MESSAGE, V_SCHEDULES  # the schedules a 3D step runs
 
 
@@ -99,7 +98,6 @@ def clip_gradients(stage, norm: float, max_norm: float) -> None:
             p.grad.mul_(coef)
 
 
-@renamed_keywords(n_chunk="micro_batches")
 def three_d_step(stage, runner, mesh, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int,
                  schedule: str = "1f1b", max_norm: float | None = 1.0) -> dict:
     """One 3D step's forward, backward and gradient processing (no optimizer step).

@@ -116,13 +116,13 @@ class ThreeDTraining(TrainingMode):
 
     mode = "three_d"
 
-    def __init__(self, args, data, device, rank_setup: ThreeDRank):
+    def __init__(self, config, data, device, rank_setup: ThreeDRank):
         mesh, stage = rank_setup.mesh, rank_setup.stage
-        super().__init__(args, data, device, rank=mesh.rank, world_group=mesh.group("world"),
+        super().__init__(config, data, device, rank=mesh.rank, world_group=mesh.group("world"),
                          throughput_group=mesh.dp_group,
                          show_progress=mesh.is_last_stage and mesh.dp_rank == 0 and mesh.tp_rank == 0)
         self.mesh, self.stage = mesh, stage
-        self.optimizer = torch.optim.AdamW(stage.parameters(), lr=args.learning_rate)
+        self.optimizer = torch.optim.AdamW(stage.parameters(), lr=config.learning_rate)
         self.runner = rank_setup.runner
         self.runner.timed = False  # the runner reads its clock only on the steps recorded (train_step)
         self.record_step = False  # whether the coming step is the epoch's last (epoch_batches)
@@ -191,11 +191,11 @@ class ThreeDTraining(TrainingMode):
         self.stage.train()
 
     def epoch_batches(self, epoch: int):
-        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.args.seed + epoch),
+        order = torch.randperm(len(self.data.train), generator=torch.Generator().manual_seed(self.config.seed + epoch),
                                device="cpu")
-        loader = DataLoader(Subset(self.data.train, order.tolist()), batch_size=self.args.batch_size,
+        loader = DataLoader(Subset(self.data.train, order.tolist()), batch_size=self.config.batch_size,
                             collate_fn=self.data.collate, drop_last=True)  # every dp rank needs its full share
-        steps = len(loader) if self.args.max_batches is None else min(len(loader), self.args.max_batches)
+        steps = len(loader) if self.config.max_batches is None else min(len(loader), self.config.max_batches)
         return self._marking_the_last(loader, steps), steps
 
     def _marking_the_last(self, loader, steps: int):
@@ -211,15 +211,15 @@ class ThreeDTraining(TrainingMode):
         return self.counter
 
     def train_step(self, batch: dict) -> StepOutcome:
-        share = self.args.batch_size // self.mesh.dims.dp
+        share = self.config.batch_size // self.mesh.dims.dp
         rows = slice(self.mesh.dp_rank * share, (self.mesh.dp_rank + 1) * share)
         ids, labels = batch["input_ids"][rows].to(self.device), batch["labels"][rows].to(self.device)
         origin = self.runner.origin
         # a trace asked for, or the step the results report: this step's spans, on a recorder of its own
         step = trace.Recorder(self.device) if trace.active() or self.record_step else None
         with _recording_step(step):
-            out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.args.micro_batches,
-                               self.args.schedule, self.args.max_grad_norm)
+            out = three_d_step(self.stage, self.runner, self.mesh, ids, labels, self.config.micro_batches,
+                               self.config.schedule, self.config.max_grad_norm)
             self.optimizer.step()
         result = out["result"]
         self.peak_bytes = max(self.peak_bytes, result.peak_activation_bytes)
@@ -286,25 +286,25 @@ class ThreeDTraining(TrainingMode):
                 "last_grad_norm": getattr(self, "last_grad_norm", None), "time_origin": self.runner.origin,
                 "tied_weight_max_abs_difference": getattr(self, "tied_difference", None)}
 
-    def config(self) -> dict:
-        return {**self.args.record(), "mode": self.mode, "world_size": self.mesh.world_size,
+    def record(self) -> dict:
+        return {**self.config.record(), "mode": self.mode, "world_size": self.mesh.world_size,
                 "blocks": list(self.stage.blocks),
                 "mesh": self.mesh.describe()}
 
     def progress_desc(self, epoch: int) -> str:
         d = self.mesh.dims
-        return f"3d dp{d.dp} pp{d.pp} tp{d.tp} {self.args.schedule} epoch {epoch}"
+        return f"3d dp{d.dp} pp{d.pp} tp{d.tp} {self.config.schedule} epoch {epoch}"
 
 
-def three_d_training(args, data, mesh) -> ThreeDTraining:
-    """This rank's :class:`ThreeDTraining` on the run's ``args.dp x args.pp x args.tp`` ``mesh``: the same GPT-2
+def three_d_training(config, data, mesh) -> ThreeDTraining:
+    """This rank's :class:`ThreeDTraining` on the run's ``config.dp x config.pp x config.tp`` ``mesh``: the same GPT-2
     on every rank (same seed), cut into this rank's tensor-parallel stage on the worker's device
     (:func:`three_d.rank_setup.setup_rank`). What ``project/train.py --mode 3d`` trains.
 
     Raises:
-        ValueError: a mesh of other sizes than ``args.dims``.
+        ValueError: a mesh of other sizes than ``config.dims``.
     """
     device = context().device
-    ranked = setup_rank(args.dims, build_model(args, data.tokenizer.vocab_size), device,
-                        scatter_gather=args.scatter_gather, mesh=mesh)
-    return ThreeDTraining(args, data, device, ranked)
+    ranked = setup_rank(config.dims, build_model(config, data.tokenizer.vocab_size), device,
+                        scatter_gather=config.scatter_gather, mesh=mesh)
+    return ThreeDTraining(config, data, device, ranked)

@@ -8,7 +8,7 @@ metadata ``course_calculator_link`` too, for notebooks older than nbformat 4.5):
 changes nothing, and a changed text replaces the cell's source where it is. It links to ``website/calculators.md``
 with the calculator's anchor; the site maps that file to its calculators page (``website/stage.py``), and in
 Jupyter the link opens the page's source, which says what each calculator computes. The cell has no outputs:
-the notebooks are executed after it is added (``project/execute_notebooks.py``), not by this script.
+the notebooks are executed after it is added (``project/tools/execute_notebooks.py``), not by this script.
 
 Which notebook links to which calculator is :data:`website.calculators.NOTEBOOK_TOPICS`.
 """

@@ -144,7 +144,7 @@ def _schedules() -> list[dict]:
 
     rows = []
     for s in SCHEDULES.values():
-        vs = range(1, MAX_VIRTUAL_STAGES + 1) if s.chunks else (1,)
+        vs = range(1, MAX_VIRTUAL_STAGES + 1) if s.interleaved else (1,)
         work = [s.work_per_micro(v) for v in vs]
         for v, w in zip(vs, work):
             for p in range(1, 9):
@@ -153,7 +153,7 @@ def _schedules() -> list[dict]:
                         raise CalculatorError(f"schedule {s.name!r}: bubble({p}, {m}, {v}) = {s.bubble(p, m, v)} is not "
                                               f"(p - 1) / (w m + p - 1) with w = work_per_micro({v}) = {w}; give the "
                                               "bubble calculator its formula (website/_static/calculators.js)")
-        rows.append({"name": s.name, "title": s.title, "chunks": s.chunks, "source": s.source, "work": work,
+        rows.append({"name": s.name, "title": s.title, "interleaved": s.interleaved, "source": s.source, "work": work,
                      "in_flight": IN_FLIGHT.get(s.name)})
     return rows
 
@@ -202,7 +202,7 @@ def calculator_data(root: Path) -> dict:
         "activation_models": list(ACTIVATION_MODELS),
         "hardware": hardware,
         "planner": {name: _choices(PlanConfig, name) for name in ("hardware", "schedule", "zero", "precision",
-                                                                   "activation_model", "attention",
+                                                                   "activation_model", "attention_kernel",
                                                                    "selective_checkpointing", "cp_comm")},
         "headroom": ALLOCATOR_HEADROOM,
         "schedules": _schedules(),

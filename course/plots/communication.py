@@ -73,7 +73,7 @@ def plot_ring_steps(traces: dict, world_size: int, chunk_sizes: list[int] | None
 def plot_allreduce_bandwidth(report: dict, world_size: int, title: str | None = None):
     """Left: time per all-reduce vs size (median, min-max bars) with each algorithm's fitted line, labelled
     with alpha per step, 1/beta and the fit's quality (``dist.all_reduce``: a whole call's intercept); right:
-    bus bandwidth vs size. ``report``: one world size of ``project/benchmark.py``'s JSON
+    bus bandwidth vs size. ``report``: one world size of ``project/tools/benchmark.py``'s JSON
     (``["allreduce"][str(p)]``, each algorithm's ``"fit"``)."""
     import matplotlib.pyplot as plt
 
@@ -146,7 +146,7 @@ def plot_overlap_timeline(timelines: dict, title: str = "Bucket all-reduces and 
     """One row per (run, rank): the backward pass as a grey bar, each bucket's all-reduce as a bar
     from its launch to the end of its wait, and the end of ``finish()``.
 
-    ``timelines``: ``{label: {rank: communication.experiments.overlap_timeline_worker output}}``.
+    ``timelines``: ``{label: {rank: communication.labs.experiments.overlap_timeline_worker output}}``.
     """
     import matplotlib.pyplot as plt
 

@@ -1,4 +1,4 @@
-"""Plots of context parallelism (notebook 07), drawn from what :mod:`context_parallel.experiments` measured:
+"""Plots of context parallelism (notebook 07), drawn from what :mod:`context_parallel.labs.experiments` measured:
 attention memory against sequence length, the ring's schedule, work per rank, communication per layer,
 memory per rank against sequence length and cp."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ def plot_ring_schedule(schedule: list[dict], pass_: str = "forward", title: str 
     started on, labelled ``KV<src>`` and its tiles), grey where the rank waited for the next block.
 
     ``schedule``: one dict per rank with ``rank`` and ``pass_`` -> steps (``src``, ``tiles``, ``compute`` and
-    ``wait`` spans in seconds), as :func:`context_parallel.experiments.ring_report_worker` returns.
+    ``wait`` spans in seconds), as :func:`context_parallel.labs.experiments.ring_report_worker` returns.
     """
     plt = _plt()
     ranks = sorted(schedule, key=lambda e: e["rank"])

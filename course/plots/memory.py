@@ -7,7 +7,7 @@ COLORS = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green"}
 
 def plot_memory_bars(rows: list[dict], ax=None, title: str | None = None):
     """Stacked bars of measured bytes per parameter (params, grads, optimizer) for each ``(zero, dp)``
-    of ``rows`` (``memory.experiments.measure_stage`` results), with the ZeRO formula's total as a
+    of ``rows`` (``memory.labs.experiments.measure_stage`` results), with the ZeRO formula's total as a
     black tick on each bar. Returns the axes."""
     import matplotlib.pyplot as plt
 

@@ -21,14 +21,14 @@ def plot_rank_grid(cells: list[dict], title: str = "", ax=None):
     """One box per rank: stages left to right (pp), dp replicas top to bottom, tp ranks within a replica.
 
     Args:
-        cells: one dict per rank: ``{"rank", "pp", "dp", "tp", "tp_size", "blocks"}`` (``blocks``: the
+        cells: one dict per rank: ``{"rank", "pp", "dp", "tp", "blocks"}`` (its coordinates; ``blocks``: the
             global indices of the stage's transformer blocks), plus optional ``"extra"`` text
             (e.g. "embedding", "LM head").
     """
     plt = _plt()
     pp = 1 + max(c["pp"] for c in cells)
     dp = 1 + max(c["dp"] for c in cells)
-    tp = cells[0]["tp_size"]
+    tp = 1 + max(c["tp"] for c in cells)
     if ax is None:
         _, ax = plt.subplots(figsize=(2.3 * pp + 0.8, 0.75 * dp * tp + 0.9))
     colors = plt.get_cmap("tab10")

@@ -76,7 +76,7 @@ def plot_balance_over_training(balance: dict, title: str = "Load balance and los
     the worst MoE layer; 0 is perfectly balanced) and the next-token training loss.
 
     ``balance`` maps a label to ``{"max_violation": [per step], "loss": [per step]}``
-    (:func:`moe.experiments.balance_over_training`).
+    (:func:`moe.labs.experiments.balance_over_training`).
     """
     plt = _plt()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))

@@ -1,9 +1,9 @@
-"""The loss-parity report of ``project/parity.py`` as curves: every configuration against its one-process run."""
+"""The loss-parity report of ``project/tools/parity.py`` as curves: every configuration against its one-process run."""
 from __future__ import annotations
 
 
 def plot_parity(report: dict, title: str = "Every configuration against one process, step by step"):
-    """Three panels over the steps of ``report`` (:func:`project.parity.run_parity`): the training loss of
+    """Three panels over the steps of ``report`` (:func:`project.tools.parity.run_parity`): the training loss of
     the one-process references (thick) and of every configuration; ``|loss - reference loss|`` (nats/token,
     log scale; exact zeros drawn at 1e-9); and the relative difference of the applied gradient's norm.
     Configurations with the same differences draw on top of each other; the legend names every line.

@@ -62,7 +62,7 @@ class LocalStepsTraining(TrainingMode):
         self.seconds: list[float] = []
 
     def epoch_batches(self, epoch: int):
-        return _batches(self.data, self.args, self.rank, self.world, self.args.seed), self.steps
+        return _batches(self.data, self.config, self.rank, self.world, self.config.seed), self.steps
 
     def training(self, epoch: int):
         return self.counter
@@ -87,7 +87,7 @@ class LocalStepsTraining(TrainingMode):
 
     def epoch_extra(self, epoch: int, stats: dict) -> dict:
         traffic = self.counter.summary().get("all_reduce", {"traffic_bytes": 0.0, "bytes": 0})
-        return {"variant": variant_name(self.h), "h": self.h, "seed": self.args.seed,
+        return {"variant": variant_name(self.h), "h": self.h, "seed": self.config.seed,
                 "traffic_bytes": traffic["traffic_bytes"], "all_reduced_bytes": traffic["bytes"],
                 "step_seconds": sorted(self.seconds)[len(self.seconds) // 2],
                 "parameter_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters())}

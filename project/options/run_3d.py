@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.config import ConfigError, RunConfig, option
+from course.config import ConfigError, RunConfig
 from three_d import SCHEDULES, V_SCHEDULE_MESSAGE, V_SCHEDULES
-
-THREE_D = "3D parallelism"
 
 
 @dataclass
@@ -16,29 +14,17 @@ class ThreeDConfig(RunConfig):
 
     description = "3D-parallel (dp x pp x tp) GPT-2 training on Multi30k German→English (assignment 5.6)."
     results_prefix = "three_d_"  # its files: three_d_rank{r}_results_epoch{e}.json
-    mesh_options = ("dp", "pp", "tp", "micro_batches")
+    takes = ("dp", "pp", "tp", "micro_batches", "schedule", "scatter_gather", "max_grad_norm")
+    defaults = {"pp": 4, "tp": 2, "micro_batches": 8, "schedule": "1f1b"}
+    choices = {"schedule": tuple(SCHEDULES)}
+    unlisted = {"schedule": V_SCHEDULES}  # refused by check() with what to run instead
+    notes = {"schedule": "one model chunk per rank"}
     world_option = None
-
-    dp: int | None = option(1, "data-parallel replicas", group="mesh")
-    pp: int | None = option(4, "pipeline stages", group="mesh")
-    tp: int | None = option(2, "tensor-parallel ranks per stage", group="mesh")
-    micro_batches: int = option(8, "micro-batches per dp rank's share of a batch", group="mesh", old=("n_chunk",))
-    schedule: str = option("1f1b", "pipeline schedule (one model chunk per rank)", group=THREE_D,
-                           choices=(*SCHEDULES, *V_SCHEDULES), metavar="{" + ",".join(SCHEDULES) + "}")
-    # (--help shows the schedules it runs; zbv and dualpipev still parse, to be refused with what to run instead)
-    scatter_gather: bool = option(False, "send 1/tp of each activation between stages and all-gather it in the tp "
-                                         "group", group=THREE_D)
-    max_grad_norm: float = option(1.0, "clip the global gradient norm to this", group=THREE_D)
 
     def check(self) -> None:
         super().check()
         if self.schedule in V_SCHEDULES:
             raise ConfigError(V_SCHEDULE_MESSAGE.format(name=self.schedule))
-        if self.batch_size % (self.dp * self.micro_batches):
-            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp} x --micro_batches "
-                              f"{self.micro_batches}: every dp rank gets batch_size / dp rows cut into micro_batches "
-                              f"equal micro-batches; try --batch_size "
-                              f"{max(1, self.batch_size // (self.dp * self.micro_batches)) * self.dp * self.micro_batches}")
         if not self.max_grad_norm > 0:
             raise ConfigError(f"--max_grad_norm must be positive, not {self.max_grad_norm}")
 
@@ -49,8 +35,6 @@ class ThreeDConfig(RunConfig):
             except (ValueError, FileNotFoundError) as exc:  # no checkpoint, a damaged one: said as the others are
                 raise exc if isinstance(exc, ConfigError) else ConfigError(str(exc)) from None
         super().check_environment()
-
-
 
 
 def check_resume_layout(config: ThreeDConfig) -> None:

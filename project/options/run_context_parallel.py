@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from course.config import ConfigError, RunConfig, option
+from course.config import ConfigError, RunConfig
 from course.environment import in_torchrun
-
-CP = "context parallelism"
 
 
 @dataclass
@@ -17,21 +15,11 @@ class ContextParallelConfig(RunConfig):
 
     description = "Context-parallel GPT-2 training on packed Multi30k sequences (assignment 5.7)."
     results_prefix = "context_parallel_"  # its files: context_parallel_rank{r}_results_epoch{e}.json
-    mesh_options = ("dp", "cp")
+    takes = ("dp", "cp", "attention", "layout", "seq_len", "block_size")
+    defaults = {"batch_size": 2, "cp": None}
+    notes = {"batch_size": "packed sequences of --seq_len tokens; 2 x 1024 tokens is about the other scripts' 64 "
+                           "pairs", "cp": "default: torchrun's WORLD_SIZE / --dp, else 2"}
     world_option = None  # --cp defaults to torchrun's WORLD_SIZE / --dp (resolve)
-
-    batch_size: int = option(2, "global batch size (packed sequences of --seq_len tokens per optimizer step; 2 x 1024 "
-                                "tokens is about the other scripts' 64 pairs)", group="model and training")
-    dp: int | None = option(1, "data-parallel replicas (each of --cp ranks)", group="mesh")
-    cp: int | None = option(None, "ranks each sequence is cut over (default: torchrun's WORLD_SIZE / --dp, else 2)",
-                            group="mesh")
-    attention: str = option("ring", "ring attention (K/V blocks travel the ring) or Ulysses (all-to-all to heads)",
-                            group=CP, choices=("ring", "ulysses"))
-    layout: str | None = option(None, "which chunks of a sequence each rank holds: zigzag (the ring's default; "
-                                      "balances causal work) or contiguous (Ulysses always)", group=CP,
-                                choices=("zigzag", "contiguous"))
-    seq_len: int = option(1024, "tokens per packed training sequence", group=CP)
-    block_size: int = option(128, "ring: tile size of the blockwise attention (tokens)", group=CP)
 
     def resolve(self, devices: int | None = None, *, here: bool = True) -> None:
         if self.dp is None:
@@ -60,9 +48,6 @@ class ContextParallelConfig(RunConfig):
         if self.seq_len < self.model_max_length:
             raise ConfigError(f"--seq_len {self.seq_len} is shorter than one pair may be (--model_max_length "
                               f"{self.model_max_length}); use a longer --seq_len")
-        if self.batch_size % self.dp:
-            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}; each dp rank takes "
-                              f"batch_size / dp sequences: try --batch_size {max(1, self.batch_size // self.dp) * self.dp}")
         chunks = 2 * self.cp if self.layout == "zigzag" else self.cp
         if self.seq_len % chunks:
             fit = max(chunks, self.seq_len // chunks * chunks)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.config import ConfigError, RunConfig, option
+from course.config import COMMUNICATION, MEMORY, ZEROPP, ConfigError, RunConfig, options_in
 from course.environment import in_torchrun
-
-ZEROPP = ("qwz", "hpz", "qgz")  # memory.zeropp.OPTIONS (named again here: this module is torch-free)
 
 
 def zeropp_parts(zero: int, text: str | None) -> tuple[str, ...]:
@@ -26,64 +24,19 @@ def node_group_size(dp: int, requested: int, ranks_per_node: int) -> int:
     return g
 
 
-COMM, MEMORY = "gradient communication (notebooks/04_communication.ipynb)", "memory (notebooks/05_memory.ipynb)"
-
-
 @dataclass
 class DataParallelConfig(RunConfig):
     """``project/run_data_parallel.py``: data parallelism over ``--dp`` processes, with the gradient
     communication of part 5.4 or the memory techniques of part 5.5."""
 
     description = "Data-parallel GPT-2 training on Multi30k German→English (assignment 5.1)."
-    mesh_options = ("dp",)
+    takes = ("dp", "save_checkpoint", "elastic", *options_in(COMMUNICATION, MEMORY))
+    defaults = {"dp": None}
     world_option = "dp"
     resumes_at_another_world_size = True  # data_parallel/data_order.py; ZeRO: memory/sharded_checkpoint.py
 
-    dp: int | None = option(None, "data-parallel processes (default: torchrun's WORLD_SIZE, else 2)", group="mesh",
-                            old=("world_size",))
-    elastic: str | None = option(None, "MIN:MAX nodes, as torchrun's --nnodes=MIN:MAX (project/elastic.py sets it): "
-                                       "every (re)start continues from the latest checkpoint at the world torchrun "
-                                       "gives, each global batch as MAX x nproc_per_node micro-batches accumulated "
-                                       "over the ranks (data_parallel/elastic.py)", group="checkpoints and restarts",
-                                 metavar="MIN:MAX")
-    save_checkpoint: bool = option(False, "save the final weights to <workdir>/checkpoint_data_parallel.pt (a "
-                                          "torch.save file made from a DCP checkpoint)",
-                                   group="checkpoints and restarts")
-    bucket_mb: float | None = option(None, "average gradients in buckets of this many MB (communication."
-                                           "BucketedReducer) instead of one all-reduce per parameter after the "
-                                           "backward pass (default with --overlap: 25)", group=COMM)
-    overlap: bool = option(False, "start each bucket's all-reduce during the backward pass, as soon as it is full",
-                           group=COMM)
-    compression: str = option("none", "topk: top-k sparsification with error feedback; powersgd: rank "
-                                      "--powersgd_rank PowerSGD", group=COMM, choices=("none", "topk", "powersgd"))
-    topk_ratio: float = option(0.01, "--compression topk: fraction of entries sent", group=COMM)
-    powersgd_rank: int = option(1, "--compression powersgd: matrix rank", group=COMM)
-    zero: int = option(0, "ZeRO stage: 0 plain data parallelism, 1 optimizer state sharded over the ranks, 2 also "
-                          "gradients, 3 also parameters (FSDP, each GPT-2 block a unit)", group=MEMORY,
-                       choices=(0, 1, 2, 3))
-    hsdp: int = option(1, "hybrid sharding with --zero 3: the dp ranks as REPLICAS x (dp / REPLICAS); ZeRO-3 inside "
-                          "each group of dp / REPLICAS neighbouring ranks, its gradient slices averaged across the "
-                          "REPLICAS groups (1: ZeRO-3 over all ranks)", group=MEMORY, metavar="REPLICAS")
-    zeropp: str = option("", "ZeRO++ with --zero 3, a comma list of qwz (int8 blockwise weight all-gather), hpz "
-                             "(backward all-gather inside groups of --zeropp_group ranks), qgz (int8 gradient "
-                             "all-to-all) (memory/zeropp.py)", group=MEMORY, metavar="LIST")
-    zeropp_group: int = option(0, "--zeropp hpz: ranks per node-sized group, a divisor of --dp (0: the ranks on one "
-                                  "node, torchrun's LOCAL_WORLD_SIZE, else --dp)", group=MEMORY, metavar="RANKS")
-    activation_checkpointing: bool = option(False, "recompute each GPT-2 block's activations in the backward pass",
-                                            group=MEMORY)
-    precision: str = option("fp32", "bf16: autocast the forward/backward to bfloat16; weights, gradient reductions "
-                                    "and Adam stay fp32", group=MEMORY, choices=("fp32", "bf16"))
-
-    @property
-    def world_size(self) -> int:
-        return self.dp
-
     def check(self) -> None:
         super().check()
-        if self.batch_size % self.dp:
-            raise ConfigError(f"--batch_size {self.batch_size} is not divisible by --dp {self.dp}: each rank takes "
-                              f"batch_size // dp examples; try --batch_size "
-                              f"{max(self.dp, self.batch_size // self.dp * self.dp)}")
         if self.hsdp < 1 or self.dp % self.hsdp:
             raise ConfigError(f"--hsdp {self.hsdp} must be a number of replicas that divides --dp {self.dp} (the dp ranks "
                               f"are laid out as replicas x shard); try --hsdp {2 if self.dp % 2 == 0 else 1}")
@@ -101,12 +54,24 @@ class DataParallelConfig(RunConfig):
         if self.compression != "none" and (self.bucket_mb is not None or self.overlap):
             raise ConfigError(f"--compression {self.compression} sends its own compressed messages per tensor: "
                               "drop --bucket_mb/--overlap, or use --compression none")
-        memory, comm = step_options(self)
+        memory, comm = self.memory_options(), self.communication_options()
         if memory and comm:
             raise ConfigError(f"{', '.join(memory)} run the memory part's training step, which does its own gradient "
                               f"communication; drop {', '.join(comm)} (notebook 04's options), or the memory options")
         if self.elastic is not None:
             check_elastic(self, memory + comm)
+
+    def memory_options(self) -> list[str]:
+        """The memory part's options given (``--zero``, ``--activation_checkpointing``, ``--precision bf16``; ``--hsdp``
+        and ``--zeropp`` need ``--zero 3``): the run trains with :func:`memory.build_sharding`'s sharded step."""
+        return [o for o, on in (("--zero", self.zero), ("--activation_checkpointing", self.activation_checkpointing),
+                                ("--precision bf16", self.precision != "fp32")) if on]
+
+    def communication_options(self) -> list[str]:
+        """The communication part's options given (``--bucket_mb``, ``--overlap``, ``--compression``): the run
+        averages gradients with :func:`communication.build_grad_sync`'s synchroniser."""
+        return [o for o, on in (("--bucket_mb", self.bucket_mb is not None), ("--overlap", self.overlap),
+                                ("--compression", self.compression != "none")) if on]
 
     def zeropp_options(self) -> tuple[str, ...]:
         """``--zeropp`` as a tuple of names (``()`` without it)."""
@@ -147,14 +112,6 @@ class DataParallelConfig(RunConfig):
         if self.resume is not None:
             check_resume_layout(self)
 
-
-def step_options(config: DataParallelConfig) -> tuple[list[str], list[str]]:
-    """The options given that change the training step: the memory part's, and the gradient communication's."""
-    memory = [o for o, on in (("--zero", config.zero), ("--activation_checkpointing", config.activation_checkpointing),
-                              ("--precision bf16", config.precision != "fp32")) if on]
-    comm = [o for o, on in (("--bucket_mb", config.bucket_mb is not None), ("--overlap", config.overlap),
-                            ("--compression", config.compression != "none")) if on]
-    return memory, comm
 
 
 def check_elastic(config: DataParallelConfig, other_options: list[str], nproc_per_node: int | None = None) -> None:

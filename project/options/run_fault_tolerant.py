@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from course.config import ConfigError, RunConfig, check_workdir, option
-
-FT = "fault tolerance (notebooks/11_training_through_failures.ipynb)"
-DRILL = "failure drill"
+from course.config import DRILL, FAULT_TOLERANCE, ConfigError, RunConfig, options_in
+from course.preflight import check_workdir
 
 
 @dataclass
@@ -18,28 +16,11 @@ class FaultTolerantConfig(RunConfig):
     description = ("Fault-tolerant GPT-2 training on Multi30k: replica groups under torchft's lighthouse, "
                    "gradients averaged over the live quorum every step (notebook 11).")
     results_prefix = "ft_replica0_"  # group 0's files (the table printed at the end); group g: group_prefix(g)
-    mesh_options = ("dp",)
+    takes = ("dp", *options_in(FAULT_TOLERANCE, DRILL))
     world_option = "replicas"  # default: torchrun's WORLD_SIZE, the machine's GPUs (modal), else 2
 
-    replicas: int | None = option(None, "replica groups, each a full replica of the model on --dp ranks (default: "
-                                        "one per device, else 2)", group=FT)
-    min_replicas: int = option(1, "the fewest replica groups a step may be taken by (the lighthouse's quorum size)",
-                               group=FT)
-    quorum_timeout: float = option(60.0, "seconds a group waits for a quorum, a cross-group all-reduce or a peer's "
-                                         "state", group=FT)
-    heartbeat_timeout_ms: int = option(2000, "milliseconds without a heartbeat after which the lighthouse drops a "
-                                             "group", group=FT)
-    recovery: str = option("heal", "heal: a killed group restarts alone and heals from a live peer; restart_all: "
-                                   "every group restarts from its latest checkpoint (stop the world, to compare)",
-                           group=DRILL, choices=("heal", "restart_all"))
-    kill_group: int | None = option(None, "SIGKILL every rank of this replica group in mid-step ...", group=DRILL,
-                                    metavar="G")
-    kill_step: int = option(4, "... of this step (after its forward pass)", group=DRILL)
     # Not an option: True in the copy each replica group's ranks get, whose mesh is the group's (--dp ranks).
     in_group: bool = field(default=False, repr=False)
-    restart_step: int | None = option(None, "start the killed group again when the others reach this step; they "
-                                            "wait there until its ranks are up (default: kill_step + 2; with "
-                                            "--recovery heal)", group=DRILL)
 
     @property
     def world_size(self) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from course.config import ConfigError, RunConfig, option
-
+from course.config import ConfigError, RunConfig
 
 
 @dataclass
@@ -15,20 +14,9 @@ class TensorParallelConfig(RunConfig):
 
     description = "Tensor-parallel GPT-2 training on Multi30k German→English (assignment 5.3)."
     results_prefix = "tensor_parallel_"  # its files: tensor_parallel_rank{r}_results_epoch{e}.json
-    mesh_options = ("tp",)
+    takes = ("tp", "sequence_parallel", "block_types")
+    defaults = {"batch_size": 32, "tp": None}
     world_option = "tp"
-
-    batch_size: int = option(32, "global batch size (sequences per optimizer step)", group="model and training")
-    tp: int | None = option(None, "ranks the model is split over (default: torchrun's WORLD_SIZE, else 2)",
-                            group="mesh", old=("tp_size",))
-    sequence_parallel: bool = option(False, "also split layer norms and dropout along the sequence (Korthikanti et "
-                                            "al. 2022)", group="tensor parallelism")
-    block_types: str = option("tp", "tp, spd or parallel: one for every layer, or one per layer comma-separated",
-                              group="tensor parallelism")
-
-    @property
-    def world_size(self) -> int:
-        return self.tp
 
     def export_refusal(self) -> str | None:
         kinds = set(str(self.block_types).split(","))

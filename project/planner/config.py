@@ -18,21 +18,27 @@ class PlanConfig(RunConfig):
     sequence, vocabulary, dropout, preset with the planner's wider choice) and what only planning needs."""
 
     description = "Predict per-rank memory, step time and MFU of a training run before launching it."
-    mesh_options = ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages")
+    # the run scripts' options (course.config.RunConfig's table), with the planner's defaults, choices and notes
+    takes = ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages", "schedule", "n_layer", "num_experts",
+             "top_k", "moe_every", "sequence_parallel", "zero", "zeropp", "zeropp_group", "activation_checkpointing",
+             "precision", "steps", "out")
+    defaults = {"dropout": 0.0, "batch_size": None, "model_max_length": None, "vocab_size": None, "precision": "bf16",
+                "schedule": "1f1b", "num_experts": 1, "steps": 4}
+    choices = {"preset": ("auto", *MODELS), "schedule": ("gpipe", "1f1b", "interleaved", "zb-h1")}
+    notes = {"dropout": "its masks are kept for the backward pass",
+             "preset": "the planner's models, project.planner.model.MODELS: GPT-2 and Llama 3 shapes",
+             "batch_size": "default 64, and for the ranked plans 1024 (with 4096 tokens each: a 4M-token step)",
+             "model_max_length": "default 128, and 4096 for the ranked plans",
+             "vocab_size": "default: the preset's (50,257 for GPT-2's, 128,256 for Llama 3's), else 5000",
+             "num_experts": "1: dense",
+             "zeropp_group": "the planner: 0 is the devices of a node, at most --dp",
+             "activation_checkpointing": "the planner: full recomputation of every block",
+             "precision": "the planner: fp32 prices 4 + 4 + 8 bytes per parameter and fp32 products; bf16 mixed "
+                          "precision, 2 + 2 + 12 bytes, bf16 products and activations",
+             "steps": "the planner: --measure's timed steps, after one warm-up step",
+             "out": "the planner: the prediction (and measurement)"}
     world_option = None
 
-    # ---- the run scripts' options, with the planner's defaults and choices ----
-    dropout: float = option(0.0, "dropout probability (its masks are kept for the backward pass)",
-                            group="model and training")
-    preset: str = option("auto", "model (project.planner.model.MODELS: GPT-2 and Llama 3 shapes); auto: tiny on CPU, "
-                                 "gpt2 on GPU", group="model and training", choices=("auto", *MODELS))
-    batch_size: int | None = option(None, "global batch size (sequences per optimizer step); default 64, and for the "
-                                          "ranked plans 1024 (with 4096 tokens each: a 4M-token step)",
-                                    group="model and training")
-    model_max_length: int | None = option(None, "sequence length (tokens); default 128, and 4096 for the ranked plans",
-                                          group="data")
-    vocab_size: int | None = option(None, "vocabulary (tokens); default: the preset's (50,257 for GPT-2's, 128,256 for "
-                                          "Llama 3's), else 5000 (the course tokenizer's)", group="data")
     # ---- what only planning needs ----
     hardware: str = option("h100", "device (course.hardware.HARDWARE, published figures) or cpu (this machine, "
                                    "measured)", group=PLAN, choices=("h100", "h100-96gb", "h200", "a100", "l4", "cpu"))
@@ -40,29 +46,19 @@ class PlanConfig(RunConfig):
                                          "--dp --pp --tp: rank every dp x pp x tp of it", group=PLAN)
     devices_per_node: int | None = option(None, "devices per node (default: the hardware's, 8)", group=PLAN)
     intra_link: str = option("nvlink", "the link between the GPUs of a node", group=PLAN, choices=("nvlink", "pcie"))
-    zero: int = option(0, "ZeRO stage (0: plain data parallelism)", group=PLAN, choices=(0, 1, 2, 3))
-    zeropp: str = option("", "ZeRO++ with --zero 3: a comma list of qwz, hpz, qgz (memory/zeropp.py)", group=PLAN,
-                         metavar="LIST")
-    zeropp_group: int = option(0, "--zeropp hpz: dp ranks per node-sized group (0: the devices of a node, at most "
-                                  "--dp)", group=PLAN, metavar="RANKS")
-    activation_checkpointing: bool = option(False, "recompute every block in the backward pass (full recomputation)",
-                                            group=PLAN)
     selective_checkpointing: str = option("none", "recompute part of each block: attention (the attention core: "
                                                   "Korthikanti et al. 2022, Sec. 5) or matmuls (every other matrix "
                                                   "product and every elementwise kernel: torchtitan's selective op "
                                                   "policy)", group=PLAN, choices=("none", "attention", "matmuls"))
-    sequence_parallel: bool = option(False, "split norms and dropout along the sequence over tp", group=PLAN)
-    precision: str = option("bf16", "fp32: 4 + 4 + 8 bytes per parameter, fp32 products; bf16: mixed precision, "
-                                    "2 + 2 + 12 bytes, bf16 products and activations", group=PLAN,
-                            choices=("fp32", "bf16"))
     activation_model: str | None = option(None, "korthikanti: Megatron-LM's layers (Korthikanti et al. 2022, Table 2); "
                                                 "course: this course's GPT-2 blocks (transformers' elementwise GeLU); "
                                                 "default: course on the CPU, korthikanti on GPUs", group=PLAN,
                                           choices=("korthikanti", "course"))
-    attention: str = option("auto", "attention kernel: flash (FlashAttention: no s x s scores kept, causal blocks "
-                                    "skipped) or eager (the s x s scores as products and softmax); auto: eager for the "
-                                    "course's GPT-2 blocks (--activation_model course), flash elsewhere", group=PLAN,
-                            choices=("auto", "flash", "eager"))
+    attention_kernel: str = option("auto", "flash (FlashAttention: no s x s scores kept, causal blocks skipped) or "
+                                           "eager (the s x s scores as products and softmax); auto: eager for the "
+                                           "course's GPT-2 blocks (--activation_model course), flash elsewhere; "
+                                           "context parallelism's is always blockwise", group=PLAN,
+                                   choices=("auto", "flash", "eager"))
     fused_kernels: bool = option(False, "elementwise chains fused into one kernel each (torch.compile; Megatron-LM's "
                                         "fused bias-GeLU, bias-dropout-add and scale-mask-softmax)", group=PLAN)
     norm_kernel: str = option("auto", "how the norms run: fused (one kernel: torch's LayerNorm, Megatron-LM's, "
@@ -77,11 +73,6 @@ class PlanConfig(RunConfig):
     cp_comm: str = option("ring", "context parallelism's K and V exchange: ring (sends around the cp group) or "
                                   "all_gather (Llama 3's: K, V gathered, their gradients reduce-scattered)",
                           group=PLAN, choices=("ring", "all_gather"))
-    schedule: str = option("1f1b", "pipeline schedule (pipeline.SCHEDULES)", group=PLAN,
-                           choices=("gpipe", "1f1b", "interleaved", "zb-h1"))
-    num_experts: int = option(1, "experts per MoE layer (1: dense)", group=PLAN)
-    top_k: int = option(2, "experts per token (MoE)", group=PLAN)
-    moe_every: int = option(2, "one MoE block in this many (MoE)", group=PLAN)
     flops_efficiency: float | None = option(None, "fraction of the peak FLOP/s a large matrix product reaches (default: "
                                                  "this GPU's measured by the course's GPU report in results/gpu/, else "
                                                  "its published MAMF figure; shapes reach less: project.planner."
@@ -90,7 +81,6 @@ class PlanConfig(RunConfig):
                                      "behind the last backward, ZeRO-3's gathers prefetched (auto: on for GPUs, off "
                                      "on the CPU, where the course's steps reduce after the backward)", group=PLAN,
                              choices=("auto", "on", "off"))
-    n_layer: int | None = option(None, "a free shape: blocks (replaces the preset's)", group=MODEL)
     n_embd: int | None = option(None, "a free shape: width", group=MODEL)
     n_head: int | None = option(None, "a free shape: query heads", group=MODEL)
     n_kv_head: int | None = option(None, "a free shape: key/value heads (fewer than --n_head: grouped-query attention; "
@@ -106,10 +96,8 @@ class PlanConfig(RunConfig):
                                  "memory beside the prediction", group=PLAN)
     measure: bool = option(False, "also run the configuration on this machine's CPU and print the measurement beside "
                                   "the prediction, with the error of each term", group=PLAN)
-    steps: int = option(4, "--measure: timed steps (after one warm-up step)", group=PLAN)
     cpu_figures: str | None = option(None, "--hardware cpu: read this machine's measured FLOP/s and alpha-beta from "
                                            "this JSON file, or measure them and write it there", group=PLAN)
-    out: str | None = option(None, "write the prediction (and measurement) to this JSON file", group=PLAN)
 
     # ---- derived -------------------------------------------------------------------------------------
     @property
@@ -131,13 +119,6 @@ class PlanConfig(RunConfig):
     def model_shape(self) -> dict:
         model = self.model
         return {"n_layer": model.n_layer, "n_embd": model.n_embd, "n_head": model.n_head, "n_inner": model.n_inner}
-
-    @property
-    def attention_kernel(self) -> str:
-        """``flash`` or ``eager`` (``--attention``; context parallelism is always blockwise)."""
-        if self.cp > 1:
-            return "flash"
-        return self.attention
 
     @property
     def norms(self) -> str:
@@ -169,8 +150,10 @@ class PlanConfig(RunConfig):
         super().resolve(devices, here=here)
         if self.activation_model is None:
             self.activation_model = "course" if self.hardware == "cpu" else "korthikanti"
-        if self.attention == "auto":
-            self.attention = "eager" if self.activation_model == "course" else "flash"
+        if self.attention_kernel == "auto":
+            self.attention_kernel = "eager" if self.activation_model == "course" else "flash"
+        if self.cp > 1:
+            self.attention_kernel = "flash"  # context parallelism's attention is blockwise: no s x S scores kept
         if self.batch_size is None:
             self.batch_size = 1024 if self.ranking else 64
         if self.model_max_length is None:

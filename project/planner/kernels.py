@@ -39,7 +39,7 @@ FLASH_BLOCK = 128  # FlashAttention-2's query / key block (rows)
 
 
 def attention_kernel(config) -> str:
-    """``flash`` or ``eager``: ``--attention``, where ``auto`` is eager for the course's own GPT-2 blocks
+    """``flash`` or ``eager``: ``--attention_kernel``, where ``auto`` is eager for the course's own GPT-2 blocks
     (``--activation_model course``: transformers' eager attention) and flash elsewhere; context parallelism is
     always blockwise (an online softmax keeps no ``s x S`` scores)."""
     return config.attention_kernel

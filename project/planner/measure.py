@@ -213,7 +213,7 @@ def run_worker(rank: int, world_size: int, plan: dict) -> dict:
     model = build_gpt2(plan["preset"], vocab, n_positions=s, dropout=plan["dropout"], seed=plan["seed"])
     if dims.pp == 1 and dims.tp == 1:
         from course.mesh import Mesh
-        from memory.experiments import measure_stage
+        from memory.labs.experiments import measure_stage
 
         from project.options.run_data_parallel import node_group_size, zeropp_parts
 

@@ -25,7 +25,7 @@ from project.planner.layout import pipeline_actions, sizes, stage_layout
 
 # Fraction of the device kept free for what the planner does not count (the caching allocator's fragmentation, the
 # CUDA context, NCCL's buffers, the backward pass's transient gradients). A stated assumption, not a measurement:
-# the course's GPU report measures the one-GPU step's peak against the planner's (project/gpu_report.py).
+# the course's GPU report measures the one-GPU step's peak against the planner's (project/tools/gpu_report.py).
 ALLOCATOR_HEADROOM = 0.10
 POLICIES = ("none", "attention", "alternate", "full")
 

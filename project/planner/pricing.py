@@ -8,7 +8,7 @@ bandwidth (the GPU report's measurement where there is one, :func:`measured_memo
 :attr:`course.hardware.Hardware.memory_efficiency`).
 
 **GEMM efficiency by shape** (:func:`gemm_efficiency`): where the course's GPU report measured the very product
-(its ``kernels`` section, ``project/gpu_report.py``), that measurement; else the best large product's efficiency
+(its ``kernels`` section, ``project/tools/gpu_report.py``), that measurement; else the best large product's efficiency
 (:func:`gemm_base_efficiency`: the course's GPU report's sweep of square bf16 products on this GPU, interpolated in
 the product's FLOPs, where one exists in ``results/gpu/``; else S. Bekman's MAMF figure) times the tile and wave
 quantization of the shape (NVIDIA, "Matrix Multiplication Background User's Guide", sections "Tile Quantization"
@@ -40,7 +40,7 @@ in two levels where a group spans nodes (:func:`communication.alpha_beta.hierarc
 
 Not modelled (no sourced figure): the gap the GPU leaves between two dependent kernels and the CPU's time to issue
 each kernel without CUDA graphs. Both are microseconds per kernel, so they matter where kernels are that short
-(the course's own one-GPU GPT-2 step at 128 tokens: ``project/gpu_report.py`` prints the planner's prediction
+(the course's own one-GPU GPT-2 step at 128 tokens: ``project/tools/gpu_report.py`` prints the planner's prediction
 beside the measured step) and not in the published runs' millisecond kernels.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def newest_report(name: str) -> tuple[dict, str] | None:
 
 def measured_shapes(name: str) -> dict:
     """``{(m, n, k): efficiency over the datasheet}`` of the products the newest GPU report of kind ``name``
-    measured at the planner's shapes (``project/gpu_report.py``, its ``kernels`` section); empty without one."""
+    measured at the planner's shapes (``project/tools/gpu_report.py``, its ``kernels`` section); empty without one."""
     found = newest_report(name)
     rows = ((found or ({},))[0].get("kernels") or {}).get("gemm") or []
     return {(r["m"], r["n"], r["k"]): r["efficiency"] for r in rows if r.get("efficiency")}

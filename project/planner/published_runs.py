@@ -115,7 +115,7 @@ def megatron_rows() -> list[Row]:
         micro = batch // dp                                  # one sequence per micro-batch
         config = plan(preset="gpt2", n_layer=layers, n_embd=hidden, n_head=heads, hardware="a100", vocab_size=51200,
                       model_max_length=2048, batch_size=batch, dp=dp, pp=pp, tp=tp, micro_batches=micro,
-                      activation_checkpointing=True, precision="bf16", attention="eager", fused_kernels=True,
+                      activation_checkpointing=True, precision="bf16", attention_kernel="eager", fused_kernels=True,
                       dropout=0.1, dp_overlap="off", n_devices=gpus)
         out = predicted(config)
         flops = megatron_flops_per_step(batch, 2048, layers, hidden, 51200, recomputation=True)
@@ -135,7 +135,7 @@ def torchtitan_rows() -> list[Row]:
     rows = []
     for gpus, compiled, tps in TORCHTITAN_ROWS:
         config = plan(preset="llama3-8b", hardware="h100-96gb", model_max_length=8192, batch_size=2 * gpus, dp=gpus,
-                      zero=3, micro_batches=1, selective_checkpointing="matmuls", attention="flash",
+                      zero=3, micro_batches=1, selective_checkpointing="matmuls", attention_kernel="flash",
                       fused_kernels=compiled, precision="bf16", reduce_dtype="fp32", n_devices=gpus)
         out = predicted(config)
         table = "Table 1" if gpus == 8 else "Table 3"
@@ -152,7 +152,7 @@ def playbook_rows() -> list[Row]:
     rows = []
     for tp, micro, tps in PLAYBOOK_ROWS:
         config = plan(preset="llama3.2-3b", n_head=32, n_kv_head=32, vocab_size=131072, hardware="h100",
-                      model_max_length=4096, batch_size=micro, tp=tp, sequence_parallel=True, attention="flash",
+                      model_max_length=4096, batch_size=micro, tp=tp, sequence_parallel=True, attention_kernel="flash",
                       norm_kernel="fused", precision="bf16", n_devices=tp)
         out = predicted(config)
         rows.append(Row(PLAYBOOK, f"3B Llama, TP + SP {tp} on H100 nodes of 8, micro-batch {micro}"
@@ -169,7 +169,7 @@ def mosaic_rows() -> list[Row]:
     for name, layers, width, heads, gpus, micro, batch, tps in MOSAIC_ROWS:
         config = plan(preset="gpt2", n_layer=layers, n_embd=width, n_head=heads, vocab_size=50368, hardware="h100",
                       model_max_length=2048, batch_size=batch, dp=gpus, zero=3, micro_batches=batch // (gpus * micro),
-                      attention="flash", precision="bf16", n_devices=gpus)
+                      attention_kernel="flash", precision="bf16", n_devices=gpus)
         out = predicted(config)
         rows.append(Row(MOSAIC, f"{name}, FSDP on {gpus} H100, micro-batch {micro}", "tokens/s per GPU", tps,
                         tokens_per_gpu(out, gpus), config, out,

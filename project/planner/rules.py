@@ -51,7 +51,7 @@ def check_plan(config) -> None:
     if config.model_max_length % config.cp:
         raise ConfigError(f"--cp {config.cp} does not divide the sequence length --model_max_length "
                           f"{config.model_max_length}")
-    chunked = SCHEDULES[config.schedule].chunks
+    chunked = SCHEDULES[config.schedule].interleaved
     if config.virtual_stages > 1 and not chunked:
         raise ConfigError(f"--virtual_stages {config.virtual_stages} needs --schedule interleaved")
     if chunked and config.pp > 1:

@@ -1,7 +1,7 @@
 import pytest
-"""Ungraded: the all-reduce benchmark worker (project/benchmark.py, notebook 04) — every algorithm timed at every
+"""Ungraded: the all-reduce benchmark worker (project/tools/benchmark.py, notebook 04) — every algorithm timed at every
 size, the same repeat count on every rank (or the ranks would wait for each other's calls), within bounds."""
-from communication.experiments import ALGORITHMS, MAX_INNER, allreduce_bench_worker
+from communication.labs.experiments import ALGORITHMS, MAX_INNER, allreduce_bench_worker
 from course.launch import launch
 
 
@@ -18,12 +18,12 @@ def test_every_rank_times_the_same_calls():
 
 
 def test_an_oversubscribed_world_size_is_replayed_from_a_quiet_one(capsys):
-    """project/benchmark.py: p = 4 measured on 2 cores (oversubscribed) is also replayed from the link fitted at
+    """project/tools/benchmark.py: p = 4 measured on 2 cores (oversubscribed) is also replayed from the link fitted at
     p = 2 (quiet), labelled as replayed; nothing is measured here (a synthetic report)."""
     from types import SimpleNamespace
 
     from communication import cost_model as cm
-    from project import benchmark
+    from project.tools import benchmark
 
     sizes = [1024, 65536, 4 * 2**20]
     alpha, beta = 50e-6, 1 / 1e9
@@ -52,7 +52,7 @@ def _rank_worker(rank, world_size):
 
 @pytest.mark.timeout(120)
 def test_launch_measured_records_the_machine_around_the_ranks():
-    from communication.experiments import launch_measured
+    from communication.labs.experiments import launch_measured
 
     out, info = launch_measured(_rank_worker, 2, timeout=100)
     assert out == {0: 0, 1: 1}

@@ -1,7 +1,7 @@
-"""communication.checks: each exercise check accepts the right answer and refuses the plausible wrong ones."""
+"""communication.labs.checks: each exercise check accepts the right answer and refuses the plausible wrong ones."""
 import pytest
 
-from communication import checks
+from communication.labs import checks
 
 
 def test_bus_bandwidth(capsys):

@@ -231,7 +231,7 @@ def test_gpt2_parameter_count_matches_transformers():
 
 
 def _report(p, alpha, beta, ring_times=None, conditions="quiet"):
-    """A report of one world size as project/benchmark.py writes it (three repeats per size, 10% apart)."""
+    """A report of one world size as project/tools/benchmark.py writes it (three repeats per size, 10% apart)."""
     def points(algorithm, times=None, scale=1.0):
         out = {}
         for i, n in enumerate(SIZES):

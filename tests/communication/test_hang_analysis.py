@@ -1,6 +1,6 @@
 """The first divergence of a hung run, from its ranks' flight-recorder dumps (communication/hang_lab.py).
 
-The dumps were recorded once from real runs of the planted bugs of ``communication/hang_workers.py`` on 2-3 gloo
+The dumps were recorded once from real runs of the planted bugs of ``communication/labs/hang_workers.py`` on 2-3 gloo
 ranks (``python -m tests.support.hang_fixtures``), so these tests are fast and the same on every machine; the live
 runs are in ``test_hang_runs.py``. Each test names the wrong solution it rejects (tests/instructor/planted.py).
 """

@@ -1,4 +1,4 @@
-"""The planted hangs of communication/hang_workers.py run for real on 2-3 gloo ranks with the flight recorder on:
+"""The planted hangs of communication/labs/hang_workers.py run for real on 2-3 gloo ranks with the flight recorder on:
 the course's analysis names the rank, the operation and the sequence number, the launcher's own report (which
 ranks waited where, which had returned) says the same, and torch's analyser ``fr_trace`` agrees on the collectives.
 
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from communication.hang_lab import diagnose, main
-from communication.hang_workers import run_planted
+from communication.labs.hang_workers import run_planted
 from course.flight_recorder import load_records
 
 # Seconds a rank waits in a collective before it raises and dumps. The collectives before each planted bug are a
@@ -29,11 +29,11 @@ def launcher_account(message: str) -> tuple[dict[int, str], set[int]]:
     raising in the workers' code, and the ranks it says had returned."""
     where: dict[int, str] = {}
     raised = re.match(r".*?rank (\d+) raised", message.splitlines()[0])
-    frames = re.findall(r'File "[^"]*?(communication/hang_workers\.py)", line (\d+)', message)
+    frames = re.findall(r'File "[^"]*?(communication/labs/hang_workers\.py)", line (\d+)', message)
     if raised and frames:
         where[int(raised.group(1))] = f"{frames[-1][0]}:{frames[-1][1]}"
     for rank, path, line in re.findall(r"rank (\d+): (?:timed out waiting at|waiting in \w+, called at) "
-                                       r"\S*?(communication/hang_workers\.py):(\d+)", message):
+                                       r"\S*?(communication/labs/hang_workers\.py):(\d+)", message):
         where[int(rank)] = f"{path}:{line}"
     returned = re.search(r"rank\(s\) \[([\d, ]+)\] had already returned", message)
     return where, {int(r) for r in returned.group(1).split(",")} if returned else set()
@@ -106,7 +106,7 @@ def test_a_step_that_does_not_hang_leaves_dumps_that_agree(tmp_path):
     sends = [r for r in records[1] if r.is_p2p]
     assert [(r.op, r.peer) for r in sends] == [("recv", 0), ("send", 2), ("recv", 2), ("send", 0)], \
         "gloo's own recorder omits sends and receives; the course records each once, in posting order"
-    assert [r.where.split(":")[0] for r in sends] == ["communication/hang_workers.py"] * 4
+    assert [r.where.split(":")[0] for r in sends] == ["communication/labs/hang_workers.py"] * 4
 
 
 @pytest.mark.timeout(240)

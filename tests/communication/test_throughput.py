@@ -1,4 +1,4 @@
-"""Ungraded: the one data-parallel throughput worker (notebooks 01 and 04, project/benchmark.py) — a row per
+"""Ungraded: the one data-parallel throughput worker (notebooks 01 and 04, project/tools/benchmark.py) — a row per
 synchroniser, number of ranks and repeat, the windows' tokens counted as the epoch runner counts them."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 def test_every_variant_and_window_is_timed_in_every_repeat():
     import torch
 
-    from communication.experiments import dp_throughput_worker
+    from communication.labs.experiments import dp_throughput_worker
     from course.launch import launch
 
     g = torch.Generator().manual_seed(0)

@@ -3,7 +3,7 @@ import math
 
 
 def test_online_softmax_check(capsys):
-    from context_parallel.exercises import EXERCISE_1_BLOCKS, check_online_softmax
+    from context_parallel.labs.exercises import EXERCISE_1_BLOCKS, check_online_softmax
 
     scores = [s for b in EXERCISE_1_BLOCKS for s in b]
     m = max(scores)
@@ -15,7 +15,7 @@ def test_online_softmax_check(capsys):
 
 
 def test_causal_work_check():
-    from context_parallel.exercises import causal_chunk_pairs, check_causal_work
+    from context_parallel.labs.exercises import causal_chunk_pairs, check_causal_work
 
     cp = 8
     assert [causal_chunk_pairs("zigzag", cp, r) for r in range(cp)] == [2 * cp + 1] * cp
@@ -25,7 +25,7 @@ def test_causal_work_check():
 
 
 def test_traffic_check():
-    from context_parallel.exercises import check_traffic
+    from context_parallel.labs.exercises import check_traffic
 
     b, s, h, p = 1, 32768, 768, 8
     ring = (p - 1) * 2 * b * s // p * h * 2 / 1e6
@@ -35,7 +35,7 @@ def test_traffic_check():
 
 
 def test_overlap_check():
-    from context_parallel.exercises import check_overlap_length
+    from context_parallel.labs.exercises import check_overlap_length
 
     assert check_overlap_length(312e12 / 50e9)
     assert not check_overlap_length(312e12 / 50e9 / 2)

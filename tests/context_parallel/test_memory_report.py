@@ -1,4 +1,4 @@
-"""The memory report of notebook 07's section 5 (``context_parallel.experiments.gpt2_memory_worker``;
+"""The memory report of notebook 07's section 5 (``context_parallel.labs.experiments.gpt2_memory_worker``;
 ungraded, runs the ring and Ulysses solutions: ``needs_solution``): besides the peak, what autograd saved for
 the backward pass and the attention layer's own peak, per method, cp and sequence length."""
 import pytest
@@ -10,7 +10,7 @@ SCALARS = 32 * 4 / 1e6  # MB: up to 32 fp32 0-d tensors (the loss's count, a sca
 
 def test_saved_activations_are_linear_in_the_shard_and_alike_for_ring_and_ulysses():
     from course.launch import launch
-    from context_parallel.experiments import gpt2_memory_worker
+    from context_parallel.labs.experiments import gpt2_memory_worker
 
     out = launch(gpt2_memory_worker, 2, [64, 128], [1, 2], 2, 200, 32, device="cpu", timeout=240)
     assert out[1] == {}, "rank 0 reports"

@@ -53,7 +53,7 @@ STEPS, EVERY = 4, 2  # optimizer steps per run; a checkpoint every EVERY steps
 def _pipeline_argv(workdir, pp: int, *extra: str) -> list[str]:
     # tiny GPT-2 (4 blocks: up to 4 stages), a slice of the corpus with its own small tokenizer, no BLEU; a hung
     # run ends after --timeout s with the launcher's report of where each rank waits
-    return ["--model_parallel_mode", "1f1b", "--pp", str(pp), "--micro_batches", "2", "--batch_size", "8",
+    return ["--schedule", "1f1b", "--pp", str(pp), "--micro_batches", "2", "--batch_size", "8",
             "--preset", "tiny", "--max_batches", str(STEPS), "--checkpoint_every", str(EVERY), "--async_checkpoint",
             "--n_bleu", "0", "--max_val_batches", "1", "--vocab_size", "1000", "--max_train_examples", "2000",
             "--device", "cpu", "--workdir", str(workdir), "--quiet", "--timeout", "90", *extra]

@@ -31,7 +31,7 @@ def refused(script, argv, capsys) -> str:
     return capsys.readouterr().err
 
 
-def test_sequence_parallel_needs_a_length_divisible_by_tp_size(tmp_path, capsys):
+def test_sequence_parallel_needs_a_length_divisible_by_tp(tmp_path, capsys):
     # preset small: 6 heads, which --tp 3 divides (with tiny's 4 the heads are refused first)
     err = refused(run_tp, ["--tp", "3", "--preset", "small", "--sequence_parallel", "--model_max_length", "128",
                            "--workdir", str(tmp_path)], capsys)
@@ -168,7 +168,7 @@ def _shown_values(action) -> list:
 @pytest.mark.parametrize("name", sorted(project.train.MODES))
 def test_each_modes_help_lists_only_values_it_accepts(name, capsys):
     """Every choice ``--mode NAME --help`` shows is one the mode runs — with its defaults, or with one other option
-    set to a value the help shows too (``--balance auto`` needs a multi-process ``--model_parallel_mode``). The device
+    set to a value the help shows too (``--balance auto`` needs a ``--schedule``). The device
     and back-end depend on the machine, a preset on the mesh sizes: those are left out."""
     from course.config import ConfigError
 
@@ -213,10 +213,10 @@ SUGGESTIONS = [
     ("dp", ["--dp", "4", "--zero", "3", "--hsdp", "3"]),
     ("dp", ["--bucket_mb", "0"]),
     ("dp", ["--dp", "4", "--zero", "3", "--zeropp", "hpz", "--zeropp_group", "3"]),
-    ("pipeline", ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "3"]),
-    ("pipeline", ["--model_parallel_mode", "1f1b", "--batch_size", "4", "--micro_batches", "8"]),
-    ("pipeline", ["--model_parallel_mode", "dualpipev", "--pp", "2", "--micro_batches", "2", "--virtual_stages", "2"]),
-    ("pipeline", ["--model_parallel_mode", "1f1b", "--pp", "8"]),
+    ("pipeline", ["--schedule", "1f1b", "--pp", "2", "--micro_batches", "3"]),
+    ("pipeline", ["--schedule", "1f1b", "--batch_size", "4", "--micro_batches", "8"]),
+    ("pipeline", ["--schedule", "dualpipev", "--pp", "2", "--micro_batches", "2", "--virtual_stages", "2"]),
+    ("pipeline", ["--schedule", "1f1b", "--pp", "8"]),
     ("3d", ["--batch_size", "12"]),
     ("3d", ["--pp", "8"]),
     ("moe", ["--dp", "3", "--batch_size", "30"]),  # one problem: 4 experts over --ep 3
@@ -258,7 +258,7 @@ def test_the_grader_checks_its_json_folder_before_grading(tmp_path, capsys, monk
 def test_a_benchmark_checks_its_out_file_before_it_starts(tmp_path, capsys):
     """The benchmark harness's check (course.benchmarking.check), which every benchmark's parse runs before it
     measures anything."""
-    import project.benchmark as benchmark
+    import project.tools.benchmark as benchmark
 
     (tmp_path / "a_file").write_text("")
     for out, message in ((tmp_path, f"--out {tmp_path} is a folder"),

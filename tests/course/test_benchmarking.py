@@ -52,13 +52,11 @@ def test_report_holds_the_machine_and_the_options(tmp_path):
     assert json.loads(path.read_text())["rows"] == [1]
 
 
-def test_the_shared_command_line_checks_repeats_and_keeps_old_names(capsys):
+def test_the_shared_command_line_checks_repeats(capsys):
     parser = benchmarking.parser("demo", out="x.json", timeout=10.0)
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
-    benchmarking.old_name(parser, "--p", "--pp")
-    args = parser.parse_args(["--p", "3", "4", "--repeats", "3"])
+    args = parser.parse_args(["--pp", "3", "4", "--repeats", "3"])
     assert args.pp == [3, 4] and str(args.out) == "x.json" and args.timeout == 10.0
-    assert "--p is now --pp" in capsys.readouterr().err
     assert benchmarking.check(parser, args, 2).device == "cpu"  # the test suite pins the CPU
     for argv, message in ((["--repeats", "2"], "--repeats must be >= 3"), (["--warmup", "-1"], "--warmup must be >= 0")):
         with pytest.raises(SystemExit):
@@ -67,12 +65,9 @@ def test_the_shared_command_line_checks_repeats_and_keeps_old_names(capsys):
 
 
 @pytest.mark.parametrize("module,argv,message", [
-    ("pipeline.schedule_benchmark", ["--p", "2", "--m", "4", "--repeats", "3"], "--p is now --pp"),
-    ("pipeline.schedule_benchmark", ["--pp", "2", "--micro_batches", "5"], "--micro_batches 5 with --pp 2"),
-    ("three_d.factorisation_benchmark", ["--batch", "30"], "--batch is now --batch_size"),
-    ("three_d.factorisation_benchmark", ["--batch_size", "30"], "--batch_size 30 must be divisible"),
-    ("project.benchmark", ["--json", "x.json", "--dp_world_size", "1"], "--json is now --out"),
-    ("project.benchmark", ["--dp", "1"], "--world_sizes and --dp must be >= 2"),
+    ("pipeline.labs.schedule_benchmark", ["--pp", "2", "--micro_batches", "5"], "--micro_batches 5 with --pp 2"),
+    ("three_d.labs.factorisation_benchmark", ["--batch_size", "30"], "--batch_size 30 must be divisible"),
+    ("project.tools.benchmark", ["--dp", "1"], "--world_sizes and --dp must be >= 2"),
 ])
 def test_every_benchmark_takes_the_run_configurations_names(module, argv, message, capsys):
     import importlib

@@ -40,7 +40,7 @@ SMALL = ["--preset", "tiny", "--batch_size", "8", "--model_max_length", "32", "-
          "--max_batches", str(STEPS), "--timeout", "120"]
 RUNS = {  # name: (train.py options, results prefix)
     "dp": (["--mode", "dp", "--dp", "2"], ""),
-    "pipeline": (["--mode", "pipeline", "--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
+    "pipeline": (["--mode", "pipeline", "--schedule", "1f1b", "--pp", "2", "--micro_batches", "2"],
                  "pipeline_1f1b_"),
     "3d": (["--mode", "3d", "--dp", "1", "--pp", "2", "--tp", "1", "--micro_batches", "2"], "three_d_"),
 }

@@ -1,5 +1,5 @@
-"""The run configuration (course.config): one dataclass per run, the same option names in every script,
-old names still accepted with a note naming the new one, checks before any process starts."""
+"""The run configuration (course.config): one option table, one dataclass per command with its own defaults as data,
+the same option names in every script, checks before any process starts."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,36 +26,37 @@ def _options(cls) -> set[str]:
 def test_every_script_takes_the_shared_options_and_its_mesh_sizes_by_the_same_names(cls):
     options = _options(cls)
     assert set(SHARED) <= options
-    for name in cls.mesh_options:
+    for name in cls.takes:
         assert f"--{name}" in options
     for name in ("dp", "pp", "tp", "cp", "ep", "micro_batches", "virtual_stages"):
-        assert (f"--{name}" in options) == (name in cls.mesh_options), (cls.__name__, name)
+        assert (f"--{name}" in options) == (name in cls.takes), (cls.__name__, name)
 
 
-@pytest.mark.parametrize("cls,old,new,value", [
-    (DataParallelConfig, "--world_size", "dp", 3),
-    (PipelineConfig, "--n_stages", "pp", 2),
-    (PipelineConfig, "--n_chunk", "micro_batches", 8),
-    (TensorParallelConfig, "--tp_size", "tp", 4),
-    (ThreeDConfig, "--n_chunk", "micro_batches", 4),
-], ids=lambda x: getattr(x, "__name__", str(x)))
-def test_old_option_names_still_work_and_name_the_new_one(cls, old, new, value, capsys, tmp_path):
-    extra = ["--model_parallel_mode", "interleaved", "--n_virtual", "2"] if cls is PipelineConfig else []
-    config = cls.from_command_line([old, str(value), "--workdir", str(tmp_path), "--batch_size", "48", *extra])
-    assert getattr(config, new) == value
-    err = capsys.readouterr().err
-    assert f"note: {old} is now --{new}" in err
-    if extra:
-        assert config.virtual_stages == 2 and "note: --n_virtual is now --virtual_stages" in err
+def test_a_command_differs_from_the_table_by_data_only():
+    """Every option is declared once, in the table (course.config.RunConfig); a command's configuration holds no
+    field of its own, only its defaults, choices and notes, and takes the table's help, type and section."""
+    from course.config import RunConfig, table_field
+
+    table = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for cls in CONFIGS:
+        assert {f.name for f in dataclasses.fields(cls)} == set(table), cls.__name__
+        for name in (*cls.defaults, *cls.choices, *cls.notes):
+            assert name in cls.options(), (cls.__name__, name)
+        for f in dataclasses.fields(cls):
+            assert f.metadata == table[f.name].metadata, (cls.__name__, f.name)
+            assert f.default == cls.defaults.get(f.name, table_field(f.name).default), (cls.__name__, f.name)
+    assert PipelineConfig().micro_batches == 4 and ThreeDConfig().micro_batches == 8 and RunConfig().micro_batches == 1
+    help_text = " ".join(PipelineConfig.parser().format_help().split())
+    assert "default: torchrun's WORLD_SIZE, else 2" in help_text and "--zero" not in help_text
 
 
-def test_a_configuration_is_checked_before_anything_runs_and_records_every_field():
+def test_a_configuration_is_checked_before_anything_runs_and_records_its_options():
     from course.config import ConfigError
 
     config = ThreeDConfig.for_test(dp=2, pp=2, tp=2, micro_batches=4, batch_size=16, device="cpu")
     assert config.world_size == 8 and config.dims.shape == (2, 2, 2) and config.preset == "tiny"
     record = config.record()
-    assert {f.name for f in dataclasses.fields(ThreeDConfig)} <= set(record)
+    assert set(ThreeDConfig.options()) | {"cp", "ep"} == set(record) and "zero" not in record
     with pytest.raises(ConfigError, match="not divisible by --dp 2 x --micro_batches 4"):
         ThreeDConfig.for_test(dp=2, pp=2, tp=2, micro_batches=4, batch_size=12, device="cpu")
     with pytest.raises(ConfigError, match="this run takes --dp, not --tp 2"):
@@ -96,12 +97,19 @@ def test_the_v_schedules_are_refused_where_they_cannot_run():
 
     for name in ("dualpipev", "zbv"):
         with pytest.raises(ConfigError, match=f"--schedule {name} places two stages on every rank.*run_pipeline.py "
-                                              f"--model_parallel_mode {name}.*--schedule zb-h1"):
+                                              f"--schedule {name} \\(pipeline parallelism alone\\).*--schedule zb-h1"):
             ThreeDConfig.for_test(dp=1, pp=2, tp=1, micro_batches=4, batch_size=8, schedule=name, device="cpu")
     with pytest.raises(ConfigError, match=r"DualPipeV needs at least as many micro-batches as its 2 x --pp = 6 stages"):
-        PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=3, micro_batches=4, batch_size=8, device="cpu")
+        PipelineConfig.for_test(schedule="dualpipev", pp=3, micro_batches=4, batch_size=8, device="cpu")
     with pytest.raises(ConfigError, match="drop --virtual_stages 3 or set it to 2"):
-        PipelineConfig.for_test(model_parallel_mode="zbv", pp=2, virtual_stages=3, micro_batches=4, batch_size=8,
+        PipelineConfig.for_test(schedule="zbv", pp=2, virtual_stages=3, micro_batches=4, batch_size=8,
                                 device="cpu")
-    config = PipelineConfig.for_test(model_parallel_mode="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
+    config = PipelineConfig.for_test(schedule="dualpipev", pp=2, micro_batches=4, batch_size=8, device="cpu")
     assert config.virtual_stages == 2
+
+
+def test_an_option_has_one_name_on_the_command_line(capsys):
+    """No abbreviations stand in for an option (``--micro`` is not ``--micro_batches``): one name per option."""
+    with pytest.raises(SystemExit):
+        PipelineConfig.from_command_line(["--micro", "2"], environment=False)
+    assert "unrecognized arguments: --micro 2" in capsys.readouterr().err

@@ -32,12 +32,12 @@ HOST_ONLY = {
         "builds a batch on the host (a DataLoader's collate function); each mode moves it with to_device",
     ("course/decoding.py", "greedy_translate"):
         "the token bookkeeping of greedy decoding stays on the host; each forward's inputs go .to(device)",
-    ("tensor_parallel/experiments.py", "basics_worker"):
+    ("tensor_parallel/labs/experiments.py", "basics_worker"):
         "a notebook demonstration of f, g and the split layers on host tensors (printed values); the run's "
         "group carries them over gloo",
-    ("tensor_parallel/experiments.py", "gpt2_report_worker"):
+    ("tensor_parallel/labs/experiments.py", "gpt2_report_worker"):
         "compares the TP model with transformers' model, both built on the host, on a batch drawn there",
-    ("tensor_parallel/experiments.py", "activation_memory"):
+    ("tensor_parallel/labs/experiments.py", "activation_memory"):
         "counts the bytes autograd saves per block of a model built on the host (the same count on every device)",
 }
 

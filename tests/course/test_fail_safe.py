@@ -35,7 +35,7 @@ SMALL = ["--preset", "tiny", "--batch_size", "16", "--model_max_length", "32", "
          "--n_bleu", "0", "--max_val_batches", "1", "--device", "cpu", "--quiet"]
 MODES = {  # name: (script, its options, results prefix, world size)
     "dp": ("run_data_parallel.py", ["--dp", "2"], "", 2),
-    "1f1b": ("run_pipeline.py", ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
+    "1f1b": ("run_pipeline.py", ["--schedule", "1f1b", "--pp", "2", "--micro_batches", "2"],
              "pipeline_1f1b_", 2),
     "tp": ("run_tensor_parallel.py", ["--tp", "2"], "tensor_parallel_", 2),
 }

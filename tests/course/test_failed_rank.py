@@ -5,7 +5,7 @@ each time one rank — every rank in turn, twice — is SIGKILLed from outside w
 and gradients (it says when it has begun its second training step; the kill lands during the steps after). Its
 peers' sends and receives then fail in gloo's words for a lost peer ("Connection closed by peer", "Connection reset
 by peer", ...), in whatever order they reach the launcher; the report must name the killed rank, from the exit
-statuses and the order the ranks ended in (course/launch.py, ``cause_of_failure``), every time. The runs are
+statuses and the order the ranks ended in (course/rank_failures.py, ``cause_of_failure``), every time. The runs are
 started with ``--overwrite`` over an earlier run's results, which every failed run must leave as they were.
 
 ``cause_of_failure`` itself is checked on the words NCCL uses (its watchdog's timeout, ``ncclRemoteError``, an
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from course.launch import LOST_PEER, RankFailure, cause_of_failure, launch
+from course.launch import RankFailure, launch
+from course.rank_failures import LOST_PEER, cause_of_failure
 from course.results import write_results
 
 pytestmark = pytest.mark.fresh_processes  # every run loses a rank: processes of its own, never a pool's
@@ -34,7 +35,7 @@ def config(tmp_path_factory):
     from project.options.run_pipeline import PipelineConfig
 
     workdir = tmp_path_factory.mktemp("pipeline") / "work"
-    return PipelineConfig.for_test(model_parallel_mode="1f1b", pp=PP, micro_batches=2, batch_size=8, preset="tiny",
+    return PipelineConfig.for_test(schedule="1f1b", pp=PP, micro_batches=2, batch_size=8, preset="tiny",
                                    max_batches=1000, n_bleu=0, max_val_batches=1, vocab_size=1000,
                                    max_train_examples=2000, model_max_length=32, device="cpu", quiet=True,
                                    overwrite=True, workdir=str(workdir))

@@ -1,4 +1,4 @@
-"""Ungraded: the GPU report (``project/gpu_report.py``) and what the notebooks read of it (``course.gpu_figures``).
+"""Ungraded: the GPU report (``project/tools/gpu_report.py``) and what the notebooks read of it (``course.gpu_figures``).
 
 The report's code runs here as a dry run (``--device cpu``: tiny sizes, every step of the GPU run, the GPU
 tier with no GPU visible so that every test skips with its reason); without a GPU ``--device auto`` says so
@@ -47,7 +47,7 @@ def dry_run(tmp_path_factory):
     """One dry run of the report: ``(completed process, report path, report)``."""
     out = tmp_path_factory.mktemp("gpu_report")
     env = dict(os.environ, LLMSYS_DEVICE="cpu", PYTHONPATH=str(REPO))
-    result = run_bounded([sys.executable, "project/gpu_report.py", "--device", "cpu", "--out", str(out),
+    result = run_bounded([sys.executable, "project/tools/gpu_report.py", "--device", "cpu", "--out", str(out),
                           "--repeats", "3", "--warmup", "1"], DRY_RUN_TIMEOUT, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     files = sorted(out.glob("*.json"))
@@ -103,7 +103,7 @@ def test_the_dry_run_records_every_figure_of_the_gpu_report(dry_run):
     # the planner's kernel figures: every product shape, memory-bound kernel and attention length measured with a
     # median and a spread (no datasheet on a CPU: no efficiency), and the planner's one-GPU step beside the measured
     # one, marked not comparable on the dry run
-    from project.gpu_report import ATTENTION_SEQS, PLANNER_SHAPES
+    from project.tools.gpu_report_kernels import ATTENTION_SEQS, PLANNER_SHAPES
 
     k = r["kernels"]
     assert [g["name"] for g in k["gemm"]] == [s[0] for s in PLANNER_SHAPES["cpu"]]
@@ -131,7 +131,7 @@ def test_the_notebooks_leave_dry_runs_out_and_read_what_the_report_writes(dry_ru
 
 
 def test_without_a_gpu_auto_says_so_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    from project import gpu_report
+    from project.tools import gpu_report
 
     monkeypatch.setenv("LLMSYS_DEVICE", "cpu")  # what a machine without CUDA gives --device auto (and the suite pins)
     assert gpu_report.main(["--device", "auto", "--out", str(tmp_path)]) == 0
@@ -145,11 +145,11 @@ def test_without_a_gpu_auto_says_so_and_writes_nothing(tmp_path, monkeypatch, ca
     (["--device", "cpu", "--batch_size", "0"], "--batch_size must be >= 1"),
     (["--device", "cpu", "--matmul_sizes", "0"], "--matmul_sizes must be positive"),
     (["--device", "cpu", "--repeats", "2"], "--repeats must be >= 3"),
-    (["--device", "cpu", "--preset", "huge"], "--preset must be one of"),
+    (["--device", "cpu", "--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
     (["--device", "cpu", "--vocab_size", "10"], "the planner cannot take this configuration: --vocab_size"),
 ])
 def test_bad_options_are_refused_before_anything_runs(args, message, capsys):
-    from project import gpu_report
+    from project.tools import gpu_report
 
     with pytest.raises(SystemExit) as info:
         gpu_report.parse(args)
@@ -157,7 +157,7 @@ def test_bad_options_are_refused_before_anything_runs(args, message, capsys):
 
 
 def test_a_report_never_replaces_an_earlier_one(tmp_path):
-    from project.gpu_report import free_path
+    from project.tools.gpu_report import free_path
 
     assert free_path(tmp_path, "gpu-2026-01-01") == tmp_path / "gpu-2026-01-01.json"
     (tmp_path / "gpu-2026-01-01.json").write_text("{}")
@@ -241,7 +241,7 @@ def test_the_reader_shows_the_newest_real_report_with_device_and_date(tmp_path):
 def test_without_a_report_the_reader_says_how_to_make_one(tmp_path):
     assert gpu_figures.latest_report(tmp_path) is None and gpu_figures.gpu_figures("memory", tmp_path) is None
     text = gpu_figures.gpu_figures_text("memory", tmp_path)
-    assert text.startswith("No GPU report yet") and "python project/gpu_report.py" in text
+    assert text.startswith("No GPU report yet") and "python project/tools/gpu_report.py" in text
     with pytest.raises(ValueError, match="part must be one of"):
         gpu_figures.gpu_figures("speed", tmp_path)
     (tmp_path / "broken.json").write_text("{")
@@ -255,7 +255,7 @@ def test_the_recomputation_check_sees_other_dropout_masks(monkeypatch):
     doing nothing) draws other dropout masks; the check the report records must say so."""
     import torch
 
-    from memory.experiments import recomputation_check
+    from memory.labs.experiments import recomputation_check
 
     assert recomputation_check("cpu", "tiny", 300, 16, 2)["equal"]
     monkeypatch.setattr(torch, "set_rng_state", lambda state: None)
@@ -266,7 +266,7 @@ def test_the_recomputation_check_sees_other_dropout_masks(monkeypatch):
 
 def test_a_stubbed_checkpointing_is_refused_before_anything_runs(monkeypatch, capsys):
     from course import assignments
-    from project import gpu_report
+    from project.tools import gpu_report
 
     monkeypatch.setattr(assignments, "stubs", lambda tree=None: {
         "ASSIGN5_5_4": ("memory/checkpointing.py", "Assignment 5.5.4: implement CheckpointFunction.forward")})

@@ -27,7 +27,7 @@ SMALL = ["--preset", "tiny", "--batch_size", "8", "--model_max_length", "32", "-
 CASES = {  # name: (script module, its options, results prefix)
     "dp": ("run_data_parallel", ["--dp", "2"], ""),
     "dp-zero3": ("run_data_parallel", ["--dp", "2", "--zero", "3"], ""),
-    "1f1b": ("run_pipeline", ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
+    "1f1b": ("run_pipeline", ["--schedule", "1f1b", "--pp", "2", "--micro_batches", "2"],
              "pipeline_1f1b_"),
     "tp": ("run_tensor_parallel", ["--tp", "2"], "tensor_parallel_"),
     "3d": ("run_3d", ["--dp", "1", "--pp", "2", "--tp", "2", "--micro_batches", "2"], "three_d_"),

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINING = ["--preset", "tiny", "--batch_size", "8", "--model_max_length", "32", "--vocab_size", "1000",
             "--max_train_examples", "2000", "--n_bleu", "0", "--max_val_batches", "1", "--max_batches", "3",
             "--dropout", "0", "--quiet"]
-PIPELINE = ["--mode", "pipeline", "--model_parallel_mode", "1f1b", "--pp", "4", "--micro_batches", "1", *TRAINING]
+PIPELINE = ["--mode", "pipeline", "--schedule", "1f1b", "--pp", "4", "--micro_batches", "1", *TRAINING]
 CLUSTER = ["--nodes", "2", "--gpus_per_node", "2", "--image", "registry.example/llmsys-course:test"]
 
 
@@ -99,7 +99,7 @@ def test_every_document_parses_into_the_official_models_with_no_unknown_field(tm
     (["--mode", "3d", "--dp", "1", "--pp", "2", "--tp", "2", "--nodes", "3"], "choose sizes whose product is 6"),
     (["--mode", "tp", "--tp", "4"], "must sit inside one node"),
     (["--mode", "dp", "--batch_size", "6"], "--batch_size 6 is not divisible by --dp 4"),
-    (["--mode", "pipeline", "--model_parallel_mode", "model_parallel"], "runs in one process"),
+    (["--mode", "pipeline", "--single_process", "sequential"], "runs in one process"),
     (["--mode", "dp", "--workdir", "/tmp/x"], "--workdir: the run's folder is /runs/<name>"),
     (["--mode", "dp", "--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
     (["--mode", "tp", "--tp", "2", "--name", "Not_A_DNS_Name"], "must be a DNS label"),
@@ -224,7 +224,7 @@ def test_the_jobs_pods_train_the_one_process_runs_losses(tmp_path):
     one.mkdir()
     for tokenizer in workdir.glob("tokenizer_*.json"):  # the same tokenizer (training it again is not under test)
         shutil.copy(tokenizer, one / tokenizer.name)
-    config = PipelineConfig.from_command_line([*TRAINING, "--model_parallel_mode", "model_parallel", "--pp", "4",
+    config = PipelineConfig.from_command_line([*TRAINING, "--single_process", "sequential", "--pp", "4",
                                                "--device", "cpu", "--workdir", str(one)], environment=False)
     assert run(config) == 0
     reference = json.loads((one / "pipeline_model_parallel_rank0_results_epoch0.json").read_text())["train_losses"]

@@ -7,7 +7,7 @@
   also the ones inside functions.
 * No import cycle between the modules.
 * A module's private (underscore) names are its own: no module imports one from another
-  (``from course.config import _OldName``) or reads one through a module it imported
+  (``from course.launch import _free_port``) or reads one through a module it imported
   (``collectives._NAMES``), and no module is handed another module object
   (``sys.modules[__name__]``, or an imported module passed to a call): what a module offers
   another is a public name.
@@ -21,6 +21,14 @@
   BLEU and writes results files.
 * The keys are declared once (``instructor/keys.py``): pytest's markers come from there,
   and the README's table lists exactly those keys.
+* No alias machinery and no former names: nothing in the tree keeps an old name working or teaches one.
+* Each option is declared once: the run configuration's table (``course.config.RunConfig``), the modes'
+  configurations, the benchmark harness, the benchmarks and measuring tools, and the planner's command line
+  together declare every ``--option`` one time; the others take it from the table.
+* No module holds more than about 500 lines: 400 lines of code (docstrings, comments, blank lines and module-level
+  data tables left out).
+* Each part keeps its notebooks' workers, benchmarks and exercise checks in its ``labs/`` subpackage: no assignment
+  block there, none of them outside it, and no module of the part outside ``labs/`` imports it.
 """
 from __future__ import annotations
 
@@ -312,3 +320,121 @@ def test_each_package_exports_only_public_names_that_exist(package):
     names = getattr(module, "__all__", [])
     assert not [n for n in names if n.startswith("_")], f"{package} exports private names"
     assert not [n for n in names if not hasattr(module, n)], f"{package}.__all__ names what it does not define"
+
+
+# ---- one name, declared once ----------------------------------------------------------------------------------
+
+FORMER = re.compile("|".join(["renamed" + "_keywords", "old" + "_name", "OLD" + "_OPTIONS", "Old" + "Name",
+                              "n" + "_chunk", "n" + "_micro", "tp" + "_size"]))
+TEXT = (".py", ".md", ".ipynb", ".toml", ".txt", ".sbatch", ".js", ".cfg", ".yml", ".yaml")
+
+
+def test_no_alias_machinery_and_no_former_names():
+    """Nothing keeps a former name working (a decorator, an option alias, a table of old options) and nothing
+    teaches one: the course is unreleased, a rename changes every caller."""
+    skip = {".git", "workdir", "shared", "data", "build", "__pycache__", ".ipynb_checkpoints", "node_modules"}
+    found = []
+    for path in sorted(REPO.rglob("*")):
+        relative = path.relative_to(REPO)
+        if skip & set(relative.parts) or not path.name.endswith(TEXT) or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if FORMER.search(line):
+                found.append(f"{relative}:{number}: {line.strip()[:100]}")
+    assert not found, "alias machinery or former names:\n" + "\n".join(found)
+
+
+def _option_files() -> list[str]:
+    """The modules whose command lines are counted: the table, the modes' configurations, the entry point, the
+    harness, every part's labs (notebook workers, benchmarks), the measuring tools and the planner."""
+    tools = ("project.tools.benchmark", "project.tools.gpu_report", "project.tools.parity", "project.tools.performance")
+    return sorted(name for name in FILES
+                  if name in ("course.config", "course.benchmarking", "project.train", *tools)
+                  or name.startswith(("project.options.", "project.plan", "project.planner", "project.fake_mesh",
+                                      "project.published_runs"))
+                  or (top(name) in PARTS and ".labs." in f"{name}."))
+
+
+def option_declarations() -> dict[str, list[str]]:
+    """``{--option: [where it is declared]}``: a dataclass field made by ``option(...)`` (a configuration's) or an
+    ``add_argument("--option", ...)`` with the name written out."""
+    found: dict[str, list[str]] = {}
+    for name in _option_files():
+        where = FILES[name].relative_to(REPO)
+        for node in _nodes(name):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(node.value, ast.Call)
+                    and getattr(node.value.func, "id", None) == "option"):
+                found.setdefault(node.target.id, []).append(f"{where}:{node.lineno}")
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
+                  and any(isinstance(a, ast.Constant) and str(a.value).startswith("--") for a in node.args)):
+                flag = next(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
+                found.setdefault(flag[2:], []).append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_each_option_is_declared_once():
+    declared = option_declarations()
+    assert {"micro_batches", "schedule", "dp", "out", "steps", "repeats"} <= set(declared)
+    twice = {name: places for name, places in declared.items() if len(places) > 1}
+    assert not twice, "options declared more than once (take them from the table, course.config.RunConfig, or " \
+                      "the harness, course.benchmarking):\n" + "\n".join(f"--{n}: {', '.join(p)}"
+                                                                        for n, p in sorted(twice.items()))
+
+
+MAX_CODE_LINES = 400  # about 500 lines with their docstrings
+
+
+def code_lines(name: str) -> int:
+    """Lines of code of a module: docstrings, comments, blank lines and module-level data tables (an assignment
+    of a literal list, tuple, set or dict) left out."""
+    import io
+    import tokenize
+
+    tree, source = TREES[name], FILES[name].read_text()
+    left_out: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            left_out.update(range(body[0].lineno, body[0].end_lineno + 1))
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.Dict, ast.List, ast.Tuple,
+                                                                                     ast.Set)):
+            left_out.update(range(node.lineno, node.end_lineno + 1))
+    lines: set[int] = set()
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in left_out)
+    return len(lines)
+
+
+def test_no_module_is_over_about_500_lines():
+    big = {name: n for name in FILES if (n := code_lines(name)) > MAX_CODE_LINES}
+    assert not big, (f"modules over {MAX_CODE_LINES} lines of code (split them by concept):\n"
+                     + "\n".join(f"{FILES[n].relative_to(REPO)}: {c}" for n, c in sorted(big.items())))
+
+
+LAB_NAMES = re.compile(r"(^experiments|^checks|^exercises|_benchmark|_experiment|_workers)$")
+
+
+def test_each_part_keeps_its_labs_apart():
+    """A part's notebook workers, benchmarks and exercise checks are in ``<part>/labs/``, which holds no assignment
+    block; no module of a part outside its labs imports them (the labs use the part, never the other way)."""
+    from course.blocks import marked_spans
+
+    wrong = []
+    for name, path in FILES.items():
+        if top(name) not in PARTS:
+            continue
+        in_labs = ".labs." in f"{name}."
+        if in_labs and marked_spans(path.read_text().splitlines()):
+            wrong.append(f"{path.relative_to(REPO)} holds an assignment block (graded code is no lab)")
+        if not in_labs and LAB_NAMES.search(name.rsplit(".", 1)[-1]):
+            wrong.append(f"{path.relative_to(REPO)} is a notebook worker, benchmark or exercise check outside labs/")
+        if not in_labs:
+            wrong += [f"{path.relative_to(REPO)} imports {target}" for target in GRAPH[name]
+                      if ".labs." in f"{target}."]
+    assert not wrong, "\n".join(wrong)
+

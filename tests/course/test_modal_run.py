@@ -5,7 +5,7 @@ GPU type and count, timeout, volume), the entry point's options (``modal run mod
 --help``), and that bad options stop ``modal run`` before the app is created. The command each
 mode builds is parsed by the script's own configuration, bad requests are refused with that configuration's
 messages before anything is sent (also where torch is not installed), and the remote function's body
-(``project.modal_support.remote_run``) runs a tiny data-parallel job on the CPU. For ``--grade``:
+(``project.tools.modal_support.remote_run``) runs a tiny data-parallel job on the CPU. For ``--grade``:
 the grader's command, its Gradescope JSON and log coming back, and the table printed from the JSON.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from project import modal_support as ms
+from project.tools import modal_support as ms
 
 REPO = Path(__file__).resolve().parents[2]
 PY = "python"
@@ -59,16 +59,17 @@ def test_entrypoint_options_on_the_modal_cli():
     result = modal_cli("--help")
     assert result.returncode == 0, result.stderr
     for option in ("--mode", "--world-size", "--n-epochs", "--batch-size", "--micro-batches", "--virtual-stages",
-                   "--cp", "--ep", "--attention", "--n-chunk", "--tp-size", "--model-parallel-mode", "--preset",
+                   "--cp", "--ep", "--attention", "--schedule", "--single-process", "--preset",
                    "--gpu", "--grade / --no-grade", "--launcher", "--extra"):
         assert option in result.stdout, (option, result.stdout)
+    assert "--n-chunk" not in result.stdout and "--tp-size" not in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["--world-size", "5", "--gpu", "a10g"], "at most 4 A10G"),
     (["--world-size", "9"], f"at most 8 {ms.DEFAULT_GPU}"),
     (["--mode", "tensr"], "unknown --mode 'tensr'"),
-    (["--mode", "tensor", "--world-size", "4", "--tp", "2"], "= 2 ranks, but the world has 4 processes"),
+    (["--mode", "tp", "--world-size", "4", "--tp", "2"], "= 2 ranks, but the world has 4 processes"),
     (["--mode", "3d", "--world-size", "8", "--schedule", "interleaved"], "--schedule: invalid choice: 'interleaved'"),
     (["--mode", "cp", "--world-size", "8", "--attention", "ulysses"], "12 heads are not divisible by 8"),
 ])
@@ -82,10 +83,10 @@ def test_bad_options_stop_modal_run_before_anything_is_sent(args, message):
 def test_options_are_read_from_modal_run_argv(modal_run):
     entry = modal_run.main.info.raw_f
     path = str(REPO / "modal_run.py")
-    read = ms.options_from_argv(["modal", "run", path + "::main", "--world-size", "4", "--mode", "tensor",
+    read = ms.options_from_argv(["modal", "run", path + "::main", "--world-size", "4", "--mode", "tp",
                                  "--grade", "--extra", "--sequence_parallel"], entry, path)
-    assert (read["world_size"], read["mode"], read["grade"], read["extra"]) == (4, "tensor", True, "--sequence_parallel")
-    assert read["tp_size"] is None and read["gpu"] == ms.DEFAULT_GPU
+    assert (read["world_size"], read["mode"], read["grade"], read["extra"]) == (4, "tp", True, "--sequence_parallel")
+    assert read["tp"] is None and read["gpu"] == ms.DEFAULT_GPU
     assert ms.options_from_argv(["modal", "run", path, "--no-grade"], entry, path)["grade"] is False
     assert ms.options_from_argv(["modal", "run", path, "--help"], entry, path) is None
     assert ms.options_from_argv(["modal", "deploy", path], entry, path) is None
@@ -99,20 +100,19 @@ def test_options_are_read_from_modal_run_argv(modal_run):
     (dict(world_size=8, gpu="A10"), "at most 4 A10"),
     (dict(launcher="mpirun"), "unknown --launcher"),
     (dict(learning_rate=1e-3), "unknown option(s) --learning-rate"),
-    (dict(tp=2), "--tp is an option of --mode tensor and 3d, not of --mode data"),
-    (dict(micro_batches=4), "--micro-batches is an option of --mode pipeline and 3d, not of --mode data"),
+    (dict(tp=2), "--tp is an option of --mode tp and 3d, not of --mode dp"),
+    (dict(micro_batches=4), "--micro-batches is an option of --mode pipeline and 3d, not of --mode dp"),
     (dict(mode="moe", cp=2), "--cp is an option of --mode cp, not of --mode moe"),
-    (dict(mode="tensor", world_size=2, tp=4), "= 4 ranks, but the world has 2 processes"),
+    (dict(mode="tp", world_size=2, tp=4), "= 4 ranks, but the world has 2 processes"),
     (dict(mode="pipeline", launcher="torchrun"), "--launcher torchrun starts one process per GPU"),
-    (dict(mode="pipeline", world_size=4, n_chunk=4, micro_batches=8), "give --micro-batches only"),
-    (dict(mode="data", extra="--bogus 1"), "project/run_data_parallel.py: unrecognized arguments: --bogus 1"),
+    (dict(mode="dp", extra="--bogus 1"), "project/run_data_parallel.py: unrecognized arguments: --bogus 1"),
     (dict(mode="schedule_benchmark", batch_size=8), "--mode schedule_benchmark takes no --batch-size"),
     (dict(mode="benchmark", preset="huge"), "unknown --preset 'huge'"),
     (dict(grade=True, gpu_tests=True), "choose one"),
 ])
 def test_modals_own_rules(kwargs, message):
     """What only Modal decides: modes, GPU types and counts, launchers, which mode an option belongs to, the
-    mesh against --world-size, the former names against the new ones."""
+    mesh against --world-size."""
     with pytest.raises(ValueError) as error:
         ms.make_request(**kwargs)
     assert message in str(error.value)
@@ -121,16 +121,16 @@ def test_modals_own_rules(kwargs, message):
 # Requests every run mode's configuration refuses: (mode, Modal's options, the configuration's values that mean
 # the same on world_size GPUs). The message must be the configuration's own, word for word.
 REFUSED = [
-    ("data", dict(world_size=4, batch_size=30), dict(dp=4, batch_size=30)),
-    ("data", dict(zero=2, overlap=True), dict(dp=2, zero=2, overlap=True)),
-    ("data", dict(precision="bf16", compression="topk"), dict(dp=2, precision="bf16", compression="topk")),
-    ("data", dict(bucket_mb=0.0), dict(dp=2, bucket_mb=0.0)),
-    ("data", dict(n_epochs=0), dict(dp=2, n_epochs=0)),
+    ("dp", dict(world_size=4, batch_size=30), dict(dp=4, batch_size=30)),
+    ("dp", dict(zero=2, overlap=True), dict(dp=2, zero=2, overlap=True)),
+    ("dp", dict(precision="bf16", compression="topk"), dict(dp=2, precision="bf16", compression="topk")),
+    ("dp", dict(bucket_mb=0.0), dict(dp=2, bucket_mb=0.0)),
+    ("dp", dict(n_epochs=0), dict(dp=2, n_epochs=0)),
     ("pipeline", dict(batch_size=30, micro_batches=4), dict(pp=2, batch_size=30, micro_batches=4)),
     ("pipeline", dict(world_size=8, preset="tiny"), dict(pp=8, preset="tiny")),
-    ("pipeline", dict(world_size=2, model_parallel_mode="1f1b", virtual_stages=2),
-     dict(pp=2, model_parallel_mode="1f1b", virtual_stages=2)),
-    ("tensor", dict(world_size=8), dict(tp=8)),
+    ("pipeline", dict(world_size=2, schedule="1f1b", virtual_stages=2),
+     dict(pp=2, schedule="1f1b", virtual_stages=2)),
+    ("tp", dict(world_size=8), dict(tp=8)),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, batch_size=30), dict(dp=2, pp=2, tp=2, batch_size=30)),
     ("3d", dict(world_size=8, dp=1, pp=8, tp=1, preset="tiny"), dict(dp=1, pp=8, tp=1, preset="tiny")),
     ("cp", dict(world_size=8, attention="ulysses"), dict(cp=8, attention="ulysses")),
@@ -162,9 +162,9 @@ def test_bad_requests_are_refused_with_the_configurations_own_message(mode, moda
 
 
 def test_bad_choices_are_refused_by_the_scripts_parser():
-    with pytest.raises(ValueError, match=r"project/run_pipeline.py: argument --model_parallel_mode: invalid choice: "
+    with pytest.raises(ValueError, match=r"project/run_pipeline.py: argument --schedule: invalid choice: "
                                          r"'zigzag' \(choose from .*'1f1b'"):
-        ms.make_request(mode="pipeline", model_parallel_mode="zigzag")
+        ms.make_request(mode="pipeline", schedule="zigzag")
     with pytest.raises(ValueError, match=r"argument --zero: invalid choice: 5 \(choose from 0, 1, 2, 3\)"):
         ms.make_request(zero=5)
     with pytest.raises(ValueError, match=r"--schedule: invalid choice: 'interleaved' \(choose from 'gpipe', '1f1b', "
@@ -188,17 +188,18 @@ def _parsed(request: ms.RunRequest):
 
 # One request per run mode (the schedules too): Modal's options and what the script's configuration must hold.
 EVERY_MODE = [
-    ("data", dict(world_size=4, batch_size=64, n_epochs=5), dict(dp=4, batch_size=64, n_epochs=5)),
-    ("data", dict(world_size=4, zero=3, precision="bf16", activation_checkpointing=True),
+    ("dp", dict(world_size=4, batch_size=64, n_epochs=5), dict(dp=4, batch_size=64, n_epochs=5)),
+    ("dp", dict(world_size=4, zero=3, precision="bf16", activation_checkpointing=True),
      dict(dp=4, zero=3, precision="bf16", activation_checkpointing=True)),
-    ("data", dict(world_size=2, bucket_mb=25.0, overlap=True), dict(dp=2, bucket_mb=25.0, overlap=True)),
-    ("pipeline", dict(world_size=4), dict(pp=4, model_parallel_mode="pipeline_parallel")),
-    ("pipeline", dict(world_size=4, model_parallel_mode="1f1b", micro_batches=8, launcher="torchrun"),
-     dict(pp=4, micro_batches=8, model_parallel_mode="1f1b")),
-    ("pipeline", dict(world_size=2, model_parallel_mode="interleaved", virtual_stages=2, micro_batches=4),
+    ("dp", dict(world_size=2, bucket_mb=25.0, overlap=True), dict(dp=2, bucket_mb=25.0, overlap=True)),
+    ("pipeline", dict(world_size=4), dict(pp=4, schedule=None, single_process="pipe")),
+    ("pipeline", dict(world_size=2, single_process="sequential"), dict(pp=2, single_process="sequential")),
+    ("pipeline", dict(world_size=4, schedule="1f1b", micro_batches=8, launcher="torchrun"),
+     dict(pp=4, micro_batches=8, schedule="1f1b")),
+    ("pipeline", dict(world_size=2, schedule="interleaved", virtual_stages=2, micro_batches=4),
      dict(pp=2, virtual_stages=2, micro_batches=4)),
-    ("pipeline", dict(world_size=2, model_parallel_mode="zb-h1"), dict(pp=2, model_parallel_mode="zb-h1")),
-    ("tensor", dict(world_size=4, extra="--sequence_parallel"), dict(tp=4, sequence_parallel=True)),
+    ("pipeline", dict(world_size=2, schedule="zb-h1"), dict(pp=2, schedule="zb-h1")),
+    ("tp", dict(world_size=4, extra="--sequence_parallel"), dict(tp=4, sequence_parallel=True)),
     ("3d", dict(world_size=8), dict(dp=1, pp=4, tp=2, schedule="1f1b")),
     ("3d", dict(world_size=8, dp=2, pp=2, tp=2, schedule="gpipe", micro_batches=4),
      dict(dp=2, pp=2, tp=2, schedule="gpipe", micro_batches=4)),
@@ -224,11 +225,9 @@ def test_every_mode_builds_the_command_its_script_runs(mode, modal_options, expe
 
 
 def test_every_mode_is_a_run_script_with_a_configuration():
-    import dataclasses
-
     from course.config import RunConfig
 
-    assert set(ms.RUNS) >= {"data", "pipeline", "tensor", "3d", "cp", "moe"}
+    assert set(ms.RUNS) == {"dp", "pipeline", "tp", "3d", "cp", "moe"}
     for mode, script in ms.SCRIPTS.items():
         assert (REPO / script).is_file()
         cls = ms.config_class(mode)
@@ -236,9 +235,6 @@ def test_every_mode_is_a_run_script_with_a_configuration():
         assert f"from project.options.{ms.RUNS[mode]} import" in (REPO / script).read_text()  # the script's own
     owners = {name: [m for m in ms.RUNS if name in ms.script_options(m)] for name in ms.OPTIONS}
     assert all(owners.values()), owners  # every Modal option is some script's
-    for old, new in ms.OLD_OPTIONS.items():  # Modal's former names are the configuration's former names
-        assert any(old in f.metadata.get("old", ()) and f.name == new for m in ms.RUNS
-                   for f in dataclasses.fields(ms.config_class(m))), old
 
 
 def test_commands_of_each_mode():
@@ -246,14 +242,14 @@ def test_commands_of_each_mode():
     assert ms.build_command(data, "/vol/runs/r", python=PY, repo_root=Path("/root"), timeout=3000) == [
         PY, "/root/project/run_data_parallel.py", "--dp", "2", "--n_epochs", "5", "--batch_size", "64",
         "--device", "cuda", "--workdir", "/vol/runs/r", "--timeout", "3000"]
-    pipe = ms.make_request(mode="pipeline", world_size=4, gpu="h100", model_parallel_mode="1f1b", micro_batches=8,
+    pipe = ms.make_request(mode="pipeline", world_size=4, gpu="h100", schedule="1f1b", micro_batches=8,
                            launcher="torchrun", preset="small")
     assert pipe.gpu_spec == "H100:4"
     assert ms.build_command(pipe, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "/root/project/run_pipeline.py",
-        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--model_parallel_mode", "1f1b",
+        "--pp", "4", "--preset", "small", "--micro_batches", "8", "--schedule", "1f1b",
         "--device", "cuda", "--workdir", "/w"]
-    tensor = ms.make_request(mode="tensor", world_size=4, extra="--sequence_parallel --learning_rate 3e-4")
+    tensor = ms.make_request(mode="tp", world_size=4, extra="--sequence_parallel --learning_rate 3e-4")
     assert ms.build_command(tensor, "/w", python=PY, repo_root=Path("/root")) == [
         PY, "/root/project/run_tensor_parallel.py", "--tp", "4", "--device", "cuda", "--workdir", "/w",
         "--sequence_parallel", "--learning_rate", "3e-4"]
@@ -275,22 +271,6 @@ def test_commands_of_each_mode():
     assert '"--json"' in (REPO / "instructor/grade.py").read_text()  # the grader's option
 
 
-@pytest.mark.parametrize("old, new, value, mode", [("n_chunk", "micro_batches", 8, "pipeline"),
-                                                    ("tp_size", "tp", 4, "tensor")])
-def test_old_option_names_still_work_and_name_the_new_one(old, new, value, mode, capsys):
-    request = ms.make_request(mode=mode, world_size=4, **{old: value})
-    assert request.options[new] == value and old not in request.options
-    assert request.options == ms.make_request(mode=mode, world_size=4, notes=False, **{new: value}).options
-    err = capsys.readouterr().err
-    assert f"note: --{old.replace('_', '-')} is now --{new.replace('_', '-')}" in err
-    assert err.count("note:") == 1  # the second request, with the new name, says nothing
-
-
-def test_modal_cli_notes_an_old_option_name_once():
-    result = modal_cli("--mode", "tensor", "--world-size", "4", "--tp-size", "2")  # refused: the note is not said
-    assert result.returncode == 2 and "note:" not in result.stderr, result.stderr
-
-
 def test_configurations_import_and_check_without_torch():
     """The configuration, every mode's configuration and Modal's checks run where torch cannot be imported
     (``modal run`` on a laptop): ``torch`` is made unimportable before anything is imported."""
@@ -298,7 +278,7 @@ def test_configurations_import_and_check_without_torch():
 import sys
 sys.modules["torch"] = None  # import torch now raises ImportError
 from course.config import ConfigError, RunConfig
-from project import modal_support as ms
+from project.tools import modal_support as ms
 for mode in ms.RUNS:
     devices = 8 if mode == "3d" else 4  # 3d: its default mesh, 1 x 4 x 2
     config = ms.config_class(mode).for_machine(devices, device="cuda", backend="nccl")  # resolved and checked
@@ -306,8 +286,8 @@ for mode in ms.RUNS:
 ms.make_request(mode="3d", world_size=8, schedule="zb-h1")
 ms.make_request(mode="cp", world_size=4, attention="ulysses")
 ms.make_request(mode="moe", world_size=4, ep=2)
-ms.make_request(mode="tensor", world_size=4, extra="--block_types spd")
-ms.make_request(mode="pipeline", world_size=2, model_parallel_mode="interleaved")
+ms.make_request(mode="tp", world_size=4, extra="--block_types spd")
+ms.make_request(mode="pipeline", world_size=2, schedule="interleaved")
 try:
     ms.make_request(mode="cp", world_size=8, attention="ulysses")
 except ConfigError as exc:
@@ -397,7 +377,7 @@ def test_remote_grade_returns_the_gradescope_json_and_the_log(tmp_path):
 
 @pytest.mark.needs_solution
 def test_remote_function_body_runs_a_tiny_data_parallel_job_on_cpu(tmp_path):
-    request = ms.make_request(mode="data", world_size=2, batch_size=8, max_batches=2,
+    request = ms.make_request(mode="dp", world_size=2, batch_size=8, max_batches=2,
                               extra="--device cpu --n_bleu 2 --quiet --vocab_size 1000 --max_train_examples 2000 "
                                     "--max_val_batches 1")
     committed = []
@@ -460,11 +440,11 @@ def test_entrypoint_sends_the_checked_request_and_summarises_what_comes_back(mod
     fake = FakeRemote()
     monkeypatch.setattr(modal_run, "train", fake)
     entry = modal_run.main.info.raw_f
-    entry(mode="tensor", world_size=4, gpu="a100-80gb", n_epochs=3, results_dir=str(tmp_path))
+    entry(mode="tp", world_size=4, gpu="a100-80gb", n_epochs=3, results_dir=str(tmp_path))
     assert fake.options == dict(gpu="A100-80GB:4", cpu=8.0, memory=4 * 6144)
     request, name = fake.sent
-    assert (request["mode"], request["world_size"], request["options"]) == ("tensor", 4, {"tp": 4, "n_epochs": 3})
-    assert name.startswith("tensor-4xA100-80GB-")
+    assert (request["mode"], request["world_size"], request["options"]) == ("tp", 4, {"tp": 4, "n_epochs": 3})
+    assert name.startswith("tp-4xA100-80GB-")
     assert json.loads((tmp_path / name / "rank0_results_epoch0.json").read_text())["validation_loss"] == 3.5
     out = capsys.readouterr().out
     assert "data_parallel" in out and "3.500" in out
@@ -492,16 +472,16 @@ def test_commands_of_memory_communication_the_benchmarks_and_the_gpu_tier():
 
     bench = ms.make_request(mode="benchmark", world_size=8, launcher="torchrun")
     assert ms.build_command(bench, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/benchmark.py",
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "/root/project/tools/benchmark.py",
         "--world_sizes", "8", "--dp", "8", "--device", "cuda", "--out", "/w/benchmark_communication.json",
         "--timeout", "60"]
     sched = ms.make_request(mode="schedule_benchmark", world_size=4, extra="--micro_batches 8 16")
     assert ms.build_command(sched, "/w", python=PY, repo_root=Path("/root"), timeout=60) == [
-        PY, "-m", "pipeline.schedule_benchmark", "--pp", "4", "--device", "cuda", "--out", "/w/schedule_benchmark.json",
+        PY, "-m", "pipeline.labs.schedule_benchmark", "--pp", "4", "--device", "cuda", "--out", "/w/schedule_benchmark.json",
         "--timeout", "60", "--micro_batches", "8", "16"]
     fact = ms.make_request(mode="factorisation_benchmark", world_size=8, launcher="torchrun")
     assert ms.build_command(fact, "/w", python=PY, repo_root=Path("/root")) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m", "three_d.factorisation_benchmark",
+        PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "-m", "three_d.labs.factorisation_benchmark",
         "--world_size", "8", "--device", "cuda", "--out", "/w/factorisation_benchmark.json"]
 
     tier = ms.make_request(gpu_tests=True, world_size=8, gpu="h100")

@@ -31,7 +31,7 @@ def test_the_first_output_describes_the_machine(monkeypatch, capsys):
     assert any(f"conditions: {c}" in line for c in ("quiet", "loaded")), line
     record = machine_record()
     record.update(load_average=[7.0, 6.0, 5.0], conditions="loaded", date="2030-01-02 03:04 UTC")
-    monkeypatch.setenv(MACHINE_ENV, json.dumps(record))  # what project/execute_notebooks.py hands the kernel
+    monkeypatch.setenv(MACHINE_ENV, json.dumps(record))  # what project/tools/execute_notebooks.py hands the kernel
     print_machine()
     line = capsys.readouterr().out
     assert "load average 7.0" in line and "conditions: loaded" in line and "2030-01-02 03:04 UTC" in line

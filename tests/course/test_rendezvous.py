@@ -118,8 +118,8 @@ def test_three_d_step_rendezvous(nccl_rules):
     from tests.three_d.test_step import check
     from tests.support.three_d import layouts_worker
 
-    cases = [dict(dp=1, pp=2, tp=2, n_chunk=4, schedule="1f1b", max_norm=0.5),
-             dict(dp=2, pp=2, tp=1, n_chunk=2, schedule="gpipe", max_norm=0.5)]
+    cases = [dict(dp=1, pp=2, tp=2, micro_batches=4, schedule="1f1b", max_norm=0.5),
+             dict(dp=2, pp=2, tp=1, micro_batches=2, schedule="gpipe", max_norm=0.5)]
     out = launch(layouts_worker, 4, cases, device="cpu", timeout=200, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
     for i, case in enumerate(cases):
         check({rank: r[i] for rank, r in out.items()}, case)

@@ -125,13 +125,13 @@ def test_slurm_script_runs_one_torchrun_per_node_with_a_c10d_rendezvous(tmp_path
         tool.chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu[017-018]",
                SLURM_NNODES="2", SLURM_JOB_ID="4242", SLURM_GPUS_ON_NODE="4", SLURM_SUBMIT_DIR=str(REPO))
-    result = subprocess.run(["bash", "project/slurm/torchrun.sbatch", "project/run_tensor_parallel.py", "--tp_size",
+    result = subprocess.run(["bash", "project/slurm/torchrun.sbatch", "project/run_tensor_parallel.py", "--tp",
                              "8", "--workdir", "/shared/tp"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
         "srun --kill-on-bad-exit=1 torchrun --nnodes=2 --nproc_per_node=4 --rdzv_id=4242 --rdzv_backend=c10d "
-        "--rdzv_endpoint=gpu017:29500 project/run_tensor_parallel.py --tp_size 8 --workdir /shared/tp")
+        "--rdzv_endpoint=gpu017:29500 project/run_tensor_parallel.py --tp 8 --workdir /shared/tp")
 
     default = subprocess.run(["bash", "project/slurm/torchrun.sbatch"], cwd=REPO, capture_output=True, text=True,
                              env=dict(env, NPROC_PER_NODE="8", TORCHRUN="python -m torch.distributed.run"), timeout=30)

@@ -160,7 +160,8 @@ def test_a_pipeline_steps_spans_lie_inside_the_step_with_its_sends_and_receives(
 
 
 def test_measurement_options_are_checked_before_any_process_starts(tmp_path, capsys):
-    from course.config import ConfigError, check_measurement_files
+    from course.config import ConfigError
+    from course.preflight import check_measurement_files
     from project.run_data_parallel import DataParallelConfig
 
     with pytest.raises(SystemExit):

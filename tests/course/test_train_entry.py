@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from project import modal_support, modes, train
+from project import modes, train
+from project.tools import modal_support
 from tests.support.rendezvous import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 # pipeline schedule, without a third and fourth rank), with the options its run-script test uses.
 SMALL = {
     "dp": ["--dp", "2"],
-    "pipeline": ["--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2"],
+    "pipeline": ["--schedule", "1f1b", "--pp", "2", "--micro_batches", "2"],
     "tp": ["--tp", "2"],
     "3d": ["--dp", "1", "--pp", "2", "--tp", "1", "--micro_batches", "2"],
     "cp": ["--cp", "2", "--seq_len", "256", "--batch_size", "4"],
@@ -114,7 +115,7 @@ def test_help_lists_the_modes_and_with_a_mode_its_options(capsys):
         train.parse_args(["--mode", "tp", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "usage: train.py --mode tp" in out and "--sequence_parallel" in out and "--model_parallel_mode" not in out
+    assert "usage: train.py --mode tp" in out and "--sequence_parallel" in out and "--schedule" not in out
 
 
 def test_run_as_a_file_it_refuses_an_unknown_mode_with_the_list():
@@ -138,22 +139,19 @@ def test_modals_request_builder_accepts_every_mode(mode):
     probe = mode.config(device="cuda", backend="nccl")
     probe.resolve(2, here=False)  # its default mesh for 2 GPUs (3d: its default 1 x 4 x 2)
     world = probe.dims.world_size
-    for name in {mode.name, mode.modal_name}:
-        request = modal_support.make_request(mode=name, world_size=world)
-        assert request.mode == mode.modal_name
-        command = modal_support.build_command(request, "/w", python="python", repo_root=Path("/root"))
-        assert command[1] == f"/root/{mode.script_path}", command
-        assert command[command.index("--workdir") + 1] == "/w"
+    request = modal_support.make_request(mode=mode.name, world_size=world)
+    assert request.mode == mode.name
+    command = modal_support.build_command(request, "/w", python="python", repo_root=Path("/root"))
+    assert command[1] == f"/root/{mode.script_path}", command
+    assert command[command.index("--workdir") + 1] == "/w"
 
 
 def test_a_mode_is_registered_once(monkeypatch):
     monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
     tp = modes.MODES["tp"]
-    for name, modal in (("tp", None), ("tensor", None), ("tp2", "tp")):
-        with pytest.raises(ValueError, match="registered already"):
-            modes.register(modes.Mode(name, type("Other", (tp.config,), {}), tp.script, tp.build, tp.describe,
-                                      modal=modal))
+    with pytest.raises(ValueError, match="registered already"):
+        modes.register(modes.Mode("tp", type("Other", (tp.config,), {}), tp.script, tp.builder, tp.describe))
     with pytest.raises(ValueError, match="configuration already"):
-        modes.register(modes.Mode("tp2", tp.config, tp.script, tp.build, tp.describe))
+        modes.register(modes.Mode("tp2", tp.config, tp.script, tp.builder, tp.describe))
     with pytest.raises(ValueError, match="unknown mode 'tp2': choose one of dp, pipeline, tp, 3d, cp, moe"):
         modes.mode_named("tp2")

@@ -1,8 +1,8 @@
-"""The exercise checks of notebook 01 (data_parallel/checks.py) and the data-order helper they describe:
+"""The exercise checks of notebook 01 (data_parallel/labs/checks.py) and the data-order helper they describe:
 the formulas agree with the code they stand for, and each check accepts the right answer only."""
 import pytest
 
-from data_parallel import checks
+from data_parallel.labs import checks
 from data_parallel.data_order import global_batch_indices
 from data_parallel.partition import DataPartitioner
 

@@ -9,7 +9,8 @@ import pytest
 
 from course.config import ConfigError
 from course.replica_groups import Fault, ReplicaRun, launch_replica_groups
-from fault_tolerance import checks, failures
+from fault_tolerance import failures
+from fault_tolerance.labs import checks
 from fault_tolerance.labs import diloco_lab
 from fault_tolerance.recovery import recovery_summary
 from project.options.run_fault_tolerant import FaultTolerantConfig

@@ -70,7 +70,7 @@ def test_data_parallel_script_trains_on_the_gpus(tmp_path):
     from tests.gpu.support import multi30k_dir
 
     need_gpus(2)
-    result = subprocess.run([sys.executable, "project/run_data_parallel.py", "--world_size", "2", "--device", "cuda",
+    result = subprocess.run([sys.executable, "project/run_data_parallel.py", "--dp", "2", "--device", "cuda",
                              "--preset", "tiny", "--max_batches", "3", "--n_bleu", "4", "--max_val_batches", "1",
                              "--max_train_examples", "2000", "--vocab_size", "1000", "--data_dir", multi30k_dir(),
                              "--workdir", str(tmp_path), "--quiet", "--timeout", "800"], cwd=REPO, capture_output=True,

@@ -9,9 +9,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("schedule, n_chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
-def test_schedule_on_nccl_equals_gloo(schedule, n_chunks, world_size):
-    nccl, gloo = on_nccl_and_gloo(pipeline_worker, world_size, schedule, n_chunks)
+@pytest.mark.parametrize("schedule, virtual_stages", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_schedule_on_nccl_equals_gloo(schedule, virtual_stages, world_size):
+    nccl, gloo = on_nccl_and_gloo(pipeline_worker, world_size, schedule, virtual_stages)
     for rank in range(world_size):
         assert nccl[rank]["timer"] == "host-clock+cuda-sync" and gloo[rank]["timer"] == "host-clock"
         assert nccl[rank]["events"] == gloo[rank]["events"] > 0
@@ -38,7 +38,7 @@ def test_schedule_benchmark_costs_layers_on_the_gpu():
     import torch
 
     import pipeline.gpt2
-    from pipeline import schedule_benchmark as sb
+    from pipeline.labs import schedule_benchmark as sb
     from tests.gpu.support import need_gpus
 
     need_gpus(1)

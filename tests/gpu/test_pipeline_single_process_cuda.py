@@ -1,5 +1,5 @@
 """GPU tier: the one-process pipeline modes of ``project/run_pipeline.py`` on 2 GPUs (stage s on ``cuda:s``, one
-worker thread per stage): ``model_parallel`` and ``pipeline_parallel`` train on Multi30k (found by the course's
+worker thread per stage): ``--single_process sequential`` and ``pipe`` train on Multi30k (found by the course's
 resolution order: staged by Modal's ``--gpu-tests``), record both devices, and compute what the CPU computes."""
 import json
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def _run(workdir, mode, device):
     from project.run_pipeline import main
 
-    argv = ["--model_parallel_mode", mode, "--pp", "2", "--device", device, "--preset", "tiny", "--batch_size", "8",
+    argv = ["--single_process", mode, "--pp", "2", "--device", device, "--preset", "tiny", "--batch_size", "8",
             "--micro_batches", "2", "--max_batches", "2", "--max_val_batches", "1", "--n_bleu", "2", "--dropout", "0",
             "--vocab_size", "1000", "--max_train_examples", "2000", "--data_dir", multi30k_dir(),
             "--workdir", str(workdir), "--quiet", "--overwrite", "--timeout", "600"]
@@ -24,8 +24,8 @@ def _run(workdir, mode, device):
 @pytest.mark.timeout(900)
 def test_single_process_pipeline_on_two_gpus(tmp_path):
     need_gpus(2)
-    on_gpus = {mode: _run(tmp_path, mode, "cuda") for mode in ("model_parallel", "pipeline_parallel")}
-    on_cpu = _run(tmp_path / "cpu", "pipeline_parallel", "cpu")
+    on_gpus = {mode: _run(tmp_path, mode, "cuda") for mode in ("sequential", "pipe")}
+    on_cpu = _run(tmp_path / "cpu", "pipe", "cpu")
     for mode, r in on_gpus.items():
         assert r["config"]["devices"] == ["cuda:0", "cuda:1"], (mode, r["config"].get("devices"))
         assert {e["stage"] for e in r["timeline"]} == {0, 1}
@@ -33,6 +33,6 @@ def test_single_process_pipeline_on_two_gpus(tmp_path):
     # the same model on the same batches (dropout 0): the first loss, before any update, differs by float32
     # rounding only; after Adam's first step rounding becomes lr-sized steps (1e-3 here, as in
     # tests/pipeline/test_run_script.py's comparison of the modes: 1e-4 on the losses)
-    assert on_gpus["pipeline_parallel"]["train_losses"] == pytest.approx(on_gpus["model_parallel"]["train_losses"],
+    assert on_gpus["pipe"]["train_losses"] == pytest.approx(on_gpus["sequential"]["train_losses"],
                                                                          abs=1e-4)
-    assert on_gpus["pipeline_parallel"]["train_losses"][0] == pytest.approx(on_cpu["train_losses"][0], abs=1e-4)
+    assert on_gpus["pipe"]["train_losses"][0] == pytest.approx(on_cpu["train_losses"][0], abs=1e-4)

@@ -86,7 +86,7 @@ def data_parallel_worker(rank: int, world_size: int) -> dict:
 # ---- pipeline ----------------------------------------------------------------------------------------
 
 
-def pipeline_worker(rank: int, world_size: int, schedule: str, n_chunks: int) -> dict:
+def pipeline_worker(rank: int, world_size: int, schedule: str, virtual_stages: int) -> dict:
     """One step of ``schedule`` over GPT-2 chunks on this rank's device; gradients, losses, the timer."""
     import torch.nn.functional as F
 
@@ -99,9 +99,9 @@ def pipeline_worker(rank: int, world_size: int, schedule: str, n_chunks: int) ->
     device = _device()
     mesh = Mesh.build(pp=world_size)
     placement = SCHEDULES[schedule].placement  # "v": two chunks, rank 0 holds the first and the last stage
-    n_chunks = SCHEDULES[schedule].chunks_per_rank(n_chunks)
-    model = gpt2(n_layer=2 * world_size * n_chunks)
-    chunks, tied = gpt2_chunks(model, mesh.stage, world_size, n_chunks, placement=placement)
+    virtual_stages = SCHEDULES[schedule].chunks_per_rank(virtual_stages)
+    model = gpt2(n_layer=2 * world_size * virtual_stages)
+    chunks, tied = gpt2_chunks(model, mesh.stage, world_size, virtual_stages, placement=placement)
     m = 2 * world_size
     ids = tokens(2 * m)
     inputs, targets = list(ids.split(2)), [t.to(device) for t in tokens(2 * m, seed=2).split(2)]
@@ -111,7 +111,7 @@ def pipeline_worker(rank: int, world_size: int, schedule: str, n_chunks: int) ->
 
     runner = StageRunner([c.to(device) for c in chunks], device, loss_fn=loss_fn, group=mesh.pp_group,
                          placement=placement)
-    result = runner.run(schedule_actions(schedule, mesh.stage, world_size, m, n_chunks),
+    result = runner.run(schedule_actions(schedule, mesh.stage, world_size, m, virtual_stages),
                         inputs if runner.is_first else None, targets if runner.is_last else None)
     TiedGradients(mesh.embedding_group)(tied)
     held = {id(p) for c in chunks for p in c.parameters()}

@@ -1,6 +1,6 @@
 """The notebooks are committed with the outputs of a full run of their current cells.
 
-``python project/execute_notebooks.py`` runs every notebook top to bottom and records a hash of its
+``python project/tools/execute_notebooks.py`` runs every notebook top to bottom and records a hash of its
 cells (``metadata.llmsys.source_sha256``). A notebook whose cells were edited after its outputs were
 made, or that was committed without running, fails here with the command that fixes it. The numbers
 themselves are not asked to repeat (they are measurements), but the run follows the measurement protocol
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from course.benchmarking import conditions
-from project.execute_notebooks import (REPO, LoadedMachine, absolute_paths, course_notebooks, machine_prefixes,
+from project.tools.execute_notebooks import (REPO, LoadedMachine, absolute_paths, course_notebooks, machine_prefixes,
                                        source_hash, strip_paths, wait_for_quiet)
 
 NOTEBOOKS = course_notebooks()
-FIX = "run `python project/execute_notebooks.py {prefix}` and commit the notebook"
+FIX = "run `python project/tools/execute_notebooks.py {prefix}` and commit the notebook"
 
 
 def test_there_are_notebooks():
@@ -122,7 +122,7 @@ def test_the_run_refuses_a_machine_that_stays_loaded_unless_allowed():
 
 def test_a_loaded_machine_runs_no_notebook(monkeypatch, capsys):
     import course.notebook_run
-    import project.execute_notebooks as script
+    import project.tools.execute_notebooks as script
 
     monkeypatch.setattr(course.notebook_run, "machine_record", lambda device=None: _machine(9.0))
     monkeypatch.setattr(script, "execute", lambda *a, **k: pytest.fail("a notebook ran on a loaded machine"))

@@ -19,7 +19,7 @@ from instructor import leaderboard, performance
 from instructor.grade import KeyResult, gradescope
 from instructor.performance import FAIL, NOT_MEASURABLE, PASS, PERF_KEYS, PerfResult, judge
 from instructor.keys import KEYS
-from project.performance import bubble_ratios
+from project.tools.performance import bubble_ratios
 
 REPO = Path(__file__).resolve().parents[2]
 DP, PP, BUBBLE = PERF_KEYS["perf_dp_overlap"], PERF_KEYS["perf_1f1b"], PERF_KEYS["perf_bubble"]

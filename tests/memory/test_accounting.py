@@ -9,7 +9,7 @@ and activation checkpointing must save fewer activation bytes.
 import pytest
 
 from course.launch import launch
-from memory.experiments import memory_breakdown, memory_breakdown_by_dp
+from memory.labs.experiments import memory_breakdown, memory_breakdown_by_dp
 
 pytestmark = pytest.mark.needs_solution
 
@@ -61,7 +61,7 @@ def test_one_launch_measures_each_dp_size_over_its_own_group():
 
 def test_step_times_of_the_variants_are_interleaved_side_by_side():
     from course.benchmarking import compare
-    from memory.experiments import zero_step_times
+    from memory.labs.experiments import zero_step_times
 
     variants = ((0, False), (2, False), (0, True))
     found = launch(zero_step_times, 2, variants, 3, 1, "tiny", 300, 32, 2, "fp32", SMALL,
@@ -81,7 +81,7 @@ def test_step_times_of_the_variants_are_interleaved_side_by_side():
     (((0, False),), 2, "repeats must be >= 3"),
 ])
 def test_step_times_reject_bad_input_before_any_step(variants, repeats, message):
-    from memory.experiments import zero_step_times
+    from memory.labs.experiments import zero_step_times
 
     with pytest.raises(ValueError, match=message):
         zero_step_times(0, 1, variants, repeats)

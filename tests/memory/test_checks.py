@@ -1,7 +1,7 @@
 """The exercise checks of notebooks/05_memory.ipynb: right answers pass, the plausible wrong ones fail."""
 import pytest
 
-from memory import checks
+from memory.labs import checks
 
 
 @pytest.mark.parametrize("answer, ok", [(16.6, True), (16.64, True), (31.4, False), (1.88, False),

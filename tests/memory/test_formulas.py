@@ -1,5 +1,5 @@
 """memory.formulas against the papers' own numbers (ZeRO Fig. 1 and Table 1; Korthikanti et al. 2022
-Eqs. 1-3, 6 and Table 2), and memory.formula_checks' measurements against the formulas."""
+Eqs. 1-3, 6 and Table 2), and memory.labs.formula_checks' measurements against the formulas."""
 import math
 
 import pytest
@@ -60,8 +60,8 @@ def test_korthikanti_table_2(s, b, h, a, t):
 
 
 def test_mixed_precision_state_is_measured_as_2_2_12():
-    from memory.experiments import build_tiny_gpt2, random_batch
-    from memory.formula_checks import mixed_precision_state_bytes
+    from memory.labs.experiments import build_tiny_gpt2, random_batch
+    from memory.labs.formula_checks import mixed_precision_state_bytes
 
     model = build_tiny_gpt2("tiny", 200, 16, n_layer=1)
     n = sum(p.numel() for p in model.parameters())
@@ -72,7 +72,7 @@ def test_mixed_precision_state_is_measured_as_2_2_12():
 
 @pytest.mark.needs_solution  # calls reference code the student release stubs
 def test_activation_bytes_per_block_grow_with_s_and_shrink_with_checkpointing():
-    from memory.formula_checks import activation_bytes_per_block
+    from memory.labs.formula_checks import activation_bytes_per_block
 
     plain = activation_bytes_per_block((16, 32), batch_size=2, n_embd=32, n_head=2, n_layer=2)
     ckpt = activation_bytes_per_block((16, 32), batch_size=2, n_embd=32, n_head=2, n_layer=2, checkpointing=True)

@@ -1,11 +1,11 @@
-"""The ZeRO++ experiment's formulas (memory/zeropp_experiment.py; ungraded): the cross-node bytes of a step and the
+"""The ZeRO++ experiment's formulas (memory/labs/zeropp_experiment.py; ungraded): the cross-node bytes of a step and the
 per-tensor quantization errors notebook 05 prints."""
 import pytest
 import torch
 
 
 def test_cross_node_bytes_follow_the_paper_count():
-    from memory.zeropp_experiment import cross_node_bytes
+    from memory.labs.zeropp_experiment import cross_node_bytes
 
     # fp32 ZeRO-3: 3 x 4 bytes per parameter; ZeRO++: 2 x (1 + 4/64) bytes -> 12 / 2.125
     found = cross_node_bytes(10**6, dp=16, node=8, block=64)
@@ -17,7 +17,7 @@ def test_cross_node_bytes_follow_the_paper_count():
 
 @pytest.mark.needs_solution  # calls the reference quantizer the student release stubs
 def test_every_tensor_is_within_half_a_step():
-    from memory.zeropp_experiment import quantization_errors
+    from memory.labs.zeropp_experiment import quantization_errors
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 30), torch.nn.Linear(30, 5))

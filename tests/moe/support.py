@@ -120,6 +120,28 @@ EP_CASES = [
 EP_SIZES = (4, 2)
 
 
+EP_TOL = dict(rtol=1e-6, atol=1e-6)  # float32: the same sums in another order (tests/moe/test_expert_parallel.py)
+
+
+def check_expert_parallel_rank(got: dict, ref: list[dict], rank: int, group: list[int], ep: int, where: str,
+                               router: bool = False) -> None:
+    """One rank's expert-parallel layer against the single-process layer (``ref``: its result on every rank's
+    tokens, :func:`run_single`): the output and the input gradient (and, with ``router``, the router's gradient) are
+    the single-process layer's on this rank's tokens; the gradient of each of its experts is the sum, over the ranks
+    of its ep group (``group``), of the single-process gradients of those experts (they processed all of those
+    ranks' tokens). ``EP_TOL``; ``where`` names the case in the messages."""
+    torch.testing.assert_close(got["out"], ref[rank]["out"], **EP_TOL, msg=f"{where}: output")
+    torch.testing.assert_close(got["x_grad"], ref[rank]["x_grad"], **EP_TOL, msg=f"{where}: input gradient")
+    if router:
+        torch.testing.assert_close(got["router"], ref[rank]["router"], **EP_TOL, msg=f"{where}: router gradient")
+    per = ref[rank]["experts"]["c_fc_weight"].shape[0] // ep
+    mine = slice(got["ep_rank"] * per, (got["ep_rank"] + 1) * per)
+    for param, grad in got["experts"].items():
+        wanted = sum(ref[r]["experts"][param][mine] for r in group)
+        torch.testing.assert_close(grad, wanted, **EP_TOL,
+                                   msg=f"{where}: gradient of its experts' {param} (summed over its ep group's tokens)")
+
+
 def ep_config(case):
     from moe.config import MoEConfig
 
@@ -397,7 +419,7 @@ def training_worker(rank: int, world_size: int, args) -> dict:
 
     worker_env_quiet()
     data = prepare_data(args)
-    mode = moe_training(rank, args, data, Mesh.build(dp=world_size, ep=args.ep))
+    mode = moe_training(args, data, Mesh.build(dp=world_size, ep=args.ep))
     model = mode.model
     mode.optimizer = RecordingSGD(model.named_parameters(), SGD_LR)
     results = [json.loads(open(path).read()) for path in run_epochs(mode)]

@@ -26,15 +26,13 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
-from tests.moe.support import EP_CASES, EP_SIZES, ep_config, expert_groups, expert_parallel_worker, make_layer, \
-    run_single, tokens
+from tests.moe.support import EP_CASES, EP_SIZES, check_expert_parallel_rank, ep_config, expert_groups, \
+    expert_parallel_worker, make_layer, run_single, tokens
 
 pytestmark = pytest.mark.a5_8_2
 
 WORLD = 4
-TOL = dict(rtol=1e-6, atol=1e-6)
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,15 +60,7 @@ def test_expert_parallel_layer_equals_the_single_process_layer(ep, name):
     for rank in range(WORLD):
         got = runs()[rank][(ep, name)]
         where = f"ep {ep}, rank {rank}"
-        torch.testing.assert_close(got["out"], ref[rank]["out"], **TOL, msg=f"{where}: output")
-        torch.testing.assert_close(got["x_grad"], ref[rank]["x_grad"], **TOL, msg=f"{where}: input gradient")
-        torch.testing.assert_close(got["router"], ref[rank]["router"], **TOL, msg=f"{where}: router gradient")
-        per = ref[rank]["experts"]["c_fc_weight"].shape[0] // ep
-        mine = slice(got["ep_rank"] * per, (got["ep_rank"] + 1) * per)
-        for param, grad in got["experts"].items():
-            wanted = sum(ref[r]["experts"][param][mine] for r in groups[rank])
-            torch.testing.assert_close(grad, wanted, **TOL,
-                                       msg=f"{where}: gradient of its experts' {param} (summed over its ep group's tokens)")
+        check_expert_parallel_rank(got, ref, rank, groups[rank], ep, where, router=True)
         for phase in ("forward", "backward"):
             assert set(got[phase]) <= {"ep"}, f"{where}: {phase} communication outside the ep group: {sorted(got[phase])}"
         assert "all_to_all" in got["forward"].get("ep", {}) and "all_to_all" in got["backward"].get("ep", {}), \

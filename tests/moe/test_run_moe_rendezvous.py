@@ -8,19 +8,16 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from course.launch import launch
 from tests.support import rendezvous as support
 
 pytestmark = pytest.mark.needs_solution
 
-TOL = dict(rtol=1e-6, atol=1e-6)
-
 
 @pytest.mark.timeout(240)
 def test_all_to_all_with_uneven_and_zero_splits_rendezvous(monkeypatch):
-    from tests.moe.support import EP_CASES, EP_SIZES, expert_groups, expert_parallel_worker
+    from tests.moe.support import EP_CASES, EP_SIZES, check_expert_parallel_rank, expert_groups, expert_parallel_worker
     from tests.moe.test_expert_parallel import WORLD, reference
 
     support.under_rules(monkeypatch)
@@ -30,14 +27,8 @@ def test_all_to_all_with_uneven_and_zero_splits_rendezvous(monkeypatch):
         for name, *_ in EP_CASES:
             ref = reference(name)
             for rank in range(WORLD):
-                got, where = out[rank][(ep, name)], f"{name}, ep {ep}, rank {rank}"
-                torch.testing.assert_close(got["out"], ref[rank]["out"], **TOL, msg=f"{where}: output")
-                torch.testing.assert_close(got["x_grad"], ref[rank]["x_grad"], **TOL, msg=f"{where}: input gradient")
-                per = ref[rank]["experts"]["c_fc_weight"].shape[0] // ep
-                mine = slice(got["ep_rank"] * per, (got["ep_rank"] + 1) * per)
-                for param, grad in got["experts"].items():
-                    wanted = sum(ref[r]["experts"][param][mine] for r in groups[rank])
-                    torch.testing.assert_close(grad, wanted, **TOL, msg=f"{where}: gradient of its experts' {param}")
+                check_expert_parallel_rank(out[rank][(ep, name)], ref, rank, groups[rank], ep,
+                                           f"{name}, ep {ep}, rank {rank}")
 
 
 @pytest.mark.timeout(support.SCRIPT_TIMEOUT + 60)

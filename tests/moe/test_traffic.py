@@ -3,7 +3,7 @@ what the communication counter recorded from the split sizes the all-to-alls wer
 the expert-parallel solution: ``needs_solution``)."""
 import pytest
 
-from moe.experiments import predicted_row_traffic
+from moe.labs.experiments import predicted_row_traffic
 
 
 def test_predicted_row_traffic_counts_each_off_rank_row_twice_each_way():
@@ -18,7 +18,7 @@ def test_predicted_row_traffic_counts_each_off_rank_row_twice_each_way():
 @pytest.mark.needs_solution
 def test_the_counter_records_what_the_routers_chose_to_send():
     from course.launch import launch
-    from moe.experiments import all_to_all_worker
+    from moe.labs.experiments import all_to_all_worker
 
     out = launch(all_to_all_worker, 2, 4, 2, 16, 24, device="cpu", timeout=120)
     rows_to = [out[r]["router_rows_to"] for r in range(2)]

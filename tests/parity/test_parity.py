@@ -1,12 +1,12 @@
-"""The loss-parity harness (project/parity.py): a short table of real configurations within their
+"""The loss-parity harness (project/tools/parity.py): a short table of real configurations within their
 tolerances, and planted wrong configurations caught by them. Notebook 06 shows the full table
-(``python project/parity.py``)."""
+(``python project/tools/parity.py``)."""
 import math
 
 import pytest
 
-from project.parity import check_parity, global_norm, run_parity
-from project.parity_cases import CASES, DP, EXACT, PIPE, TP, ParityCase
+from project.tools.parity import check_parity, global_norm, run_parity
+from project.tools.parity_cases import CASES, DP, EXACT, PIPE, TP, ParityCase
 
 SHORT = ["DP 2", "ZeRO-2", "1F1B, pp 2", "TP 2 + SP", "EP 2 (MoE, dp 2)"]
 PLANTED = {
@@ -14,7 +14,7 @@ PLANTED = {
                                                    "tests.parity.planted:summed_dp", DP, {"dp": 2}, "shards"), "grad"),
     "planted: 1F1B, tied gradient not summed": (ParityCase("planted: 1F1B, tied gradient not summed", 2,
                                                            "tests.parity.planted:untied_pipeline", PIPE,
-                                                           {"model_parallel_mode": "1f1b", "pp": 2,
+                                                           {"schedule": "1f1b", "pp": 2,
                                                             "micro_batches": 4}), "both"),
     "planted: TP 2 + SP, layer norms not synced": (ParityCase("planted: TP 2 + SP, layer norms not synced", 2,
                                                               "tests.parity.planted:unsynced_sequence_parallel", TP,

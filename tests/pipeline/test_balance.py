@@ -78,10 +78,10 @@ def test_measured_balance_counts_the_lm_head():
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--model_parallel_mode", "pipeline_parallel", "--balance", "auto"], "--balance auto"),
-    (["--model_parallel_mode", "1f1b", "--virtual_stages", "2"], "--virtual_stages"),
-    (["--model_parallel_mode", "interleaved", "--pp", "2", "--virtual_stages", "3"], "virtual) stages"),
-    (["--model_parallel_mode", "interleaved", "--pp", "2", "--micro_batches", "5", "--batch_size", "10"],
+    (["--single_process", "pipe", "--balance", "auto"], "--balance auto"),
+    (["--schedule", "1f1b", "--virtual_stages", "2"], "--virtual_stages"),
+    (["--schedule", "interleaved", "--pp", "2", "--virtual_stages", "3"], "virtual) stages"),
+    (["--schedule", "interleaved", "--pp", "2", "--micro_batches", "5", "--batch_size", "10"],
      "--micro_batches"),
 ])
 def test_run_pipeline_rejects_bad_schedule_options(tmp_path, capsys, extra, message):
@@ -95,8 +95,8 @@ def test_run_pipeline_rejects_bad_schedule_options(tmp_path, capsys, extra, mess
 def test_run_pipeline_accepts_the_new_schedules(tmp_path):
     from project.run_pipeline import parse_args
 
-    args = parse_args(["--workdir", str(tmp_path), "--model_parallel_mode", "interleaved", "--pp", "2"])
+    args = parse_args(["--workdir", str(tmp_path), "--schedule", "interleaved", "--pp", "2"])
     assert args.virtual_stages == 2 and args.balance == "count"
-    args = parse_args(["--workdir", str(tmp_path), "--model_parallel_mode", "zb-h1", "--pp", "2",
+    args = parse_args(["--workdir", str(tmp_path), "--schedule", "zb-h1", "--pp", "2",
                        "--balance", "auto"])
     assert args.virtual_stages == 1 and args.balance == "auto"

@@ -1,8 +1,8 @@
-"""The exercise checks of notebook 02 (pipeline/checks.py): their formulas agree with the schedules and the
+"""The exercise checks of notebook 02 (pipeline/labs/checks.py): their formulas agree with the schedules and the
 clock cycles they describe, and each check accepts the right answer only."""
 import pytest
 
-from pipeline import checks
+from pipeline.labs import checks
 from pipeline.clock_cycles import _clock_cycles
 from pipeline.metrics import measured_bubble_fraction, peak_in_flight, simulate
 from pipeline.schedules import all_actions, get_schedule

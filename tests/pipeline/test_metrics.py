@@ -112,7 +112,7 @@ def _span(events):
 @pytest.mark.needs_solution
 @pytest.mark.timeout(200)
 def test_real_1f1b_run_with_equal_stages_has_the_formula_bubble(record_property):
-    from pipeline.bubble_experiment import measure_bubble
+    from pipeline.labs.bubble_experiment import measure_bubble
 
     p, ms, t = 3, [1, 6], 0.05
     report = measure_bubble(p, ms, "1f1b", t_forward=t, t_backward=t, repeats=1)

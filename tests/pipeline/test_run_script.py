@@ -12,11 +12,13 @@ import pytest
 from project.run_pipeline import parse_args
 
 STEPS = 2
+ONE_PROCESS = ("sequential", "pipe")  # --single_process
 
 
 def _argv(workdir, mode, *extra, micro_batches="2"):
     # a slice of the corpus (its own small tokenizer), one validation batch (the same 64 pairs in every mode)
-    return ["--model_parallel_mode", mode, "--batch_size", "8", "--micro_batches", micro_batches, "--max_batches", str(STEPS),
+    runs = ["--single_process", mode] if mode in ONE_PROCESS else ["--schedule", mode]
+    return [*runs, "--batch_size", "8", "--micro_batches", micro_batches, "--max_batches", str(STEPS),
             "--n_bleu", "2", "--dropout", "0", "--workdir", str(workdir), "--quiet", "--timeout", "240",
             "--vocab_size", "1000", "--max_train_examples", "2000", "--max_val_batches", "1", *extra]
 
@@ -28,9 +30,9 @@ def runs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("pipeline_runs")
     out = {}
     extra = {"interleaved": ["--virtual_stages", "2"], "zb-h1": ["--balance", "auto"]}
-    for mode in ("model_parallel", "pipeline_parallel", "1f1b", "interleaved", "zb-h1"):
+    for mode in (*ONE_PROCESS, "1f1b", "interleaved", "zb-h1"):
         assert main(_argv(workdir, mode, *extra.get(mode, []))) == 0, f"{mode} run failed"
-        ranks = 1 if mode in ("model_parallel", "pipeline_parallel") else 2
+        ranks = 1 if mode in ONE_PROCESS else 2
         out[mode] = [json.loads((workdir / f"pipeline_{mode}_rank{r}_results_epoch0.json").read_text())
                      for r in range(ranks)]
     return out
@@ -46,9 +48,9 @@ def test_each_mode_trains_and_writes_results(runs):
             assert r["steps"] == STEPS and r["tokens"] > 0
             assert r["config"]["mode"] == mode and r["config"]["pp"] == 2
             assert r["timeline"], f"{mode}: no per-stage timeline"
-    assert {e["stage"] for e in runs["pipeline_parallel"][0]["timeline"]} == {0, 1}
-    assert len(runs["pipeline_parallel"][0]["timeline"]) == 2 * 2  # 2 micro-batches x 2 stages
-    assert len(runs["model_parallel"][0]["timeline"]) == 2  # one micro-batch through 2 stages
+    assert {e["stage"] for e in runs["pipe"][0]["timeline"]} == {0, 1}
+    assert len(runs["pipe"][0]["timeline"]) == 2 * 2  # 2 micro-batches x 2 stages
+    assert len(runs["sequential"][0]["timeline"]) == 2  # one micro-batch through 2 stages
     one_f_one_b = runs["1f1b"]
     assert [len(r["timeline"]) for r in one_f_one_b] == [4, 4]  # F and B of 2 micro-batches per stage
     assert [r["peak_in_flight"] for r in one_f_one_b] == [2, 1]
@@ -65,8 +67,8 @@ def test_each_mode_trains_and_writes_results(runs):
 @pytest.mark.needs_solution
 @pytest.mark.timeout(400)
 def test_all_modes_compute_the_same_training(runs):
-    reference = runs["model_parallel"][0]
-    for mode in ("pipeline_parallel", "1f1b", "interleaved", "zb-h1"):
+    reference = runs["sequential"][0]
+    for mode in ("pipe", "1f1b", "interleaved", "zb-h1"):
         got = runs[mode][-1]
         # Losses of ~6.9 (log 1000), float32 ulp 4.8e-7: the first step's differ by the micro-batches' order of summing
         # (a few ulps); the second follows one AdamW update, which can turn a last-bit gradient difference into up to
@@ -77,16 +79,16 @@ def test_all_modes_compute_the_same_training(runs):
         assert got["validation_loss"] == pytest.approx(reference["validation_loss"], abs=1e-3), mode
 
 
-@pytest.mark.parametrize("extra,n_chunk,message", [
+@pytest.mark.parametrize("extra,micro_batches,message", [
     (["--pp", "5"], "2", "--pp 5 is more than the 4 transformer blocks"),
     (["--pp", "0"], "2", "--pp must be a whole number >= 1"),
     ([], "0", "--micro_batches must be >= 1"),
     ([], "9", "micro-batch size"),
     ([], "3", "not divisible by --micro_batches"),
 ])
-def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, n_chunk, message):
+def test_bad_input_stops_before_any_process_starts(tmp_path, capsys, extra, micro_batches, message):
     with pytest.raises(SystemExit) as exc:
-        parse_args(_argv(tmp_path, "1f1b", *extra, micro_batches=n_chunk))
+        parse_args(_argv(tmp_path, "1f1b", *extra, micro_batches=micro_batches))
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -33,7 +33,7 @@ def test_run_pipeline_at_three_and_four_stages_rendezvous(tmp_path, monkeypatch)
                                                 "--micro_batches", "6")),
                             ("dualpipev", 2, ()), ("zbv", 2, ())]:
         runs[mode, pp] = support.run_script(main, tmp_path / f"{mode}{pp}", f"pipeline_{mode}_", pp,
-                                            "--model_parallel_mode", mode, "--pp", str(pp), "--micro_batches", "4",
+                                            "--schedule", mode, "--pp", str(pp), "--micro_batches", "4",
                                             *extra)
         assert [r["config"]["pp"] for r in runs[mode, pp]] == [pp] * pp
     assert [r["config"]["virtual_stages"] for r in runs["interleaved", 3]] == [2, 2, 2]
@@ -75,5 +75,5 @@ def test_a_run_script_is_held_to_the_rules_rendezvous(tmp_path, monkeypatch, cap
 
     support.under_rules(monkeypatch)
     monkeypatch.setenv(TIMEOUT_ENV, "0")
-    assert main(support.tiny_run(tmp_path, "--model_parallel_mode", "1f1b", "--pp", "2", "--micro_batches", "2")) == 1
+    assert main(support.tiny_run(tmp_path, "--schedule", "1f1b", "--pp", "2", "--micro_batches", "2")) == 1
     assert "NcclRuleError" in capsys.readouterr().err

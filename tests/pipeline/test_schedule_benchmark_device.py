@@ -1,7 +1,7 @@
-"""Ungraded: ``pipeline.schedule_benchmark`` measures ``--balance auto``'s layer costs on the run's device, and
+"""Ungraded: ``pipeline.labs.schedule_benchmark`` measures ``--balance auto``'s layer costs on the run's device, and
 its replay runs CPU seconds on the CPU and the actions' device-synchronised spans on a GPU (labelled).
 
-Which device the costing runs on is checked through the seam :func:`pipeline.schedule_benchmark.layer_balances`
+Which device the costing runs on is checked through the seam :func:`pipeline.labs.schedule_benchmark.layer_balances`
 with the ``meta`` device standing in for a GPU (the costing itself is replaced by a recorder of its model's
 device): the former benchmark built the model on the CPU whatever ``--device`` said. On GPUs
 ``tests/gpu/test_pipeline_nccl.py`` (``test_schedule_benchmark_costs_layers_on_the_gpu``) runs the real costing.
@@ -9,7 +9,7 @@ device): the former benchmark built the model on the CPU whatever ``--device`` s
 import pytest
 import torch
 
-from pipeline import schedule_benchmark as sb
+from pipeline.labs import schedule_benchmark as sb
 
 CFG = dict(balance="auto", v=2, micro_batch_size=2, seq=8, vocab=64, n_layer=4)
 

@@ -1,4 +1,4 @@
-"""Ungraded: the one-process pipeline (``model_parallel`` / ``pipeline_parallel``, stage s on ``cuda:s``) is timed
+"""Ungraded: the one-process pipeline (``--single_process sequential`` / ``pipe``, stage s on ``cuda:s``) is timed
 and measured on every stage's GPU, not on ``cuda:0`` alone.
 
 Two GPUs are faked on the CPU: ``torch.cuda``'s synchronize and memory counters are replaced by recorders
@@ -54,12 +54,11 @@ class _Reached(Exception):
 
 def test_the_epoch_runner_times_and_measures_the_pipelines_stage_devices(monkeypatch, tmp_path):
     """What :func:`course.epoch_runner.run_epochs` hands the clock and the memory meter for a
-    ``pipeline_parallel`` run on two GPUs: both devices (the training itself is cut short)."""
+    ``--single_process pipe`` run on two GPUs: both devices (the training itself is cut short)."""
     from pipeline.training import PipeTraining
 
-    args = SimpleNamespace(model_parallel_mode="pipeline_parallel", quiet=True, profile=False, n_epochs=1,
-                           workdir=str(tmp_path))
-    mode = PipeTraining(args, None, None, None, GPUS, None, None)
+    config = SimpleNamespace(kind="pipe", quiet=True, profile=False, n_epochs=1, workdir=str(tmp_path))
+    mode = PipeTraining(config, None, None, None, GPUS, None, None)
     mode.epoch_batches, mode.train_mode = (lambda epoch: ([], 0)), (lambda: None)
     seen = {}
 

@@ -30,7 +30,7 @@ def test_every_schedule_holds_what_the_planner_walks(measured):
     for name, entry in SCHEDULES.items():
         for p, m in CASES.items():
             for rank in range(p):
-                actions = schedule_actions(name, rank, p, m, 2 if entry.chunks else 1)
+                actions = schedule_actions(name, rank, p, m, 2 if entry.interleaved else 1)
                 got = measured[f"{name} {p}", rank]
                 assert peak_held(actions) == got, (name, p, rank, got)
                 let_go_at_b.append(peak_in_flight(actions) == got)

@@ -24,7 +24,7 @@ TOY = Hardware("toy", {"fp32": 1e9, "bf16": 4e9}, 1e12, Link("toy", 1e-5, 1e-9),
 
 def plan(**values):
     base = dict(preset="tiny", hardware="h100", vocab_size=1000, model_max_length=64, batch_size=16,
-                micro_batches=1, precision="fp32", attention="eager")
+                micro_batches=1, precision="fp32", attention_kernel="eager")
     return PlanConfig.for_test(**(base | values))
 
 

@@ -98,7 +98,7 @@ TWO_LEVEL = Hardware("two-level", {"bf16": 100e12, "fp32": 100e12}, 1e12, Link("
 
 def plan(**values):
     base = dict(preset="gpt2", hardware="h100", vocab_size=5000, model_max_length=128, batch_size=64,
-                micro_batches=1, precision="bf16", attention="eager")
+                micro_batches=1, precision="bf16", attention_kernel="eager")
     return PlanConfig.for_test(**(base | values))
 
 

@@ -35,7 +35,7 @@ def test_the_inventory_of_gpt2s_block_is_korthikantis(values):
     """Part by part, one block's activations on one rank are ``memory.accounting.layer_activation_bytes`` (Table 2
     of Korthikanti et al. 2022 and the course's variant) for GPT-2's block with the unfused attention; with context
     parallelism the blockwise attention keeps its fp32 log-sum-exp instead of the scores."""
-    config = plan(attention="eager", **values)
+    config = plan(attention_kernel="eager", **values)
     z = sizes(config)
     want = layer_activation_bytes(z.s, z.b, z.h, z.a, z.t, sequence_parallel=config.sequence_parallel,
                                   checkpointing=config.activation_checkpointing, element_bytes=z.e,
@@ -47,7 +47,7 @@ def test_the_inventory_of_gpt2s_block_is_korthikantis(values):
 
 
 def test_flash_attention_keeps_no_scores_and_counts_causal_flops():
-    eager, flash = plan(attention="eager"), plan(attention="flash")
+    eager, flash = plan(attention_kernel="eager"), plan(attention_kernel="flash")
     z = sizes(flash)
     assert layer_activations(eager)["scores"] == z.b * z.a * z.s * z.s * z.e / z.t  # the softmax's output
     assert layer_activations(flash)["scores"] == 4.0 * z.b * z.a * z.s                  # the log-sum-exp only
@@ -64,7 +64,7 @@ def test_each_recomputation_policy_recomputes_what_it_says(policy):
     GPT-2's block (torchtitan's policy: every other one); every block's forward (full)."""
     values = {"activation_checkpointing": policy == "full",
               "selective_checkpointing": policy if policy in ("attention", "matmuls") else "none"}
-    config = plan(attention="eager", **values)
+    config = plan(attention_kernel="eager", **values)
     z = sizes(config)
     tokens = z.b * z.s * z.L
     extra = stage_flops(config, 0) - stage_flops(config, 0, model_only=True)
@@ -73,9 +73,9 @@ def test_each_recomputation_policy_recomputes_what_it_says(policy):
     blocks = 2.0 * (4 * z.h * z.h + 2 * z.h * z.f) * tokens + core
     want = {"none": 0.0, "attention": core, "matmuls": sum(products.values()) * tokens, "full": blocks}[policy]
     assert math.isclose(extra, want, rel_tol=REL)
-    with_flash = plan(attention="flash", **values)
+    with_flash = plan(attention_kernel="flash", **values)
     if policy == "attention":  # FlashAttention recomputes the scores in its own backward: nothing more
-        assert stage_flops(with_flash, 0) == sum(k.flops * k.count for k in stage_kernels(plan(attention="flash"), 0))
+        assert stage_flops(with_flash, 0) == sum(k.flops * k.count for k in stage_kernels(plan(attention_kernel="flash"), 0))
 
 
 def test_grouped_query_attention_sizes_memory_and_the_context_parallel_exchange():

@@ -174,7 +174,7 @@ def memory_configs(data, rng):
                  schedule=schedule, zero=rng.choice(data["planner"]["zero"]),
                  precision=rng.choice(data["planner"]["precision"]), hardware=rng.choice(data["planner"]["hardware"]),
                  activation_model=rng.choice([None, *data["planner"]["activation_model"]]),
-                 attention=rng.choice(data["planner"]["attention"]),
+                 attention_kernel=rng.choice(data["planner"]["attention_kernel"]),
                  selective_checkpointing="none" if full else rng.choice(data["planner"]["selective_checkpointing"]),
                  dropout=rng.choice([0.0, 0.1]), num_experts=rng.choice([1, 1, 2, 4, 8]), moe_every=rng.randint(1, 3),
                  activation_checkpointing=full, sequence_parallel=rng.random() < 0.4,
@@ -305,7 +305,7 @@ def test_bubble_of_every_schedule_agrees_with_the_registry(page):
     names = list(SCHEDULES)
     for i in range(max(CONFIGS, 3 * len(names))):
         name = names[i % len(names)] if i < 2 * len(names) else rng.choice(names)
-        v = rng.randint(1, 8) if SCHEDULES[name].chunks else 1
+        v = rng.randint(1, 8) if SCHEDULES[name].interleaved else 1
         configs.append((name, rng.randint(1, 16), rng.randint(1, 64), v))
     batches = [[("bubble-schedule", n), ("bubble-p", p), ("bubble-m", m), ("bubble-v", v)] for n, p, m, v in configs]
     readings = run(driver, batches, ["bubble-fraction", "bubble-ratio", "bubble-formula", "bubble-source"])
@@ -491,7 +491,7 @@ def test_the_setup_is_kept_in_the_address(page):
     driver, _ = page
     driver.get(driver.current_url.split("?")[0])
     pairs = [("mem-preset", "llama3-8b"), ("mem-tp", 4), ("mem-dp", 2), ("mem-batch_size", 32),
-             ("mem-micro_batches", 4), ("mem-selective_checkpointing", "matmuls"), ("mem-attention", "flash"),
+             ("mem-micro_batches", 4), ("mem-selective_checkpointing", "matmuls"), ("mem-attention_kernel", "flash"),
              ("mem-vocab_size", 128256), ("bubble-schedule", "interleaved"), ("bubble-v", 3), ("ab-kind", "all_gather"),
              ("ab-p", 16), ("mfu-preset", "llama3-70b"), ("mfu-devices", 64), ("mem-unit", "GiB")]
     reads = ["mem-summary", "bubble-fraction", "ab-seconds", "ab-seconds-label", "mfu-value"]
@@ -537,9 +537,9 @@ def test_every_planner_schedule_has_its_in_flight_count_in_closed_form():
         forms = IN_FLIGHT[name]
         for p in range(2, 7):
             for m in range(1, 13):
-                if SCHEDULES[name].chunks and m % max(1, m // p):
+                if SCHEDULES[name].interleaved and m % max(1, m // p):
                     continue
-                for v in (range(1, 4) if SCHEDULES[name].chunks else (1,)):
+                for v in (range(1, 4) if SCHEDULES[name].interleaved else (1,)):
                     lists = all_actions(name, p, m, v)
                     for r in range(p):
                         special = 0 if r == 0 else v - 1

@@ -1,6 +1,6 @@
 """The recorded dumps the graded tests of the hang analysis read (``tests/communication/hang_dumps/<case>/``).
 
-Written once by running every planted bug of :mod:`communication.hang_workers` (and the healthy step) with the
+Written once by running every planted bug of :mod:`communication.labs.hang_workers` (and the healthy step) with the
 flight recorder on, in fresh processes, so the graded tests are fast and do not depend on this machine:
 
     python -m tests.support.hang_fixtures          # rewrites tests/communication/hang_dumps/
@@ -34,7 +34,7 @@ def swap_in_one_batch(rank: int, world_size: int) -> list:
 
 
 def write_fixtures(folder: Path = FOLDER, cases: list[str] = CASES) -> None:
-    from communication.hang_workers import run_planted
+    from communication.labs.hang_workers import run_planted
 
     for case in cases:
         with tempfile.TemporaryDirectory() as tmp:

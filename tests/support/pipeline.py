@@ -95,7 +95,7 @@ def single_process_reference():
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, losses
 
 
-def gpt2_schedule_worker(rank, world_size, schedule, n_chunks, runner_class=None):
+def gpt2_schedule_worker(rank, world_size, schedule, virtual_stages, runner_class=None):
     """Rank ``rank`` runs its chunks of the tiny GPT-2 under ``schedule`` once.
 
     Returns ``{"grads": {name: grad}, "tied_grad", "losses", "peak_in_flight",
@@ -109,12 +109,12 @@ def gpt2_schedule_worker(rank, world_size, schedule, n_chunks, runner_class=None
     device = context().device
     model = build_model()
     placement = SCHEDULES[schedule].placement
-    n_chunks = SCHEDULES[schedule].chunks_per_rank(n_chunks)
-    chunks, tied = gpt2_chunks(model, rank, world_size, n_chunks, placement=placement)
+    virtual_stages = SCHEDULES[schedule].chunks_per_rank(virtual_stages)
+    chunks, tied = gpt2_chunks(model, rank, world_size, virtual_stages, placement=placement)
     runner = (runner_class or StageRunner)([c.to(device) for c in chunks], device, loss_fn=loss_fn,
                                            placement=placement)
     inputs, targets = data()
-    result = runner.run(schedule_actions(schedule, rank, world_size, len(MICRO_SIZES), n_chunks),
+    result = runner.run(schedule_actions(schedule, rank, world_size, len(MICRO_SIZES), virtual_stages),
                         inputs if rank == 0 else None, targets if rank == runner.last_rank else None)
     ids = {id(p) for c in chunks for p in c.parameters()}
     grads = {n: p.grad.detach().clone() if p.grad is not None else None

@@ -25,14 +25,14 @@ def in_flight_worker(rank: int, world_size: int) -> dict:
         if rank >= p:
             continue
         for name, entry in SCHEDULES.items():
-            v = 2 if entry.chunks or entry.placement == "v" else 1
+            v = 2 if entry.interleaved or entry.placement == "v" else 1
             torch.manual_seed(0)
             chunks = [nn.Linear(4, 4).to(device) for _ in range(v)]
             runner = StageRunner(chunks if v > 1 else chunks[0], device, group=groups[p], placement=entry.placement,
                                  loss_fn=lambda y, t: (y - t).pow(2).mean())
             inputs = [torch.randn(2, 4, device=device) for _ in range(m)]
             targets = [torch.randn(2, 4, device=device) for _ in range(m)]
-            actions = schedule_actions(name, rank, p, m, 2 if entry.chunks else 1)
+            actions = schedule_actions(name, rank, p, m, 2 if entry.interleaved else 1)
             out[f"{name} {p}"] = runner.run(actions, inputs, targets).peak_in_flight
             dist.barrier(group=groups[p])
     return out

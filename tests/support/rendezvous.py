@@ -62,14 +62,14 @@ def all_reduce_worker(rank: int, world_size: int) -> list:
     return out
 
 
-def schedules_worker(rank: int, world_size: int, schedules: list, n_chunks: int) -> list:
+def schedules_worker(rank: int, world_size: int, schedules: list, virtual_stages: int) -> list:
     """One tiny GPT-2 pipeline step per schedule (tests/support/pipeline.py's worker)."""
     from course.task import worker_env_quiet
     from tests.support.pipeline import gpt2_schedule_worker
 
     worker_env_quiet()
     torch.set_num_threads(1)
-    return [gpt2_schedule_worker(rank, world_size, schedule, n_chunks) for schedule in schedules]
+    return [gpt2_schedule_worker(rank, world_size, schedule, virtual_stages) for schedule in schedules]
 
 
 def check_equal_to_single_process(results: dict, world_size: int, schedule: str) -> None:

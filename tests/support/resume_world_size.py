@@ -1,7 +1,7 @@
 """The worker of tests/data_parallel/test_resume_world_size.py: in one launch of 4 ranks, for each case a
 data-parallel run at dp = 4 that checkpoints, then — in ranks 0 and 1 of the same processes, a group of
 their own — the run resumed from that checkpoint at dp = 2, exactly as two runs of
-``project/run_data_parallel.py`` (``data_parallel.training.run_dp``) would, but with the data prepared
+``project/run_data_parallel.py`` (``data_parallel.training.dp_training``) would, but with the data prepared
 once; meanwhile rank 2 computes the reference in one process.
 
 The reference is the definition of "the same run at the new size" (data_parallel/data_order.py) written
@@ -15,32 +15,33 @@ from __future__ import annotations
 import copy
 
 
-def _sharding(model, args, group, mesh=None):
-    if not (args.zero or args.activation_checkpointing or args.precision != "fp32"):
+def _sharding(model, config, group, mesh=None):
+    if not config.memory_options():
         return None
-    from memory.training import build_sharding
+    from memory import build_sharding
 
-    return build_sharding(model, args, group, mesh)
+    return build_sharding(model, config, group, mesh)
 
 
-def _train(args, data, device, rank, group, mesh=None):
-    """``run_dp`` on prepared data, in ``group`` (its dp group and world)."""
+def _train(config, data, device, rank, group, mesh=None):
+    """A data-parallel run (:class:`data_parallel.training.DataParallelTraining`) on prepared data, in ``group`` (its dp
+    group and world)."""
     import torch
 
     from course.epoch_runner import run_epochs
     from course.task import build_model
     from data_parallel.training import DataParallelTraining
 
-    model = build_model(args, data.tokenizer.vocab_size).to(device)
-    sharding = _sharding(model, args, group, mesh)
+    model = build_model(config, data.tokenizer.vocab_size).to(device)
+    sharding = _sharding(model, config, group, mesh)
     optimizer = sharding.optimizer if sharding is not None else torch.optim.AdamW(model.parameters(),
-                                                                                   lr=args.learning_rate)
-    mode = DataParallelTraining(args, data, device, model, optimizer, group, sharding=sharding, rank=rank,
+                                                                                   lr=config.learning_rate)
+    mode = DataParallelTraining(config, data, device, model, optimizer, group, sharding=sharding, rank=rank,
                                 world_group=group, throughput_group=group, show_progress=False)
     return run_epochs(mode)
 
 
-def reference_losses(args, data, first_dp: int, second_dp: int, switch_after: int, steps: int) -> list[list[float]]:
+def reference_losses(config, data, first_dp: int, second_dp: int, switch_after: int, steps: int) -> list[list[float]]:
     """Per step, the mean loss of each row block (module docstring), in one process."""
     import torch
 
@@ -48,9 +49,9 @@ def reference_losses(args, data, first_dp: int, second_dp: int, switch_after: in
     from course.task import build_model
     from data_parallel.partition import partition_dataset
 
-    model = build_model(args, data.tokenizer.vocab_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    shards = [partition_dataset(r, first_dp, data.train, args.batch_size, collate_fn=list, seed=args.seed)
+    model = build_model(config, data.tokenizer.vocab_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    shards = [partition_dataset(r, first_dp, data.train, config.batch_size, collate_fn=list, seed=config.seed)
               for r in range(first_dp)]
     out = []
     for step, parts in zip(range(steps), zip(*shards)):
@@ -66,7 +67,7 @@ def reference_losses(args, data, first_dp: int, second_dp: int, switch_after: in
 
 
 def resume_cases(rank: int, world_size: int, cases: dict, steps: int, every: int) -> dict:
-    """For each case ``name: (first args at dp 4, second args at dp 2 with .resume set)``: train, then resume.
+    """For each case ``name: (first config at dp 4, second config at dp 2 with .resume set)``: train, then resume.
     Returns ``{"reference": [...], "cases": {name: {"first": [results], "second": [results]}}}`` (rank 0, 1)."""
     import json
 

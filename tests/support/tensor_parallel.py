@@ -62,14 +62,14 @@ def assert_close(actual, expected, what: str, atol: float, rtol: float = 0.0) ->
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
-def expected_shards(hf, rank: int, tp_size: int) -> dict:
+def expected_shards(hf, rank: int, tp: int) -> dict:
     """Each tensor-parallel parameter's expected gradient on tp rank ``rank``: the matching shard
     of the transformers model's gradient (``hf`` after its backward), sliced here independently
     of the solution: rank r's Q, K and V rows of ``c_attn``; rows/columns of the MLP;
-    vocabulary rows of the tied embedding (padded to a multiple of ``tp_size``)."""
+    vocabulary rows of the tied embedding (padded to a multiple of ``tp``)."""
     tr, H, vocab = hf.transformer, hf.config.n_embd, hf.config.vocab_size
-    padded_vocab = -(-vocab // tp_size) * tp_size
-    h_chunk, f_chunk, v_chunk = H // tp_size, 4 * H // tp_size, padded_vocab // tp_size
+    padded_vocab = -(-vocab // tp) * tp
+    h_chunk, f_chunk, v_chunk = H // tp, 4 * H // tp, padded_vocab // tp
     mine = lambda n: slice(rank * n, (rank + 1) * n)  # noqa: E731
     wte = torch.cat([tr.wte.weight.grad, tr.wte.weight.grad.new_zeros(padded_vocab - vocab, H)])
     out = {"wte.weight": wte[mine(v_chunk)], "wpe.weight": tr.wpe.weight.grad,

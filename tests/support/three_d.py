@@ -71,13 +71,13 @@ def run_case(case: dict) -> dict:
         torch.manual_seed(case["seed"])
     with CommCounter() as counter:
         if case.get("step", True):
-            r = three_d_step(stage, runner, mesh, ids, labels, case["n_chunk"], case.get("schedule", "1f1b"),
+            r = three_d_step(stage, runner, mesh, ids, labels, case["micro_batches"], case.get("schedule", "1f1b"),
                              case.get("max_norm"))
             out.update(loss=r["loss"], grad_norm=r["grad_norm"])
         else:  # the stage alone (dp = 1): the pipeline, then the tied sum done here, not by the code under test
             n = count_targets(labels)
-            micro = share // case["n_chunk"]
-            result = runner.run(one_f_one_b_actions(mesh.stage, case["pp"], case["n_chunk"]),
+            micro = share // case["micro_batches"]
+            result = runner.run(one_f_one_b_actions(mesh.stage, case["pp"], case["micro_batches"]),
                                 list(ids.split(micro)) if stage.is_first else None,
                                 [(lab, n) for lab in labels.split(micro)] if stage.is_last else None)
             out["loss"] = sum(result.losses.values()) if stage.is_last else None

@@ -119,7 +119,7 @@ def test_run_script_short_run_on_multi30k(tmp_path):
     for r in runs:
         for key in ("validation_loss", "bleu", "training_time", "tokens_per_sec"):
             assert math.isfinite(r[key]), f"{key} = {r[key]}"
-        assert r["steps"] == steps and r["config"]["tp_size"] == 2 and r["config"]["sequence_parallel"]
+        assert r["steps"] == steps and r["config"]["tp"] == 2 and r["config"]["sequence_parallel"]
         assert r["config"]["block_types"] == ["tp", "spd", "parallel", "parallel"]
         forward = r["comm_per_step"]["per_layer_forward"]
         # tp: 2+2, spd: 1+1, the parallel run: 1+1 -> 8 collectives over 4 layers.

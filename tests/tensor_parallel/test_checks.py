@@ -1,7 +1,7 @@
 """The exercise checks of notebooks/03_tensor_parallel.ipynb: right answers pass, plausible wrong ones fail."""
 import pytest
 
-from tensor_parallel import checks
+from tensor_parallel.labs import checks
 
 
 @pytest.mark.parametrize("answer, ok", [(48, True), (24, False), (96, False), (4, False), (None, False)])

@@ -1,6 +1,6 @@
 """Assignment 5.3.4 — tensor-parallel GPT-2 equals the single-device transformers model (graded).
 
-One launch per tp_size (2, and 4: the model has 4 heads) builds the same small GPT-2 on
+One launch per tp (2, and 4: the model has 4 heads) builds the same small GPT-2 on
 every rank with ``course.model.build_gpt2`` (dropout 0, eager attention), runs it on a
 padded batch with source tokens masked out of the loss, and compares the
 ``TensorParallelGPT2`` built from it:
@@ -107,21 +107,21 @@ def gpt2_worker(rank, world_size):
 
 
 @functools.lru_cache(maxsize=None)
-def gpt2_results(tp_size: int) -> dict:
+def gpt2_results(tp: int) -> dict:
     """``{rank: {case: result}}`` of one launch of :func:`gpt2_worker` (cached for the session)."""
     from tests.support.launching import launch_once as launch
 
-    return launch(gpt2_worker, tp_size, timeout=240)
+    return launch(gpt2_worker, tp, timeout=240)
 
 
-def gpt2_case(tp_size, name, rank=0):
-    """Case ``name`` of rank ``rank`` in the tp_size launch (the test fails with its traceback if it raised)."""
-    return case(gpt2_results(tp_size), name, rank)
+def gpt2_case(tp, name, rank=0):
+    """Case ``name`` of rank ``rank`` in the tp launch (the test fails with its traceback if it raised)."""
+    return case(gpt2_results(tp), name, rank)
 
 
-def assert_matches_transformers(tp_size, name):
-    for rank in range(tp_size):
-        r = gpt2_case(tp_size, name, rank)
+def assert_matches_transformers(tp, name):
+    for rank in range(tp):
+        r = gpt2_case(tp, name, rank)
         assert not r["unmatched_params"], f"parameters without a counterpart: {r['unmatched_params']}"
         assert r["logits_diff"] <= TOL, f"rank {rank}: logits differ from transformers by {r['logits_diff']:.2e}"
         assert r["loss_diff"] <= TOL, f"rank {rank}: loss differs from transformers by {r['loss_diff']:.2e}"
@@ -138,19 +138,19 @@ def test_qkv_reorder_takes_each_ranks_rows_of_q_k_and_v():
     H = 8
     weight = torch.arange(3 * H * 2, dtype=torch.float32).view(3 * H, 2)
     bias = torch.arange(3 * H, dtype=torch.float32)
-    for tp_size in (1, 2, 4):
-        w, b = reorder_qkv_for_tensor_parallel(weight, bias, tp_size)
-        n = H // tp_size
-        for rank, (w_r, b_r) in enumerate(zip(w.chunk(tp_size), b.chunk(tp_size))):
+    for tp in (1, 2, 4):
+        w, b = reorder_qkv_for_tensor_parallel(weight, bias, tp)
+        n = H // tp
+        for rank, (w_r, b_r) in enumerate(zip(w.chunk(tp), b.chunk(tp))):
             rows = torch.cat([torch.arange(part * H + rank * n, part * H + (rank + 1) * n) for part in range(3)])
-            assert torch.equal(w_r, weight[rows]), f"tp_size {tp_size}, rank {rank}: weight rows are not [Q_r; K_r; V_r]"
-            assert torch.equal(b_r, bias[rows]), f"tp_size {tp_size}, rank {rank}: bias is not [Q_r; K_r; V_r]"
+            assert torch.equal(w_r, weight[rows]), f"tp {tp}, rank {rank}: weight rows are not [Q_r; K_r; V_r]"
+            assert torch.equal(b_r, bias[rows]), f"tp {tp}, rank {rank}: bias is not [Q_r; K_r; V_r]"
 
 
 @pytest.mark.a5_3_4
-@pytest.mark.parametrize("tp_size", [2, 4])
-def test_tp_gpt2_equals_transformers(tp_size):
-    assert_matches_transformers(tp_size, "tp")
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_gpt2_equals_transformers(tp):
+    assert_matches_transformers(tp, "tp")
 
 
 @pytest.mark.a5_3_4
@@ -165,13 +165,13 @@ def test_tp_gpt2_two_all_reduces_per_layer_each_way():
             assert got["all_reduce"]["bytes"] == 2 * N_LAYER * n_bytes, "each all-reduce is one (batch, seq, n_embd)"
 
 
-def test_rejects_heads_or_mlp_width_not_divisible_by_tp_size():
+def test_rejects_heads_or_mlp_width_not_divisible_by_tp():
     from tensor_parallel.gpt2 import validate_tp_config
 
     config = SimpleNamespace(n_head=6, n_embd=96, n_layer=2, n_inner=None)
-    with pytest.raises(ValueError, match="n_head=6 is not divisible by tp_size=4"):
+    with pytest.raises(ValueError, match="n_head=6 is not divisible by tp=4"):
         validate_tp_config(config, 4)
     config = SimpleNamespace(n_head=4, n_embd=64, n_layer=2, n_inner=90)
-    with pytest.raises(ValueError, match="n_inner=90.*not divisible by tp_size=4"):
+    with pytest.raises(ValueError, match="n_inner=90.*not divisible by tp=4"):
         validate_tp_config(config, 4)
     assert validate_tp_config(SimpleNamespace(n_head=4, n_embd=64, n_layer=2, n_inner=None), 4) == ["tp", "tp"]

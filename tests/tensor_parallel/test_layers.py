@@ -71,10 +71,10 @@ def layers_worker(rank, world_size):
         x, grad[..., rank * chunk:(rank + 1) * chunk]))
     attempt(out, "column_gather", lambda: _parallel(
         ColumnParallelLinear(IN, OUT, gather_output=True, master_weight=lin.weight, master_bias=lin.bias), x, grad))
-    in_chunk = IN // world_size
+    in_part = IN // world_size
     attempt(out, "row_parallel_input", lambda: _parallel(
         RowParallelLinear(IN, OUT, input_is_parallel=True, master_weight=lin.weight, master_bias=lin.bias),
-        x_row[..., rank * in_chunk:(rank + 1) * in_chunk], grad))
+        x_row[..., rank * in_part:(rank + 1) * in_part], grad))
     attempt(out, "row_full_input", lambda: _parallel(
         RowParallelLinear(IN, OUT, input_is_parallel=False, master_weight=lin.weight, master_bias=lin.bias),
         x_row, grad))

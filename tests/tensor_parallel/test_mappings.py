@@ -95,7 +95,7 @@ def test_g_is_all_reduce_forward_and_identity_backward():
 
 
 @pytest.mark.a5_3_1
-def test_scatter_keeps_own_chunk_and_gathers_gradient():
+def test_scatter_keeps_its_own_part_and_gathers_gradient():
     chunk = SHAPE[-1] // WORLD
     full_grad = torch.cat([upstream(r, SHAPE[:-1] + (chunk,)) for r in range(WORLD)], dim=-1)
     for rank in range(WORLD):

@@ -5,9 +5,9 @@
   sequence (backward all-gathers), gather all-gathers (backward reduce-scatters: sums
   the ranks' gradients and keeps this rank's chunk), reduce-scatter sums and keeps this
   rank's chunk (backward all-gathers).
-* A sequence-parallel GPT-2 (tp_size 2 and 4) equals plain TP and the transformers model
+* A sequence-parallel GPT-2 (tp 2 and 4) equals plain TP and the transformers model
   in logits, loss and every gradient (after ``sync_grads``), also for a sequence length
-  not divisible by tp_size; tolerance 1e-5 (float32).
+  not divisible by tp; tolerance 1e-5 (float32).
 * Its collectives per layer: 2 all-gathers and 2 reduce-scatters forward and backward,
   no all-reduce, and the same ring traffic as plain TP's 2 all-reduces.
 """
@@ -87,16 +87,16 @@ def test_reduce_scatter_to_sequence_parallel_region():
         assert (r["forward"], r["backward"]) == ({"reduce_scatter": 1}, {"all_gather": 1}), (r["forward"], r["backward"])
 
 
-@pytest.mark.parametrize("tp_size", [2, 4])
-def test_sequence_parallel_gpt2_equals_transformers_and_plain_tp(tp_size):
-    assert_matches_transformers(tp_size, "sp")
-    for rank in range(tp_size):
-        sp, tp = gpt2_case(tp_size, "sp", rank), gpt2_case(tp_size, "tp", rank)
-        diff = float((sp["logits"] - tp["logits"]).abs().max())
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_gpt2_equals_transformers_and_plain_tp(tp):
+    assert_matches_transformers(tp, "sp")
+    for rank in range(tp):
+        sp, plain = gpt2_case(tp, "sp", rank), gpt2_case(tp, "tp", rank)
+        diff = float((sp["logits"] - plain["logits"]).abs().max())
         assert diff <= 1e-5, f"rank {rank}: sequence-parallel logits differ from plain TP by {diff:.2e}"
 
 
-def test_sequence_parallel_pads_a_length_not_divisible_by_tp_size():
+def test_sequence_parallel_pads_a_length_not_divisible_by_tp():
     assert_matches_transformers(2, "sp_odd_length")
 
 

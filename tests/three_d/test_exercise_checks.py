@@ -1,4 +1,4 @@
-"""The answer checks of notebook 06's exercises (three_d/checks.py) and the ranking and MFU helpers
+"""The answer checks of notebook 06's exercises (three_d/labs/checks.py) and the ranking and MFU helpers
 (three_d/choosing.py): right answers pass, plausible wrong ones fail."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from three_d import checks
+from three_d.labs import checks
 from three_d.choosing import compare_rankings, megatron_flops_per_step, mfu, ranks, spearman
 
 

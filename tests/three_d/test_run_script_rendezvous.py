@@ -29,16 +29,16 @@ def test_run_3d_four_stages_and_scatter_gather_zero_bubble_rendezvous(tmp_path, 
 
 @pytest.mark.timeout(support.SCRIPT_TIMEOUT + 60)
 def test_factorisation_benchmark_every_mesh_of_four_ranks_rendezvous(tmp_path, monkeypatch):
-    """``python -m three_d.factorisation_benchmark --world_size 4`` (notebook 06's quick size) builds every
+    """``python -m three_d.labs.factorisation_benchmark --world_size 4`` (notebook 06's quick size) builds every
     factorisation of 4 ranks as dp x pp x tp in one process — (1, 4, 1) and (4, 1, 1) among them — and runs 3D
     steps on each: under NCCL's rules every mesh's groups are made alike on every rank and every step finishes."""
     import json
 
-    from three_d.factorisation_benchmark import main
+    from three_d.labs.factorisation_benchmark import main
 
     support.under_rules(monkeypatch)
     out = tmp_path / "factorisations.json"
-    assert main(["--world_size", "4", "--batch_size", "8", "--micro_batch_size", "1", "--seq", "16", "--vocab_size",
+    assert main(["--world_size", "4", "--batch_size", "8", "--micro_batch_size", "1", "--seq_len", "16", "--vocab_size",
                  "64", "--steps", "1", "--warmup", "0", "--repeats", "3", "--device", "cpu", "--out", str(out),
                  "--timeout", str(support.SCRIPT_TIMEOUT)]) == 0
     shapes = {(row["dp"], row["pp"], row["tp"]) for row in json.loads(out.read_text())["rows"]}

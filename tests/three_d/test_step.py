@@ -14,11 +14,11 @@ import torch
 from tests.support.three_d import compare_grads, dense_reference, layouts_worker
 
 MAX_NORM = 0.5
-CASES_8 = [dict(dp=1, pp=4, tp=2, n_chunk=4, schedule="1f1b", max_norm=MAX_NORM),
-           dict(dp=2, pp=2, tp=2, n_chunk=2, schedule="gpipe", max_norm=MAX_NORM),
-           dict(dp=2, pp=2, tp=2, n_chunk=2, schedule="1f1b", max_norm=MAX_NORM, dtype=torch.float32)]
-CASES_4 = [dict(dp=2, pp=1, tp=2, n_chunk=2, max_norm=MAX_NORM), dict(dp=2, pp=2, tp=1, n_chunk=2, max_norm=MAX_NORM),
-           dict(dp=1, pp=2, tp=2, n_chunk=4, max_norm=MAX_NORM)]
+CASES_8 = [dict(dp=1, pp=4, tp=2, micro_batches=4, schedule="1f1b", max_norm=MAX_NORM),
+           dict(dp=2, pp=2, tp=2, micro_batches=2, schedule="gpipe", max_norm=MAX_NORM),
+           dict(dp=2, pp=2, tp=2, micro_batches=2, schedule="1f1b", max_norm=MAX_NORM, dtype=torch.float32)]
+CASES_4 = [dict(dp=2, pp=1, tp=2, micro_batches=2, max_norm=MAX_NORM), dict(dp=2, pp=2, tp=1, micro_batches=2, max_norm=MAX_NORM),
+           dict(dp=1, pp=2, tp=2, micro_batches=4, max_norm=MAX_NORM)]
 
 
 def _name(case):

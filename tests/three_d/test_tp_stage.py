@@ -14,10 +14,10 @@ import pytest
 
 from tests.support.three_d import BATCH, N_EMBD, SEQ, compare_grads, dense_reference, layouts_worker
 
-N_CHUNK = 4
-CASES = {"peer": dict(dp=1, pp=2, tp=2, n_chunk=N_CHUNK, step=False, scatter_gather=False),
-         "scatter_gather": dict(dp=1, pp=2, tp=2, n_chunk=N_CHUNK, step=False, scatter_gather=True),
-         "embedding_dropout": dict(dp=1, pp=2, tp=2, n_chunk=1, step=False, scatter_gather=False, embd_pdrop=0.5,
+MICRO_BATCHES = 4
+CASES = {"peer": dict(dp=1, pp=2, tp=2, micro_batches=MICRO_BATCHES, step=False, scatter_gather=False),
+         "scatter_gather": dict(dp=1, pp=2, tp=2, micro_batches=MICRO_BATCHES, step=False, scatter_gather=True),
+         "embedding_dropout": dict(dp=1, pp=2, tp=2, micro_batches=1, step=False, scatter_gather=False, embd_pdrop=0.5,
                                    seed=11)}
 GRAPHS = ["peer", "scatter_gather"]
 
@@ -39,7 +39,7 @@ def test_tp_stages_equal_one_process_and_send_to_the_same_tp_rank(runs, mode):
     reference, loss, _ = dense_reference()
     # float64: sums in another order differ by ~n x 2^-53 ~ 1e-12 of O(1) values, far inside 1e-10
     compare_grads(results, reference, tp=2, atol=1e-10)
-    full = (BATCH // N_CHUNK) * SEQ * N_EMBD * 8  # one micro-batch's float64 activation
+    full = (BATCH // MICRO_BATCHES) * SEQ * N_EMBD * 8  # one micro-batch's float64 activation
     sent = full // 2 if mode == "scatter_gather" else full
     for rank, r in results.items():
         stage, _, tp = r["coordinates"]
@@ -48,11 +48,11 @@ def test_tp_stages_equal_one_process_and_send_to_the_same_tp_rank(runs, mode):
         peer = rank + 2 if stage == 0 else rank - 2  # the same tp rank of the other stage
         assert r["peers"] == [("recv", peer), ("send", peer)], f"rank {rank} talked to {r['peers']}, not rank {peer}"
         pp = r["stage_counts"]["pp"]
-        assert pp["send"]["count"] == N_CHUNK and pp["send"]["bytes"] == N_CHUNK * sent, (
-            f"rank {rank} sent {pp['send']} across the stage boundary, want {N_CHUNK} x {sent} bytes")
+        assert pp["send"]["count"] == MICRO_BATCHES and pp["send"]["bytes"] == MICRO_BATCHES * sent, (
+            f"rank {rank} sent {pp['send']} across the stage boundary, want {MICRO_BATCHES} x {sent} bytes")
         gathers = r["stage_counts"]["tp"].get("all_gather")
         if mode == "scatter_gather":  # stage 1 gathers each activation forward, stage 0 each gradient backward
-            assert gathers == {"count": N_CHUNK, "bytes": N_CHUNK * full, "traffic_bytes": N_CHUNK * full / 2}, gathers
+            assert gathers == {"count": MICRO_BATCHES, "bytes": MICRO_BATCHES * full, "traffic_bytes": MICRO_BATCHES * full / 2}, gathers
         else:
             assert gathers is None, f"rank {rank}: all-gathers without scatter-gather: {gathers}"
 

@@ -103,9 +103,9 @@
       errors.push(`batch_size ${c.batch_size} must split into dp ${c.dp} shares of ${c.micro_batches} micro-batches`);
     }
     if (c.model_max_length % c.cp) errors.push(`cp ${c.cp} does not divide the sequence length ${c.model_max_length}`);
-    if (c.virtual_stages > 1 && !schedule.chunks) errors.push(`virtual_stages ${c.virtual_stages} needs a schedule ` +
+    if (c.virtual_stages > 1 && !schedule.interleaved) errors.push(`virtual_stages ${c.virtual_stages} needs a schedule ` +
                                                               `with model chunks (interleaved)`);
-    if (schedule.chunks && c.pp > 1) {
+    if (schedule.interleaved && c.pp > 1) {
       try { microBatchesPerRound(c.pp, c.micro_batches); } catch (e) { errors.push(e.message); }
     }
     if (c.pp * c.virtual_stages > shape.n_layer) {
@@ -167,8 +167,9 @@
   function resolved(c, data) {  // PlanConfig.resolve's defaults the memory depends on
     const r = {...c};
     r.activation_model = c.activation_model || (c.hardware === "cpu" ? "course" : "korthikanti");
-    const attention = c.attention === "auto" ? (r.activation_model === "course" ? "eager" : "flash") : c.attention;
-    r.attention_kernel = c.cp > 1 ? "flash" : attention;
+    const kernel = c.attention_kernel === "auto" ? (r.activation_model === "course" ? "eager" : "flash")
+                                                 : c.attention_kernel;
+    r.attention_kernel = c.cp > 1 ? "flash" : kernel;
     return r;
   }
 
@@ -241,7 +242,7 @@
     for (const [name, x] of [["p", p], ["m", m], ["v", v]]) {
       if (!Number.isInteger(x) || x < 1) throw new Error(`${name} must be a whole number >= 1`);
     }
-    if (!schedule.chunks && v !== 1) throw new Error(`${schedule.title} runs one chunk per rank: v must be 1`);
+    if (!schedule.interleaved && v !== 1) throw new Error(`${schedule.title} runs one chunk per rank: v must be 1`);
     if (v > schedule.work.length) throw new Error(`v at most ${schedule.work.length} here`);
     const w = schedule.work[v - 1];
     return {w: w, numerator: p - 1, denominator: w * m + p - 1, fraction: (p - 1) / (w * m + p - 1)};
@@ -401,7 +402,7 @@
     for (const name of ["vocab_size", "model_max_length", "batch_size", "dp", "pp", "tp", "cp", "ep", "micro_batches",
                         "virtual_stages", "num_experts", "moe_every", "zero", "dropout", "n_layer", "n_embd",
                         "n_head", "n_kv_head", "n_inner"]) c[name] = number("mem-" + name);
-    for (const name of ["preset", "schedule", "precision", "hardware", "attention", "selective_checkpointing"]) {
+    for (const name of ["preset", "schedule", "precision", "hardware", "attention_kernel", "selective_checkpointing"]) {
       c[name] = $("mem-" + name).value;
     }
     c.mlp = $("mem-mlp").value || null;
@@ -481,8 +482,8 @@
   function updateBubble(data) {
     const name = $("bubble-schedule").value;
     const schedule = data.schedules.find(s => s.name === name);
-    $("bubble-v").disabled = !schedule.chunks;
-    if (!schedule.chunks) $("bubble-v").value = "1";
+    $("bubble-v").disabled = !schedule.interleaved;
+    if (!schedule.interleaved) $("bubble-v").value = "1";
     let out, p, m;
     try {
       p = number("bubble-p");
@@ -494,7 +495,7 @@
       return;
     }
     let warning = "";
-    if (schedule.chunks && p > 1) {
+    if (schedule.interleaved && p > 1) {
       try { microBatchesPerRound(p, m); } catch (e) { warning = "The schedule cannot run this m: " + e.message; }
     }
     showError("bubble-error", warning);
@@ -641,8 +642,8 @@
     for (const hw of data.planner.hardware) option($("mem-hardware"), hw, hw);
     option($("mem-activation_model"), "", "the planner's default (course on the CPU, korthikanti on GPUs)");
     for (const a of data.planner.activation_model) option($("mem-activation_model"), a, a);
-    for (const a of data.planner.attention) {
-      option($("mem-attention"), a, a === "auto" ? "auto (eager for the course's blocks, else flash)" : a);
+    for (const a of data.planner.attention_kernel) {
+      option($("mem-attention_kernel"), a, a === "auto" ? "auto (eager for the course's blocks, else flash)" : a);
     }
     for (const a of data.planner.selective_checkpointing) option($("mem-selective_checkpointing"), a, a);
     option($("mem-mlp"), "", "the preset's");

@@ -1,0 +1,1 @@
+"""Notebook labs of data_parallel: the workers, experiments, benchmarks and exercise checks that notebooks and benchmarks run (never graded, never imported by the part's own modules)."""
