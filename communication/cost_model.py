@@ -218,8 +218,9 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
     never faster; at most the smallest when it always was; no crossover when the ring was never faster),
     ``disagrees`` otherwise, and ``cannot say`` when nothing was predicted from a failed fit, nothing was
     measured, or the measurement's ``conditions`` (:func:`course.benchmarking.conditions`) were
-    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's);
-    a ``loaded`` measurement's answer says so in its sentence.
+    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's), or
+    the ring was never faster only because the largest size's verdict is ``indistinguishable`` (an agreement
+    would rest on no evidence); a ``loaded`` measurement's answer says so in its sentence.
 
     Returns:
         ``{"answer": "agrees" | "disagrees" | "cannot say", "sentence"}``.
@@ -234,6 +235,12 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
         return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: "
                                                     + model["sentence"]}
     sizes, x, kind = sorted(sizes_bytes), model["bytes"], measured["kind"]
+    last = (measured.get("verdicts") or [{}])[-1].get("verdict")
+    if kind == "never" and last == "indistinguishable":
+        return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: at the "
+                                                    f"largest size, {readable_bytes(sizes[-1])}, the two were "
+                                                    "indistinguishable, so the measurement neither shows the ring "
+                                                    "slower there nor a crossover"}
     if x is None:
         ok = kind == "never"
     elif kind == "never":
@@ -380,7 +387,7 @@ def fit_benchmark(allreduce_report: dict, p: int) -> dict:
                                             clamped=(fit["clamped"],) if fit["clamped"] else ())
     out["crossover_model"] = crossover_prediction(p, fit)
     out["crossover_measured"] = measured_crossover(sizes, out["algorithms"]["ring"]["all"], rd["all"],
-                                                   ("ring", "recursive doubling"))
+                                                   ("ring", "recursive doubling"), out["machine"])
     out["crossover_agreement"] = crossover_agreement(out["crossover_model"], out["crossover_measured"], sizes,
                                                      (out["machine"] or {}).get("conditions"))
     return out

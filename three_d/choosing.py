@@ -63,12 +63,13 @@ def mfu(model_flops_per_step: float, step_s: float, n_devices: int, peak_flops: 
     return model_flops_per_step / (step_s * n_devices * peak_flops)
 
 
-def leader_verdicts(seconds: dict) -> dict:
+def leader_verdicts(seconds: dict, conditions=None) -> dict:
     """Is the factorisation with the smallest median step measurably the fastest?
 
     ``seconds`` is ``{(dp, pp, tp): [seconds per step, one per repeat]}``, measured side by side (repeat k of
     every factorisation in the same round, :func:`course.benchmarking.interleaved`). The *leader* is the key
-    with the smallest median; it is compared with every other by :func:`course.benchmarking.compare`.
+    with the smallest median; it is compared with every other by :func:`course.benchmarking.compare` (its paired
+    sign test), each verdict printed with ``conditions`` (a machine record, or ``"replayed ..."``).
 
     Returns:
         ``{"leader", "verdicts" ({other key: compare's dict of leader against it}), "fastest" (the leader when
@@ -83,7 +84,8 @@ def leader_verdicts(seconds: dict) -> dict:
         raise ValueError(f"a fastest factorisation needs at least two to compare, not {len(seconds)}")
     name = lambda k: "·".join(map(str, k))
     leader = min(seconds, key=lambda k: statistics.median(seconds[k]))
-    verdicts = {k: compare(seconds[leader], v, (name(leader), name(k))) for k, v in seconds.items() if k != leader}
+    verdicts = {k: compare(seconds[leader], v, (name(leader), name(k)), conditions=conditions)
+                for k, v in seconds.items() if k != leader}
     tied = [k for k, v in verdicts.items() if v["verdict"] != "faster"]
     if not tied:
         closest = max(verdicts, key=lambda k: verdicts[k]["ratio"]["median"])  # leader / other nearest 1
