@@ -378,7 +378,7 @@ def step_memory_timeline(preset: str = "tiny", vocab_size: int = 1000, seq_len: 
 
 
 def allreduce_calls_worker(rank: int, world_size: int, repeats: int = 7, warmup: int = 1, preset: str = "tiny",
-                           vocab_size: int = 1000, seq_len: int = 64, **model_overrides) -> dict:
+                           vocab_size: int = 1000, seq_len: int = 64, model_overrides: dict | None = None) -> dict:
     """Worker: what a collective *call* costs. The gradient-sized tensors of the course's GPT-2 (one per parameter
     tensor: what ZeRO-0's per-tensor all-reduces send) all-reduced one call per tensor, against one all-reduce of
     the same elements in one flat buffer (ZeRO-1/2's single call), interleaved
@@ -393,7 +393,7 @@ def allreduce_calls_worker(rank: int, world_size: int, repeats: int = 7, warmup:
     from course.task import worker_env_quiet
 
     worker_env_quiet()
-    model = build_tiny_gpt2(preset, vocab_size, seq_len, **model_overrides)
+    model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {}))
     tensors = [torch.ones_like(p) for p in model.parameters()]
     flat = torch.ones(sum(t.numel() for t in tensors))
     group = dist.group.WORLD
