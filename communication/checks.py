@@ -81,3 +81,43 @@ def check_hidden_hang(rank, seq, op, extra_metric) -> bool:
     ok_metric = report("the all-reduce too many (metric)", word(extra_metric), ("bleu",),
                        "compare the metric names each rank loops over: which one does only one rank have?")
     return ok_rank and ok_seq and ok_op and ok_metric
+
+
+def check_recursive_doubling_three(steps, bytes_factor) -> bool:
+    """Exercise 5: recursive doubling on p = 3 ranks (not a power of two: the third rank folds its tensor into a
+    partner first and gets the result back last). How many messages on the critical path, and how many times the
+    tensor's bytes (:func:`communication.cost_model.allreduce_steps`, ``allreduce_bytes_factor``)?"""
+    from communication.cost_model import allreduce_bytes_factor, allreduce_steps
+
+    ok_s = report("recursive doubling steps at p = 3", steps, allreduce_steps("recursive_doubling", 3),
+                  "one exchange between the two ranks of the power of two below 3, plus a fold-in before and the "
+                  "result after", rel=0)
+    ok_b = report("bytes per byte of the message at p = 3", bytes_factor,
+                  allreduce_bytes_factor("recursive_doubling", 3), "every message carries the whole tensor", rel=0)
+    return ok_s and ok_b
+
+
+LL_ALPHA = {"NVLink 4 (H100 SXM)": 0.6e-6, "PCIe Gen5 x16": 1.0e-6, "InfiniBand NDR (1 NIC per GPU)": 2.7e-6}
+
+
+def small_message_choice(size_bytes: float = 2 ** 20, p: int = 8) -> tuple[str, ...]:
+    """For each link of :data:`communication.cost_model.LINKS` in order, with NCCL's LL-protocol latency per step
+    (:data:`LL_ALPHA`, ``tuning.cc``), the algorithm the alpha-beta model finds faster for an all-reduce of
+    ``size_bytes`` on ``p`` ranks: ``"ring"`` or ``"recursive doubling"``."""
+    from communication.cost_model import LINKS, predict_allreduce
+
+    out = []
+    for name, link in LINKS.items():
+        ring = predict_allreduce("ring", size_bytes, p, LL_ALPHA[name], link.beta)
+        rd = predict_allreduce("recursive_doubling", size_bytes, p, LL_ALPHA[name], link.beta)
+        out.append("ring" if ring < rd else "recursive doubling")
+    return tuple(out)
+
+
+def check_small_message_choice(answer) -> bool:
+    """Exercise 6: an all-reduce of one 1 MiB bucket on 8 GPUs, with NCCL's LL-protocol latencies (0.6, 1.0, 2.7 us per
+    step over NVLink, PCIe, InfiniBand) and section 5's bandwidths: which algorithm does the model choose on each
+    link, in that order (a tuple of "ring" or "recursive doubling")?"""
+    given = tuple(str(a).strip().lower() for a in answer) if isinstance(answer, (tuple, list)) else answer
+    return report("the faster algorithm per link (NVLink, PCIe, InfiniBand)", given, small_message_choice(),
+                  "compare 2(p-1) alpha + 2(p-1)/p n beta with log2(p) (alpha + n beta) on each link")

@@ -181,7 +181,8 @@ def predicted_crossover(p: int, alpha: float, beta: float) -> float | None:
 
 def crossover_prediction(p: int, fit: dict) -> dict:
     """The model's ring/recursive-doubling crossover on ``p`` ranks from a fit (:func:`fit_allreduce_model`),
-    as a value and a sentence that agree: ``{"bytes": float | None, "failed": bool, "sentence"}``.
+    as a value and a sentence that agree: ``{"bytes": float | None, "failed": bool, "sentence"}``. From a fit that is
+    not good the sentence gives its figures to one significant digit and says why (an order of magnitude only).
 
     ``bytes`` is None, with the reason in ``sentence``, when the fit failed (a coefficient came out negative:
     nothing is predicted from it) or when the model's lines do not cross (:func:`predicted_crossover`: p = 2,
@@ -201,10 +202,12 @@ def crossover_prediction(p: int, fit: dict) -> dict:
         else:
             why = "beta is 0: the model has no bandwidth term for the ring to save"
         return {"bytes": None, "failed": False, "sentence": f"the model predicts no crossover: {why}"}
+    digits = ".3g" if fit["quality"]["quality"] == "good" else ".1g"  # a poor fit: an order of magnitude only
+    caveat = "" if digits == ".3g" else ", to one digit: from a poor fit only an order of magnitude"
     return {"bytes": x, "failed": False,
-            "sentence": f"the model predicts the ring faster than recursive doubling above {readable_bytes(x)} "
-                        f"(alpha = {fit['alpha'] * 1e6:.3g} us per step, 1/beta = {fit['bandwidth'] / 1e9:.3g} GB/s; "
-                        f"{fit['quality']['reason']})"}
+            "sentence": f"the model predicts the ring faster than recursive doubling above "
+                        f"{readable_bytes(float(format(x, digits)))} (alpha = {fit['alpha'] * 1e6:{digits}} us per "
+                        f"step, 1/beta = {fit['bandwidth'] / 1e9:{digits}} GB/s; {fit['quality']['reason']}{caveat})"}
 
 
 def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[float],
