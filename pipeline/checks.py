@@ -109,3 +109,91 @@ def check_dualpipev(bubble, one_f_one_b, activations) -> bool:
     ok &= _report("DualPipeV peak activations per device", activations, 2 * 4 + 1,
                   "PP + 1: the DualPipe README's table (stages, not devices); peak_in_flight of a rank's list")
     return bool(ok)
+
+
+# ---- the worked problem at GPU scale (notebook 02, section 12) ------------------------------------------
+
+GPT3_PIPELINE = dict(n_stages=8, layers=96, max_bubble=0.05)  # GPT-3 175B's 96 layers (Brown et al. 2020) on 8 stages
+
+
+def micro_batch_choice(n_stages: int, layers: int, max_bubble: float, virtual_stages: int) -> dict:
+    """Choosing ``m`` for a ``layers``-layer model on ``n_stages`` stages: the fewest micro-batches, rounded up to a
+    multiple of ``n_stages`` (interleaved 1F1B's rounds need it), whose theoretical bubble is at most ``max_bubble``
+    — 1F1B with ``virtual_stages = 1``, interleaved 1F1B otherwise (Narayanan et al. 2021, Sec. 2.2) — and what it
+    costs: rank 0's peak in-flight (chunk, micro-batch) pairs of the schedule's own action list, the same in units
+    of a whole stage's activations (a chunk holds ``1 / v`` of a stage), and the messages a micro-batch sends
+    across stage boundaries (``v`` times round the ranks).
+
+    Returns ``{"m", "bubble", "in_flight_chunks", "in_flight_stages", "layers_per_chunk", "boundaries"}``.
+    """
+    from pipeline.metrics import peak_in_flight
+    from pipeline.schedules import all_actions
+
+    name = "1f1b" if virtual_stages == 1 else "interleaved"
+    m = fewest_micro_batches(name, n_stages, max_bubble, virtual_stages)
+    m = -(-m // n_stages) * n_stages
+    chunks = peak_in_flight(all_actions(name, n_stages, m, virtual_stages)[0])
+    return {"m": m, "bubble": get_schedule(name).bubble(n_stages, m, virtual_stages), "in_flight_chunks": chunks,
+            "in_flight_stages": chunks / virtual_stages, "layers_per_chunk": layers / (n_stages * virtual_stages),
+            "boundaries": n_stages * virtual_stages - 1}
+
+
+def check_gpt3_micro_batches(m_1f1b, m_interleaved, rank0_stages_1f1b, rank0_stages_interleaved) -> bool:
+    """Exercise 9: GPT-3's 96 layers on 8 stages (:data:`GPT3_PIPELINE`), bubble at most 5 %: the fewest micro-batches
+    (a multiple of 8) with 1F1B and with interleaved 1F1B at v = 2, and rank 0's peak activations in units of a whole
+    stage's micro-batch for each (:func:`micro_batch_choice`)?"""
+    one, two = (micro_batch_choice(**GPT3_PIPELINE, virtual_stages=v) for v in (1, 2))
+    ok = [_report("m, 1F1B", m_1f1b, one["m"], "solve (p - 1) / (m + p - 1) <= 0.05, round up to a multiple of p"),
+          _report("m, interleaved v = 2", m_interleaved, two["m"],
+                  "solve (p - 1) / (v m + p - 1) <= 0.05, round up to a multiple of p"),
+          _report("rank 0's activations, 1F1B (stage micro-batches)", rank0_stages_1f1b, one["in_flight_stages"],
+                  "1F1B's rank 0 holds p micro-batches"),
+          _report("rank 0's activations, interleaved (stage micro-batches)", rank0_stages_interleaved,
+                  two["in_flight_stages"], "count rank 0's live (chunk, micro-batch) pairs at the peak of its action "
+                                           "list (peak_in_flight) and divide by v: a chunk is half a stage")]
+    return all(ok)
+
+
+def check_backward_twice_forward(answer) -> bool:
+    """Exercise 5: section 5's p = 4, m = 8 with every backward twice as long as a forward: the 1F1B bubble fraction
+    (:func:`pipeline.metrics.simulate` of the action lists)?"""
+    from pipeline.metrics import measured_bubble_fraction, simulate
+    from pipeline.schedules import all_actions
+
+    return _report("1F1B bubble with t_B = 2 t_F", answer,
+                   measured_bubble_fraction(simulate(all_actions("1f1b", 4, 8), t_forward=1, t_backward=2)),
+                   "both the ramp and the step scale with t_F + t_B: the fraction is still (p - 1) / (m + p - 1)",
+                   rel=1e-3)
+
+
+def check_dualpipev_unequal(idle_units) -> bool:
+    """Exercise 7: DualPipeV on p = 4 devices, m = 8, with F = 2, input gradient 1.5, W = 1 (the whole backward 2.5,
+    a pair run one after the other: 4.5) replayed (:func:`pipeline.metrics.replay_by_kind`, ``placement="v"``): the
+    largest idle time of a device, in units?"""
+    from pipeline.metrics import replay_by_kind
+    from pipeline.schedules import all_actions
+
+    costs = {"F": 2, "B": 1.5, "W": 1, "BW": 2.5, "F&B": 4.5}
+    events = replay_by_kind(all_actions("dualpipev", 4, 8), costs, placement="v")
+    span = max(e[3] for ev in events for e in ev)
+    idle = max(span - sum(e[3] - e[2] for e in ev) for ev in events)
+    return _report("DualPipeV's largest idle time (units)", idle_units, idle,
+                   "replay the lists with those costs and take span minus busy time on each device", rel=1e-3)
+
+
+def check_zbv_against_dualpipev(zbv_idle, dualpipev_idle) -> bool:
+    """Exercise 8: ZB-V and DualPipeV on p = 4 devices, m = 8, F = input gradient = W = 1 (whole backward 2, a pair
+    3): the largest idle time of a device of each, replayed on the V placement?"""
+    from pipeline.metrics import replay_by_kind
+    from pipeline.schedules import all_actions
+
+    def idle(schedule):
+        events = replay_by_kind(all_actions(schedule, 4, 8), {"F": 1, "B": 1, "W": 1, "BW": 2, "F&B": 3}, placement="v")
+        span = max(e[3] for ev in events for e in ev)
+        return max(span - sum(e[3] - e[2] for e in ev) for ev in events)
+
+    ok_z = _report("ZB-V's largest idle time (units)", zbv_idle, idle("zbv"), "replay zbv's lists on the V placement",
+                   rel=1e-3)
+    ok_d = _report("DualPipeV's largest idle time (units)", dualpipev_idle, idle("dualpipev"),
+                   "(PP/2 - 1)(F&B + B - 3W) with PP = 8 stages", rel=1e-3)
+    return ok_z and ok_d
