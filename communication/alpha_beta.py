@@ -66,14 +66,14 @@ def fit_line(sizes_bytes: list[float], seconds: list[float]) -> dict:
             "quality": fit_quality(list(seconds), predicted, {"intercept": a, "slope": b})}
 
 
-def readable_bytes(n: float | None) -> str:
+def readable_bytes(n: float | None, digits: int = 3) -> str:
     """``4194304`` -> ``"4 MiB"``, ``538412`` -> ``"526 KiB"`` (powers of 1024, named so: the benchmark's
-    ``--sizes`` are binary; three significant digits); ``None`` -> ``"none"``."""
+    ``--sizes`` are binary; ``digits`` significant digits); ``None`` -> ``"none"``."""
     if n is None:
         return "none"
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
+            return f"{float(f'{n / size:.{digits}g}'):g} {unit}"
     return f"{int(round(n))} B"
 
 

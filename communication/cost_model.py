@@ -202,12 +202,13 @@ def crossover_prediction(p: int, fit: dict) -> dict:
         else:
             why = "beta is 0: the model has no bandwidth term for the ring to save"
         return {"bytes": None, "failed": False, "sentence": f"the model predicts no crossover: {why}"}
-    digits = ".3g" if fit["quality"]["quality"] == "good" else ".1g"  # a poor fit: an order of magnitude only
-    caveat = "" if digits == ".3g" else ", to one digit: from a poor fit only an order of magnitude"
+    digits = 3 if fit["quality"]["quality"] == "good" else 1  # a poor fit: an order of magnitude only
+    caveat = "" if digits == 3 else ", to one digit: from a poor fit only an order of magnitude"
+    sig = lambda v: f"{float(f'{v:.{digits}g}'):g}"  # noqa: E731
     return {"bytes": x, "failed": False,
             "sentence": f"the model predicts the ring faster than recursive doubling above "
-                        f"{readable_bytes(float(format(x, digits)))} (alpha = {fit['alpha'] * 1e6:{digits}} us per "
-                        f"step, 1/beta = {fit['bandwidth'] / 1e9:{digits}} GB/s; {fit['quality']['reason']}{caveat})"}
+                        f"{readable_bytes(x, digits)} (alpha = {sig(fit['alpha'] * 1e6)} us per step, "
+                        f"1/beta = {sig(fit['bandwidth'] / 1e9)} GB/s; {fit['quality']['reason']}{caveat})"}
 
 
 def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[float],
