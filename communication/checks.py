@@ -121,3 +121,70 @@ def check_small_message_choice(answer) -> bool:
     given = tuple(str(a).strip().lower() for a in answer) if isinstance(answer, (tuple, list)) else answer
     return report("the faster algorithm per link (NVLink, PCIe, InfiniBand)", given, small_message_choice(),
                   "compare 2(p-1) alpha + 2(p-1)/p n beta with log2(p) (alpha + n beta) on each link")
+
+
+
+# ---- notebooks/10_debugging_hangs.ipynb: the watchdog, the recorder's buffer, DETAIL, a straggler, a divergence ----
+
+def check_watchdog_abort(answer_s) -> bool:
+    """Exercise 2 of notebook 10: a process group made with ``timeout=timedelta(minutes=5)``; the ranks post an
+    all-reduce 3 s after 12:00:00, one rank never does. NCCL's watchdog aborts a collective that has not completed
+    within the group's timeout (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default tears the process down). How many seconds
+    after 12:00:00 do the waiting ranks abort?"""
+    return report("seconds after 12:00:00 at which the watchdog aborts", answer_s, 3 + 5 * 60,
+                  "the timeout counts from when the collective was posted, not from the start", rel=0)
+
+
+def check_flight_recorder_buffer(answer) -> bool:
+    """Exercise 3 of notebook 10: a run posts 150 operations per step (collectives and point-to-point together, over
+    all its groups). What is the smallest ``TORCH_FR_BUFFER_SIZE`` that keeps the last 20 steps in every dump?"""
+    return report("TORCH_FR_BUFFER_SIZE", answer, 150 * 20,
+                  "one ring buffer per process keeps the newest N operations of all its groups together", rel=0)
+
+
+DETAIL_CHOICES = {"a": "the same collective called on tensors of different shapes", "b": "one rank skips a collective",
+                  "c": "two ranks each receive before sending", "d": "a parameter left out of the gradient averaging"}
+
+
+def check_debug_detail(answer) -> bool:
+    """Exercise 4 of notebook 10: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` makes every rank exchange a fingerprint of each
+    collective (the operation, the tensors' shapes and dtypes) with the other ranks of the group before running it,
+    and raises when the fingerprints differ. Which of :data:`DETAIL_CHOICES` do the ranks reach with *different*
+    fingerprints (a letter)?"""
+    given = None if answer is None else (str(answer).strip().lower()[:1],)
+    return report("the bug DETAIL's fingerprints tell apart", given, ("a",),
+                  f"one of {sorted(DETAIL_CHOICES)}: ask of each whether every rank reaches the check, and whether "
+                  f"what each brings to it differs")
+
+
+def straggler_step(compute_ms: list[float], all_reduce_ms: float) -> dict:
+    """A data-parallel step whose ranks compute ``compute_ms`` each, then all-reduce for ``all_reduce_ms`` once every
+    rank has arrived: ``{"step_ms", "wait_ms": per rank, "waiting_share"}`` (the share of all ranks' time spent
+    waiting for the slowest)."""
+    slowest = max(compute_ms)
+    step = slowest + all_reduce_ms
+    wait = [slowest - c for c in compute_ms]
+    return {"step_ms": step, "wait_ms": wait, "waiting_share": sum(wait) / (len(compute_ms) * step)}
+
+
+def check_straggler_step(step_ms, rank0_wait_ms, waiting_share) -> bool:
+    """Exercise 5 of notebook 10: 4 data-parallel ranks compute 100, 100, 100 and 160 ms per step, then all-reduce for
+    5 ms. The step time, rank 0's wait in the all-reduce before it can start, and the share of the 4 ranks' time spent
+    waiting (:func:`straggler_step`)?"""
+    t = straggler_step([100, 100, 100, 160], 5)
+    ok = [report("step time (ms)", step_ms, t["step_ms"], "the all-reduce starts when the slowest rank arrives", rel=0),
+          report("rank 0's wait (ms)", rank0_wait_ms, t["wait_ms"][0], "the slowest rank's compute less rank 0's", rel=0),
+          report("share of all ranks' time spent waiting", waiting_share, t["waiting_share"],
+                 "the waits summed over the ranks, over 4 x the step time", rel=0.01)]
+    return all(ok)
+
+
+def check_silent_divergence(parameter, first_step) -> bool:
+    """Exercise 6 of notebook 10: ``communication.hang_workers.silent_divergence`` — which parameter's replicas
+    differ between the ranks, and after which step (counted from 1) do they first differ?"""
+    name = None if parameter is None else (str(parameter).strip().lower(),)
+    ok_p = report("the parameter that diverged", name, ("bias",),
+                  "'weight' or 'bias': the one whose largest difference between the ranks is not 0")
+    ok_s = report("the first step after which the replicas differ", first_step, 1,
+                  "the first optimizer step applies each rank's own, unaveraged gradient", rel=0)
+    return ok_p and ok_s
