@@ -5,10 +5,6 @@ recorder on
 (:func:`run_planted`), then read the dumps with :func:`communication.hang_lab.diagnose`. ``mystery_metrics``
 hides one more, for the notebook's exercise. Every operation names its group; the tensors are small host
 tensors (gloo), so the lab runs on a laptop. Workers take ``(rank, world_size, collective_timeout)``.
-
-Two failures that do not hang, launched without the recorder: :func:`straggler_steps` (one slow rank: the others
-wait inside every all-reduce) and :func:`silent_divergence` (a parameter left out of the gradient averaging: the
-replicas drift apart without a word).
 """
 from __future__ import annotations
 

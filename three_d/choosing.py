@@ -191,8 +191,7 @@ def replayed_steps(report: list[dict], key: tuple[int, int, int]) -> list[float]
     Raises:
         KeyError: no row of ``key`` in ``report``.
     """
-    from pipeline import one_f_one_b_actions
-    from pipeline.metrics import replay
+    from pipeline import one_f_one_b_actions, replay
     from three_d.mesh_arithmetic import coordinates
 
     dp, pp, tp = key
