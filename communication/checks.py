@@ -7,6 +7,7 @@ and, if not, a hint, and returns True or False. Answers within 1 % count as righ
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 from course.exercise_checks import report
@@ -151,7 +152,8 @@ def check_debug_detail(answer) -> bool:
     collective (the operation, the tensors' shapes and dtypes) with the other ranks of the group before running it,
     and raises when the fingerprints differ. Which of :data:`DETAIL_CHOICES` do the ranks reach with *different*
     fingerprints (a letter)?"""
-    given = None if answer is None else (str(answer).strip().lower()[:1],)
+    letter = re.search(r"[a-z]", str(answer).lower()) if answer is not None else None
+    given = None if answer is None else (letter.group(0) if letter else str(answer),)
     return report("the bug DETAIL's fingerprints tell apart", given, ("a",),
                   f"one of {sorted(DETAIL_CHOICES)}: ask of each whether every rank reaches the check, and whether "
                   f"what each brings to it differs")
