@@ -22,9 +22,11 @@ course prints in fixed forms (docs/architecture.md, "The benchmark harness"):
   cell marked with the exercise's number (``check_bubble(None)  # 3.``) whose cell printed the check's answer
   (:func:`course.exercise_checks.report`: ``...: right (...)`` or ``...: not yet (...)``);
 * **stderr** — no committed output is written to stderr (warnings and progress belong on stdout or nowhere);
-* **deterministic cells** — a cell tagged ``deterministic`` prints what the code computes the same on every run
-  and at every size (formulas, exactness checks, schedules): :func:`stale_values` compares its committed outputs
-  with a fresh execution's, number by number (a committed ``0.0`` where the code now gives ``2.4e-07`` is stale).
+* **deterministic cells** — a cell tagged ``deterministic`` prints what the code computes the same on every run,
+  at every size and on every CPU (formulas, schedules, counts of bytes — not a rounding-level difference from a
+  reference, whose exact value, zero or not, depends on the CPU's kernels): :func:`stale_values` compares its
+  committed outputs with a fresh execution's, number by number (a committed ``0.0`` where the code now gives
+  ``2.4e-07`` is stale).
   The test suite's notebook run (``conftest.py``) makes that comparison for every notebook it executes;
   ``--recompute`` makes it here.
 
