@@ -91,11 +91,11 @@ def leader_verdicts(seconds: dict, conditions=None) -> dict:
     tied = [k for k, v in verdicts.items() if v["verdict"] != "faster"]
     if not tied:
         closest = max(verdicts, key=lambda k: verdicts[k]["ratio"]["median"])  # leader / other nearest 1
-        sentence = (f"{name(leader)} (dp·pp·tp) is the fastest on this machine, faster than each of the other "
+        sentence = (f"{name(leader)} (dp·pp·tp) is the fastest, faster than each of the other "
                     f"{len(verdicts)}; the closest: {verdicts[closest]['sentence']}")
         fastest = leader
     else:
-        sentence = (f"no factorisation is measurably the fastest on this machine: {name(leader)} has the best median "
+        sentence = (f"no factorisation is measurably the fastest: {name(leader)} has the best median "
                     f"but is indistinguishable from {', '.join(name(k) for k in tied)} "
                     f"({verdicts[tied[0]]['sentence']})")
         fastest = None
