@@ -108,12 +108,19 @@ class NotebookFile(pytest.File):
 
 class NotebookItem(pytest.Item):
     """Runs the notebook in a Jupyter kernel (:func:`course.notebook_run.execute`, nbclient); fails with the
-    failing cell's source and error."""
+    failing cell's source and error, or when a cell tagged ``deterministic`` no longer prints its committed
+    numbers (:func:`project.tools.check_notebooks.stale_values`)."""
 
     def runtest(self):
-        from course.notebook_run import execute
+        import json
 
-        execute(self.path, timeout=NOTEBOOK_TIMEOUT_S)
+        from course.notebook_run import execute
+        from project.tools.check_notebooks import stale_values
+
+        fresh = execute(self.path, timeout=NOTEBOOK_TIMEOUT_S)
+        # cells tagged "deterministic" must print what their committed outputs say (project/tools/check_notebooks.py)
+        stale = stale_values(json.loads(self.path.read_text(encoding="utf-8")), fresh, self.path.name)
+        assert not stale, "\n".join(map(str, stale))
 
     def repr_failure(self, excinfo):
         from nbclient.exceptions import CellExecutionError, CellTimeoutError

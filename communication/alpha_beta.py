@@ -66,25 +66,26 @@ def fit_line(sizes_bytes: list[float], seconds: list[float]) -> dict:
             "quality": fit_quality(list(seconds), predicted, {"intercept": a, "slope": b})}
 
 
-def readable_bytes(n: float | None) -> str:
-    """``4194304`` -> ``"4 MB"``, ``538412`` -> ``"526 KB"`` (KB, MB, GB are powers of 1024, as the benchmark's
-    ``--sizes`` reads them; three significant digits); ``None`` -> ``"none"``."""
+def readable_bytes(n: float | None, digits: int = 3) -> str:
+    """``4194304`` -> ``"4 MiB"``, ``538412`` -> ``"526 KiB"`` (powers of 1024, named so: the benchmark's
+    ``--sizes`` are binary; ``digits`` significant digits); ``None`` -> ``"none"``."""
     if n is None:
         return "none"
-    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
+            return f"{float(f'{n / size:.{digits}g}'):g} {unit}"
     return f"{int(round(n))} B"
 
 
 def measured_crossover(sizes_bytes: list[float], seconds_a: list[list[float]], seconds_b: list[list[float]],
-                       names: tuple[str, str] = ("a", "b")) -> dict:
+                       names: tuple[str, str] = ("a", "b"), conditions=None) -> dict:
     """Where ``a`` starts to beat ``b``, from computed verdicts (:func:`course.benchmarking.compare`) of their
     side-by-side repeats at each measured size — never from medians alone.
 
     Args:
         sizes_bytes: the message sizes. seconds_a, seconds_b: per size, the per-repeat seconds of each
-        (repeat k of both in the same round; at least three).
+        (repeat k of both in the same round; at least three, seven for a verdict that can separate them).
+        conditions: the measurement's machine record or conditions word, printed in every verdict.
 
     Returns:
         ``{"bytes", "kind", "verdicts": [compare(a, b) per size, ascending], "sentence"}``: ``kind`` is
@@ -102,7 +103,7 @@ def measured_crossover(sizes_bytes: list[float], seconds_a: list[list[float]], s
         raise ValueError("measured_crossover needs per-repeat times of both at every size")
     order = sorted(range(len(sizes_bytes)), key=lambda i: sizes_bytes[i])
     sizes = [sizes_bytes[i] for i in order]
-    verdicts = [compare(list(seconds_a[i]), list(seconds_b[i]), names) for i in order]
+    verdicts = [compare(list(seconds_a[i]), list(seconds_b[i]), names, conditions=conditions) for i in order]
     k = len(sizes)
     while k > 0 and verdicts[k - 1]["verdict"] == "faster":
         k -= 1

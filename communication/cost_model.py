@@ -181,7 +181,8 @@ def predicted_crossover(p: int, alpha: float, beta: float) -> float | None:
 
 def crossover_prediction(p: int, fit: dict) -> dict:
     """The model's ring/recursive-doubling crossover on ``p`` ranks from a fit (:func:`fit_allreduce_model`),
-    as a value and a sentence that agree: ``{"bytes": float | None, "failed": bool, "sentence"}``.
+    as a value and a sentence that agree: ``{"bytes": float | None, "failed": bool, "sentence"}``. From a fit that is
+    not good the sentence gives its figures to one significant digit and says why (an order of magnitude only).
 
     ``bytes`` is None, with the reason in ``sentence``, when the fit failed (a coefficient came out negative:
     nothing is predicted from it) or when the model's lines do not cross (:func:`predicted_crossover`: p = 2,
@@ -201,10 +202,13 @@ def crossover_prediction(p: int, fit: dict) -> dict:
         else:
             why = "beta is 0: the model has no bandwidth term for the ring to save"
         return {"bytes": None, "failed": False, "sentence": f"the model predicts no crossover: {why}"}
+    digits = 3 if fit["quality"]["quality"] == "good" else 1  # a poor fit: an order of magnitude only
+    caveat = "" if digits == 3 else ", to one digit: from a poor fit only an order of magnitude"
+    sig = lambda v: f"{float(f'{v:.{digits}g}'):g}"  # noqa: E731
     return {"bytes": x, "failed": False,
-            "sentence": f"the model predicts the ring faster than recursive doubling above {readable_bytes(x)} "
-                        f"(alpha = {fit['alpha'] * 1e6:.3g} us per step, 1/beta = {fit['bandwidth'] / 1e9:.3g} GB/s; "
-                        f"{fit['quality']['reason']})"}
+            "sentence": f"the model predicts the ring faster than recursive doubling above "
+                        f"{readable_bytes(x, digits)} (alpha = {sig(fit['alpha'] * 1e6)} us per step, "
+                        f"1/beta = {sig(fit['bandwidth'] / 1e9)} GB/s; {fit['quality']['reason']}{caveat})"}
 
 
 def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[float],
@@ -218,8 +222,9 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
     never faster; at most the smallest when it always was; no crossover when the ring was never faster),
     ``disagrees`` otherwise, and ``cannot say`` when nothing was predicted from a failed fit, nothing was
     measured, or the measurement's ``conditions`` (:func:`course.benchmarking.conditions`) were
-    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's);
-    a ``loaded`` measurement's answer says so in its sentence.
+    ``oversubscribed`` (more busy ranks than cores: the times hold the scheduler's delays, not the link's), or
+    the ring was never faster only because the largest size's verdict is ``indistinguishable`` (an agreement
+    would rest on no evidence); a ``loaded`` measurement's answer says so in its sentence.
 
     Returns:
         ``{"answer": "agrees" | "disagrees" | "cannot say", "sentence"}``.
@@ -234,6 +239,12 @@ def crossover_agreement(model: dict, measured: dict | None, sizes_bytes: list[fl
         return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: "
                                                     + model["sentence"]}
     sizes, x, kind = sorted(sizes_bytes), model["bytes"], measured["kind"]
+    last = (measured.get("verdicts") or [{}])[-1].get("verdict")
+    if kind == "never" and last == "indistinguishable":
+        return {"answer": "cannot say", "sentence": "cannot say whether the model predicts the crossover: at the "
+                                                    f"largest size, {readable_bytes(sizes[-1])}, the two were "
+                                                    "indistinguishable, so the measurement neither shows the ring "
+                                                    "slower there nor a crossover"}
     if x is None:
         ok = kind == "never"
     elif kind == "never":
@@ -380,7 +391,7 @@ def fit_benchmark(allreduce_report: dict, p: int) -> dict:
                                             clamped=(fit["clamped"],) if fit["clamped"] else ())
     out["crossover_model"] = crossover_prediction(p, fit)
     out["crossover_measured"] = measured_crossover(sizes, out["algorithms"]["ring"]["all"], rd["all"],
-                                                   ("ring", "recursive doubling"))
+                                                   ("ring", "recursive doubling"), out["machine"])
     out["crossover_agreement"] = crossover_agreement(out["crossover_model"], out["crossover_measured"], sizes,
                                                      (out["machine"] or {}).get("conditions"))
     return out

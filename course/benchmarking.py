@@ -12,12 +12,18 @@ measures the same way (docs/architecture.md, "The benchmark harness"):
   :data:`MIN_REPEATS` repeats; a comparison is a ratio taken per repeat, side by side (:func:`ratios`);
 * **the machine** — :func:`machine`: cores, CPU model, device, torch and Python versions, the load
   average when the benchmark started and the ranks it keeps busy; :func:`finish` adds the load average after
-  and the run's conditions (:func:`conditions`: ``quiet``, ``loaded`` or ``oversubscribed``);
-* **verdicts** — :func:`compare` turns two variants' side-by-side repeats into a computed verdict
-  (``faster``, ``slower`` or ``indistinguishable``: ranges that overlap, or a bootstrap interval of the
-  ratio that holds 1) and a sentence that says it; :func:`fit_quality` says whether a fit held (residuals;
-  a coefficient that came out negative or was clamped means it failed). Prose and plot titles print these,
-  never a winner of their own;
+  and the run's conditions (:func:`conditions`: ``quiet`` only when the busy ranks and the other processes'
+  runnable threads fit the cores at the start and at the end; else ``loaded`` or ``oversubscribed``);
+* **verdicts** — :func:`compare` turns two variants' side-by-side repeats into a computed verdict from
+  their **paired** per-repeat ratios (``faster`` or ``slower`` when an exact sign test of the ratios against 1
+  rejects at the stated confidence, else ``indistinguishable``; two ranges that overlap decide nothing by
+  themselves) and a ``verdict:`` line that says it with its numbers and the run's conditions
+  (``project/tools/check_notebooks.py`` reads those lines back); :func:`fit_quality` says whether a fit held
+  (residuals; a coefficient that came out negative or was clamped means it failed). Prose and plot titles
+  print these, never a winner of their own;
+* **rates** — :func:`machine_peak_flops` measures the matrix-product rate this machine reaches, and
+  :func:`check_rate` refuses a compute rate above it (a rate measured per rank, times the ranks that ran at
+  once, cannot exceed what the whole machine does);
 * **JSON** — :func:`write_report` writes ``{"machine", "config", ...results}`` atomically;
 * **the command line** — :func:`parser` gives every benchmark the same options for the same thing
   (``--device``, ``--repeats``, ``--warmup``, ``--out``, ``--timeout``, ``--steps``); the options a run also has
@@ -43,6 +49,10 @@ import torch
 from course.measure import now, timer_name
 
 MIN_REPEATS = 3  # a median and a spread need three points
+CONFIDENCE = 0.95  # of every verdict: an exact two-sided sign test at 1 - CONFIDENCE
+# others_running is the mean of five readings of the kernel's runnable count: below half a thread, most readings
+# saw no other runnable thread. A busy rank and a thread of another process on the same core share it.
+SAMPLING_SLACK = 0.5
 
 
 # ---- statistics -----------------------------------------------------------------------------------
@@ -204,47 +214,143 @@ def conditions(info: dict) -> str:
 
     * ``oversubscribed`` — more busy ranks than usable cores (``busy_ranks > usable_cores``): ranks take turns
       on the cores, so every wait, bubble and overlap includes the others' compute;
-    * ``loaded`` — other processes kept more than half the cores busy: the threads of other processes runnable
-      before or after the measurement (:func:`others_running`, ``others_running`` and ``others_running_after``)
-      number more than ``usable_cores / 2``. Records without those readings fall back on the 1-minute load
-      average before the measurement, or after it less the measurement's own ``busy_ranks`` — which lags, so it
-      also holds the caller's own work of the last minute;
-    * ``quiet`` — neither.
+    * ``loaded`` — the run's busy ranks and the other processes' runnable threads did not fit the cores at the
+      start or at the end: ``busy_ranks + others > usable_cores`` for ``others_running`` (before the ranks
+      started) or ``others_running_after`` (:func:`others_running`, a mean of five readings; half a thread of
+      slack, :data:`SAMPLING_SLACK`, for a reading that caught a passing thread). Records without those readings
+      fall back on the 1-minute load average before the measurement, or after it less the measurement's own
+      ``busy_ranks`` — which lags, so it also holds the caller's own work of the last minute;
+    * ``quiet`` — neither: every busy rank had a core of its own, at the start and at the end.
 
-    Devices other than the CPU (a GPU per rank) are not shared by the ranks, so only other load counts there.
+    Devices other than the CPU (a GPU per rank) are not shared by the ranks, so their ranks take no core and
+    only other load counts there.
     """
     cores = max(1, int(info.get("usable_cores") or info.get("cores") or 1))
     busy = int(info.get("busy_ranks") or 0)
     on_cpu = str(info.get("device", "cpu")).startswith("cpu")
     if on_cpu and busy > cores:
         return "oversubscribed"
-    sampled = [info[k] for k in ("others_running", "others_running_after") if info.get(k) is not None]
-    if sampled:
-        return "loaded" if max(sampled) > cores / 2 else "quiet"
-    others = []
-    if info.get("load_average"):
-        others.append(info["load_average"][0])
-    if info.get("load_average_after"):
-        # The 1-minute average lags: after a run of a few seconds it holds part of the run's own load.
-        others.append(info["load_average_after"][0] - (busy if on_cpu else 0))
-    if others and max(others) > cores / 2:
+    need = busy if on_cpu else 0
+    others = others_readings(info)
+    if not others:
+        if info.get("load_average"):
+            others.append(info["load_average"][0])
+        if info.get("load_average_after"):
+            # The 1-minute average lags: after a run of a few seconds it holds part of the run's own load.
+            others.append(info["load_average_after"][0] - need)
+    if others and need + max(others) > cores + SAMPLING_SLACK:
         return "loaded"
     return "quiet"
 
 
+def others_readings(info: dict) -> list[float]:
+    """The other processes' runnable threads recorded in ``info``: ``others_running`` (at the start) and
+    ``others_running_after`` (at the end), those present."""
+    return [float(info[k]) for k in ("others_running", "others_running_after") if info.get(k) is not None]
+
+
+def conditions_clause(info: dict) -> str:
+    """``"conditions: quiet (2 busy ranks + 0.0 other runnable threads at the start, 0.2 at the end, on 2 cores)"``:
+    the conditions with the numbers they were decided from — the form every machine line and every verdict
+    prints, and ``project/tools/check_notebooks.py`` reads back to check that the word follows from the numbers."""
+    found = info.get("conditions") or conditions(info)
+    cores = int(info.get("usable_cores") or info.get("cores") or 1)
+    on_cpu = str(info.get("device", "cpu")).startswith("cpu")
+    busy = int(info.get("busy_ranks") or 0) if on_cpu else 0
+    start, end = info.get("others_running"), info.get("others_running_after")
+    if start is None and end is None:
+        return f"conditions: {found}"
+    when = ", ".join(f"{v:.1f}{' other runnable threads' if i == 0 else ''} at the {w}" for i, (v, w) in
+                     enumerate((v, w) for v, w in ((start, "start"), (end, "end")) if v is not None))
+    return f"conditions: {found} ({busy} busy ranks + {when}, on {cores} cores)"
+
+
 def describe(info: dict) -> str:
-    """One line for a printed table: cores, CPU, device, load, busy ranks and the conditions."""
+    """One line for a printed table: cores, CPU, device, load, busy ranks and the conditions
+    (:func:`conditions_clause`)."""
     load = info.get("load_average")
     loaded = f"; load average {load[0]:.1f} at the start" if load else ""
     after = info.get("load_average_after")
     loaded += f", {after[0]:.1f} after" if after else ""
-    sampled = [info[k] for k in ("others_running", "others_running_after") if info.get(k) is not None]
-    loaded += f"; other processes' runnable threads {max(sampled):.1f}" if sampled else ""
     busy = f"; {info['busy_ranks']} busy ranks ({info['ranks_per_core']:g} per core)" if "busy_ranks" in info else ""
-    cond = f"; conditions: {info['conditions']}" if "conditions" in info else ""
     gpu = f" ({info['gpu']['count']} x {info['gpu']['name']})" if info.get("gpu") else ""
     return (f"{info['cores']} cores ({info['cpu_model']}), device {info['device']}{gpu}, torch {info['torch']}, "
-            f"timer {info['timer']}{loaded}{busy}{cond}")
+            f"timer {info['timer']}{loaded}{busy}; {conditions_clause(info)}")
+
+
+# ---- rates ----------------------------------------------------------------------------------------------
+
+RATE_SLACK = 1.10  # a rate may exceed the measured peak by this factor before it is refused (timer noise)
+_PEAKS: dict = {}
+
+
+def peak_flops(threads: int | None = None, n: int = 512, repeats: int = 5, clock: str = "wall") -> float:
+    """The fp32 matrix-product rate (FLOP/s) this process reaches with ``threads`` intra-op threads (None: all
+    of torch's): the best of ``repeats`` timings of ``(n, n) x (n, n)`` products, each timing at least 0.1 s.
+    With every usable core's thread it is this machine's peak: no set of processes on it computes faster
+    together. ``clock``: ``"wall"`` (the wall clock: what the product takes here and now, other work included) or
+    ``"cpu"`` (this process's CPU seconds, :func:`course.measure.cpu_seconds`: with one thread, the rate of a core
+    while it runs the product, whatever else waits for it — the peak of a replay made of CPU seconds). Measured once
+    per process, thread count and clock.
+
+    Raises:
+        ValueError: an unknown clock.
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', not {clock!r}")
+    key = (threads, n, clock)
+    if key in _PEAKS:
+        return _PEAKS[key]
+    from course.measure import cpu_seconds
+
+    read = time.perf_counter if clock == "wall" else cpu_seconds
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b  # warm-up
+        calls, best = 1, 0.0
+        for _ in range(repeats):
+            start = read()
+            for _ in range(calls):
+                a @ b
+            seconds = read() - start
+            if seconds < 0.1:
+                calls *= max(2, int(0.1 / max(seconds, 1e-6)))
+                continue
+            best = max(best, 2.0 * n ** 3 * calls / seconds)
+        if best == 0.0:
+            best = 2.0 * n ** 3 * calls / max(seconds, 1e-9)
+    finally:
+        torch.set_num_threads(before)
+    _PEAKS[key] = best
+    return best
+
+
+def machine_peak_flops() -> float:
+    """This machine's fp32 matrix-product peak (FLOP/s): the larger of one process with every thread
+    (:func:`peak_flops`) and the usable cores times one thread's rate — what the cores reach each running a
+    product of their own (the measure that holds when other work makes a multi-threaded product wait for its
+    slowest thread)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(peak_flops(None), usable * peak_flops(1))
+
+
+def check_rate(rate: float, peak: float, what: str, ranks: int = 1) -> float:
+    """Refuse a compute rate the machine cannot reach: ``ranks`` processes that ran at once, each at ``rate``
+    FLOP/s, against the machine's measured ``peak`` (:func:`machine_peak_flops`). Returns ``rate``.
+
+    Raises:
+        ValueError: ``ranks * rate`` above ``peak`` times :data:`RATE_SLACK`, naming ``what`` was measured: a
+            rate timed on a rank that had the cores to itself while the others waited (their turns on the
+            cores) is not a rate of ``ranks`` ranks at once.
+    """
+    if ranks * rate > peak * RATE_SLACK:
+        raise ValueError(f"{what}: {ranks} ranks x {rate / 1e9:.3g} GFLOP/s = {ranks * rate / 1e9:.3g} GFLOP/s, above "
+                         f"this machine's measured peak of {peak / 1e9:.3g} GFLOP/s: the rate was timed while the "
+                         f"other ranks were not running (time the slowest rank of all of them at once)")
+    return rate
 
 
 # ---- verdicts -----------------------------------------------------------------------------------------
@@ -260,20 +366,51 @@ def _bootstrap_median_interval(values: list[float], confidence: float, resamples
     return lo, hi
 
 
+def sign_test_p(below: int, above: int) -> float:
+    """Two-sided p-value of the exact sign test: the chance, were each paired ratio as likely below 1 as above
+    it, of a split at least as lopsided as ``below`` : ``above`` (ties left out). 1.0 without a ratio."""
+    n = below + above
+    if n == 0:
+        return 1.0
+    k = max(below, above)
+    tail = sum(math.comb(n, j) for j in range(k, n + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def repeats_for_verdict(confidence: float = CONFIDENCE) -> int:
+    """The fewest side-by-side repeats that can give a verdict at ``confidence``: all of them one way must
+    reject the sign test (6 at 95 %; the notebooks take 7 or more, so that 7 of 7 one way is significant)."""
+    n = 1
+    while sign_test_p(n, 0) >= 1 - confidence:
+        n += 1
+    return n
+
+
 def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"), *, lower_is_better: bool = True,
-            unit: str = "s", confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+            unit: str = "s", confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0,
+            conditions: str | None = None) -> dict:
     """The verdict on two variants measured side by side (repeat k of each in the same round of
-    :func:`interleaved`): is ``a`` faster, slower, or indistinguishable from ``b``?
+    :func:`interleaved`, or replayed from the same repeat's costs): is ``a`` faster, slower, or
+    indistinguishable from ``b``?
 
     ``a`` and ``b`` are per-repeat measurements (seconds when ``lower_is_better``; a rate such as tokens/s
-    otherwise). The verdict is ``indistinguishable`` when the two ranges (min–max) overlap **or** the
-    ``confidence`` bootstrap interval of the median per-repeat ratio ``a / b`` holds 1; otherwise ``faster``
-    or ``slower`` (of ``a`` against ``b``). Nothing else decides a winner.
+    otherwise). The verdict comes from the **paired** ratios ``a_k / b_k`` alone: an exact two-sided sign test
+    (:func:`sign_test_p`) of how many lie below 1 and how many above. When it rejects at ``1 - confidence`` the
+    verdict is ``faster`` or ``slower`` (of ``a`` against ``b``, by the side most ratios lie on), otherwise
+    ``indistinguishable``; with fewer than :func:`repeats_for_verdict` repeats no split can reject, and the
+    sentence says so. Whether the two min–max ranges overlap is reported (``overlap``) but decides nothing:
+    seven paired ratios all below 1 show ``a`` faster even when a slow round of ``a`` lasted longer than a
+    fast round of ``b``. ``interval`` is the ``confidence`` bootstrap interval of the median ratio (its size).
+
+    ``conditions``: the run's (:func:`conditions`, or ``"replayed"`` for times replayed from measured costs),
+    printed in the sentence.
 
     Returns:
-        ``{"verdict", "ratio" (summarise of a/b per repeat), "interval" ([lo, hi] of the median ratio),
-        "overlap" (bool), "a", "b" (summarise of each), "names", "sentence"}`` — ``sentence`` states the
-        verdict with its numbers, for prose and plot titles.
+        ``{"verdict", "ratio" (summarise of a/b per repeat), "sign" ({"below", "above", "ties", "p"}),
+        "confidence", "interval" ([lo, hi] bootstrap interval of the median ratio), "overlap" (bool), "a", "b"
+        (summarise of each), "names", "unit", "lower_is_better", "conditions", "sentence"}`` — ``sentence`` is
+        one ``verdict: ...`` line with its numbers, for prose and plot titles, in the form
+        ``project/tools/check_notebooks.py`` reads back.
 
     Raises:
         ValueError: fewer than :data:`MIN_REPEATS` repeats, or lists of different lengths (not side by side).
@@ -284,23 +421,44 @@ def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"),
         raise ValueError(f"a verdict needs >= {MIN_REPEATS} side-by-side repeats, not {len(a)}")
     sa, sb = summarise(a), summarise(b)
     r = ratios(a, b)
+    below = sum(x < 1.0 for x in r["all"])
+    above = sum(x > 1.0 for x in r["all"])
+    p = sign_test_p(below, above)
     lo, hi = _bootstrap_median_interval(r["all"], confidence, resamples, seed)
     overlap = not apart(sa, sb)
-    if overlap or lo <= 1.0 <= hi:
-        verdict = "indistinguishable"
-    else:
-        a_better = (r["median"] < 1.0) == lower_is_better
+    alpha = 1 - confidence
+    if p < alpha:
+        a_better = (below > above) == lower_is_better
         verdict = "faster" if a_better else "slower"
+    else:
+        verdict = "indistinguishable"
     name_a, name_b = names
-    spread = f"ratio {name_a}/{name_b} {r['median']:.3g} (min–max {r['min']:.3g}–{r['max']:.3g} over {r['n']} repeats)"
+    better = "lower" if lower_is_better else "higher"
+    test = (f"{below} of {r['n']} repeats below 1, {above} above: sign test p = {p:.2g} "
+            f"{'<' if p < alpha else '>='} {alpha:.2g}")
+    if r["n"] < repeats_for_verdict(confidence):
+        test += f" (too few repeats: {repeats_for_verdict(confidence)} all one way are the fewest that can reject)"
+    tail = (f"(median ratio {name_a}/{name_b} {r['median']:.3g}, per repeat {r['min']:.3g}–{r['max']:.3g}; {test}; "
+            f"{unit}, {better} is better; " + (conditions_word(conditions) if conditions else "conditions: not given")
+            + ")")
     if verdict == "indistinguishable":
-        why = "the ranges overlap" if overlap else f"the {confidence:.0%} interval of the ratio holds 1"
-        sentence = f"{name_a} and {name_b} are indistinguishable on this machine ({why}; {spread})"
+        sentence = f"verdict: {name_a} and {name_b} are indistinguishable {tail}"
     else:
         factor = r["median"] if r["median"] >= 1 else 1 / r["median"]
-        sentence = f"{name_a} is {verdict} than {name_b}: {factor:.3g}x ({spread})"
-    return {"verdict": verdict, "ratio": r, "interval": [lo, hi], "overlap": overlap, "a": sa, "b": sb,
-            "names": list(names), "unit": unit, "sentence": sentence}
+        sentence = f"verdict: {name_a} is {verdict} than {name_b}, {factor:.3g}x {tail}"
+    return {"verdict": verdict, "ratio": r, "sign": {"below": below, "above": above, "ties": r["n"] - below - above,
+                                                     "p": p},
+            "confidence": confidence, "interval": [lo, hi], "overlap": overlap, "a": sa, "b": sb,
+            "names": list(names), "unit": unit, "lower_is_better": lower_is_better, "conditions": conditions,
+            "sentence": sentence}
+
+
+def conditions_word(found) -> str:
+    """A verdict's conditions: a :func:`machine` record (its :func:`conditions_clause`) or a word (``quiet``,
+    ``loaded``, ``oversubscribed``, ``replayed ...``)."""
+    if isinstance(found, dict):
+        return conditions_clause(found)
+    return f"conditions: {found}"
 
 
 def fit_quality(measured: list[float], predicted: list[float], coefficients: dict[str, float],

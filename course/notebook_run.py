@@ -51,15 +51,20 @@ def describe() -> str:
     return "full run: the sizes of the committed outputs"
 
 
-def machine_record(device=None) -> dict:
+def machine_record(device=None, busy_ranks: int | None = None) -> dict:
     """The machine a notebook runs on, taken before it starts any rank: :func:`course.benchmarking.machine`
     (cores, CPU, device, torch, the load average and the other processes' runnable threads), its ``conditions``
-    (:func:`course.benchmarking.conditions`: ``quiet`` or ``loaded``; the notebook's own ranks have not started,
-    so nothing is subtracted) and ``date`` (UTC, to the minute). ``device``: ``None`` for the CPU, ``"cuda"``
-    to name the GPUs too."""
+    (:func:`course.benchmarking.conditions`) for ``busy_ranks`` — the most ranks the notebook's wall-clock
+    timings keep busy at once, by default every usable core: ``quiet`` only when they and the other processes'
+    runnable threads fit the cores — and ``date`` (UTC, to the minute). ``device``: ``None`` for the CPU,
+    ``"cuda"`` to name the GPUs too."""
     from course.benchmarking import conditions, machine
 
     info = machine(device)
+    if busy_ranks is None:
+        busy_ranks = info["usable_cores"] if str(info["device"]).startswith("cpu") else 0
+    info["busy_ranks"] = int(busy_ranks)
+    info["ranks_per_core"] = round(int(busy_ranks) / max(1, info["usable_cores"]), 3)
     info["conditions"] = conditions(info)
     info["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return info
@@ -74,17 +79,25 @@ def machine_line(info: dict, checked_by: str | None = None) -> str:
     return f"machine: {describe_machine(info)}; {info['date']} ({taken})"
 
 
-def print_machine() -> None:
+def print_machine(busy_ranks: int | None = None) -> None:
     """Print the machine this notebook runs on (:func:`machine_line`): the record ``project/tools/execute_notebooks.py``
-    made before the run (environment variable ``LLMSYS_NOTEBOOK_MACHINE``), else one measured now. Called at the
-    end of every notebook's first code cell, so that it is the notebook's first output."""
+    made before the run (environment variable ``LLMSYS_NOTEBOOK_MACHINE``), else one measured now, for
+    ``busy_ranks`` (:func:`machine_record`). Called at the end of every notebook's first code cell, so that it is
+    the notebook's first output."""
     given = os.environ.get(MACHINE_ENV)
     if given:
-        print(machine_line(json.loads(given), checked_by="project/tools/execute_notebooks.py"))
+        info = json.loads(given)
+        if busy_ranks is not None and info.get("busy_ranks") != busy_ranks:
+            from course.benchmarking import conditions
+
+            info["busy_ranks"] = int(busy_ranks)
+            info["ranks_per_core"] = round(int(busy_ranks) / max(1, info.get("usable_cores") or 1), 3)
+            info["conditions"] = conditions(info)
+        print(machine_line(info, checked_by="project/tools/execute_notebooks.py"))
         return
     import torch
 
-    print(machine_line(machine_record("cuda" if torch.cuda.is_available() else None)))
+    print(machine_line(machine_record("cuda" if torch.cuda.is_available() else None, busy_ranks)))
 
 
 def execute(path: str | os.PathLike, timeout: float = 900.0):

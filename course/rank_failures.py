@@ -128,8 +128,8 @@ def failure_report(procs, results, outputs: dict, stack_dir, errors: dict, death
                 f"rank {rank} raised")
     elif waited:
         head = (f"ranks {sorted([rank, *waited])} all timed out waiting, each for a peer that was "
-                f"waiting too: a deadlock (e.g. every rank receives before it sends); rank {rank} "
-                f"raised")
+                f"waiting too: a deadlock, operations that do not match (crossed sends and receives, a "
+                f"collective posted on another group; the flight recorder's dumps say which); rank {rank} raised")
     elif outputs:  # the peers it waited for had returned: they skipped the collective
         head = (f"rank(s) {sorted(outputs)} had already returned when rank {rank} timed out waiting "
                 f"in a collective (or lost its peer in it): they never posted it; rank {rank} raised")

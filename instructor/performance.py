@@ -126,7 +126,8 @@ def judge(key: PerfKey, mine: list[float] | None = None, theirs: list[float] | N
     if key.timed:
         if mine is None or theirs is None:
             raise ValueError(f"{key.name} is timed: give the per-repeat values of both variants")
-        c = compare(list(mine), list(theirs), ("yours", "library"), lower_is_better=not key.at_least)
+        c = compare(list(mine), list(theirs), ("yours", "library"), lower_is_better=not key.at_least,
+                    conditions=conditions)
         r = c["ratio"]
         out.update(ratio=r["median"], interval=list(c["interval"]), spread=[r["min"], r["max"]], repeats=r["n"],
                    sentence=c["sentence"])

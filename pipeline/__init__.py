@@ -25,7 +25,7 @@ See notebooks/02_pipeline_parallel.ipynb.
 """
 from course.environment import torch_installed
 from pipeline.clock_cycles import clock_cycles
-from pipeline.metrics import bubble_fraction, peak_in_flight
+from pipeline.metrics import bubble_fraction, peak_in_flight, replay
 from pipeline.schedules import (SCHEDULES, Schedule, all_actions, dualpipev_actions, flatten_pairs, get_schedule,
                                 gpipe_actions, interleaved_1f1b_actions, one_f_one_b_actions, rank_of, schedule_actions,
                                 stage_of, zb_h1_actions, zbv_actions)
@@ -40,5 +40,5 @@ if torch_installed():  # without torch (modal run on a laptop) only the schedule
 __all__ = ["Pipe", "WithDevice", "clock_cycles", "split_module", "gpipe_actions", "interleaved_1f1b_actions",
            "one_f_one_b_actions", "zb_h1_actions", "zbv_actions", "dualpipev_actions", "stage_of", "rank_of",
            "flatten_pairs", "SCHEDULES", "Schedule", "get_schedule", "schedule_actions",
-           "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "StageRunner",
+           "all_actions", "gpt2_balance", "bubble_fraction", "peak_in_flight", "replay", "StageRunner",
            "StepResult", "pipeline_step", "gather_stages"]

@@ -6,6 +6,8 @@ orders with :func:`compare_rankings`; :func:`leader_verdicts` says whether the f
 median is measurably faster than every other (:func:`course.benchmarking.compare`), the only way the notebook
 names a fastest one. :func:`mfu` is the field's model FLOPs utilisation, :func:`matmul_rate` the peak it divides
 by, measured under the run's own concurrency, and :data:`PUBLISHED` the figures papers report for large GPU runs.
+:func:`replayed_steps` gives the step time of a factorisation on a machine with a core per rank from the costs its
+ranks measured (when the run had more ranks than cores, its wall clock is no measure of the factorisation).
 """
 from __future__ import annotations
 
@@ -63,12 +65,13 @@ def mfu(model_flops_per_step: float, step_s: float, n_devices: int, peak_flops: 
     return model_flops_per_step / (step_s * n_devices * peak_flops)
 
 
-def leader_verdicts(seconds: dict) -> dict:
+def leader_verdicts(seconds: dict, conditions=None) -> dict:
     """Is the factorisation with the smallest median step measurably the fastest?
 
     ``seconds`` is ``{(dp, pp, tp): [seconds per step, one per repeat]}``, measured side by side (repeat k of
     every factorisation in the same round, :func:`course.benchmarking.interleaved`). The *leader* is the key
-    with the smallest median; it is compared with every other by :func:`course.benchmarking.compare`.
+    with the smallest median; it is compared with every other by :func:`course.benchmarking.compare` (its paired
+    sign test), each verdict printed with ``conditions`` (a machine record, or ``"replayed ..."``).
 
     Returns:
         ``{"leader", "verdicts" ({other key: compare's dict of leader against it}), "fastest" (the leader when
@@ -83,15 +86,16 @@ def leader_verdicts(seconds: dict) -> dict:
         raise ValueError(f"a fastest factorisation needs at least two to compare, not {len(seconds)}")
     name = lambda k: "·".join(map(str, k))
     leader = min(seconds, key=lambda k: statistics.median(seconds[k]))
-    verdicts = {k: compare(seconds[leader], v, (name(leader), name(k))) for k, v in seconds.items() if k != leader}
+    verdicts = {k: compare(seconds[leader], v, (name(leader), name(k)), conditions=conditions)
+                for k, v in seconds.items() if k != leader}
     tied = [k for k, v in verdicts.items() if v["verdict"] != "faster"]
     if not tied:
         closest = max(verdicts, key=lambda k: verdicts[k]["ratio"]["median"])  # leader / other nearest 1
-        sentence = (f"{name(leader)} (dp·pp·tp) is the fastest on this machine, faster than each of the other "
+        sentence = (f"{name(leader)} (dp·pp·tp) is the fastest, faster than each of the other "
                     f"{len(verdicts)}; the closest: {verdicts[closest]['sentence']}")
         fastest = leader
     else:
-        sentence = (f"no factorisation is measurably the fastest on this machine: {name(leader)} has the best median "
+        sentence = (f"no factorisation is measurably the fastest: {name(leader)} has the best median "
                     f"but is indistinguishable from {', '.join(name(k) for k in tied)} "
                     f"({verdicts[tied[0]]['sentence']})")
         fastest = None
@@ -170,3 +174,38 @@ PUBLISHED = [
     {"run": "GPT-3 175B, V100 (as PaLM estimates it)", "utilisation": 0.213, "counted": "model FLOPs (MFU)",
      "source": "Chowdhery et al. 2022, Table 3"},
 ]
+
+
+REPLAYED = "replayed (each rank's CPU seconds per action on a core of its own; messages at their CPU cost)"
+
+
+def replayed_steps(report: list[dict], key: tuple[int, int, int]) -> list[float]:
+    """Seconds per step of the factorisation ``key`` = ``(dp, pp, tp)``, one per repeat, *replayed* from its ranks'
+    costs (:func:`three_d.factorisation_benchmark.benchmark_worker`'s ``costs``: per rank, the CPU seconds of each
+    action of its 1F1B list and of the rest of the step): the schedule laid out on a device per rank
+    (:func:`pipeline.metrics.replay`), each stage's action taking the longest of its ranks' costs (the tp ranks of a
+    stage wait for each other in every all-reduce, the dp ranks run the same work), then the rest of the step on the
+    slowest rank. A process's CPU seconds leave out its waits for a core and for its peers, so this is the step on a
+    machine with a core per rank where a message costs its CPU work (copies, system calls) and no wire time.
+
+    Raises:
+        KeyError: no row of ``key`` in ``report``.
+    """
+    from pipeline import one_f_one_b_actions, replay
+    from three_d.mesh_arithmetic import coordinates
+
+    dp, pp, tp = key
+    rows = sorted((r for r in report if (r["dp"], r["pp"], r["tp"]) == key), key=lambda r: r["repeat"])
+    if not rows:
+        raise KeyError(f"no measurement of {key} in the report")
+    actions = [one_f_one_b_actions(s, pp, rows[0]["micro_batches"]) for s in range(pp)]
+    stage_of = [coordinates(r, dp, pp, tp)[0] for r in range(dp * pp * tp)]
+    out = []
+    for row in rows:
+        costs = row["costs"]
+        per_stage = [[max(costs[r]["events"][j] for r in range(len(costs)) if stage_of[r] == s)
+                      for j in range(len(actions[s]))] for s in range(pp)]
+        events = replay(actions, per_stage)
+        span = max(e[3] for ev in events for e in ev) - min(e[2] for ev in events for e in ev)
+        out.append(span + max(c["tail"] for c in costs))
+    return out

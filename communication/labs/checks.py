@@ -7,6 +7,7 @@ and, if not, a hint, and returns True or False. Answers within 1 % count as righ
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
 
 from course.exercise_checks import report
@@ -81,3 +82,111 @@ def check_hidden_hang(rank, seq, op, extra_metric) -> bool:
     ok_metric = report("the all-reduce too many (metric)", word(extra_metric), ("bleu",),
                        "compare the metric names each rank loops over: which one does only one rank have?")
     return ok_rank and ok_seq and ok_op and ok_metric
+
+
+def check_recursive_doubling_three(steps, bytes_factor) -> bool:
+    """Exercise 5: recursive doubling on p = 3 ranks (not a power of two: the third rank folds its tensor into a
+    partner first and gets the result back last). How many messages on the critical path, and how many times the
+    tensor's bytes (:func:`communication.cost_model.allreduce_steps`, ``allreduce_bytes_factor``)?"""
+    from communication.cost_model import allreduce_bytes_factor, allreduce_steps
+
+    ok_s = report("recursive doubling steps at p = 3", steps, allreduce_steps("recursive_doubling", 3),
+                  "one exchange between the two ranks of the power of two below 3, plus a fold-in before and the "
+                  "result after", rel=0)
+    ok_b = report("bytes per byte of the message at p = 3", bytes_factor,
+                  allreduce_bytes_factor("recursive_doubling", 3), "every message carries the whole tensor", rel=0)
+    return ok_s and ok_b
+
+
+LL_ALPHA = {"NVLink 4 (H100 SXM)": 0.6e-6, "PCIe Gen5 x16": 1.0e-6, "InfiniBand NDR (1 NIC per GPU)": 2.7e-6}
+
+
+def small_message_choice(size_bytes: float = 2 ** 20, p: int = 8) -> tuple[str, ...]:
+    """For each link of :data:`communication.cost_model.LINKS` in order, with NCCL's LL-protocol latency per step
+    (:data:`LL_ALPHA`, ``tuning.cc``), the algorithm the alpha-beta model finds faster for an all-reduce of
+    ``size_bytes`` on ``p`` ranks: ``"ring"`` or ``"recursive doubling"``."""
+    from communication.cost_model import LINKS, predict_allreduce
+
+    out = []
+    for name, link in LINKS.items():
+        ring = predict_allreduce("ring", size_bytes, p, LL_ALPHA[name], link.beta)
+        rd = predict_allreduce("recursive_doubling", size_bytes, p, LL_ALPHA[name], link.beta)
+        out.append("ring" if ring < rd else "recursive doubling")
+    return tuple(out)
+
+
+def check_small_message_choice(answer) -> bool:
+    """Exercise 6: an all-reduce of one 1 MiB bucket on 8 GPUs, with NCCL's LL-protocol latencies (0.6, 1.0, 2.7 us per
+    step over NVLink, PCIe, InfiniBand) and section 5's bandwidths: which algorithm does the model choose on each
+    link, in that order (a tuple of "ring" or "recursive doubling")?"""
+    given = tuple(str(a).strip().lower() for a in answer) if isinstance(answer, (tuple, list)) else answer
+    return report("the faster algorithm per link (NVLink, PCIe, InfiniBand)", given, small_message_choice(),
+                  "compare 2(p-1) alpha + 2(p-1)/p n beta with log2(p) (alpha + n beta) on each link")
+
+
+
+# ---- notebooks/10_debugging_hangs.ipynb: the watchdog, the recorder's buffer, DETAIL, a straggler, a divergence ----
+
+def check_watchdog_abort(answer_s) -> bool:
+    """Exercise 2 of notebook 10: a process group made with ``timeout=timedelta(minutes=5)``; the ranks post an
+    all-reduce 3 s after 12:00:00, one rank never does. NCCL's watchdog aborts a collective that has not completed
+    within the group's timeout (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default tears the process down). How many seconds
+    after 12:00:00 do the waiting ranks abort?"""
+    return report("seconds after 12:00:00 at which the watchdog aborts", answer_s, 3 + 5 * 60,
+                  "the timeout counts from when the collective was posted, not from the start", rel=0)
+
+
+def check_flight_recorder_buffer(answer) -> bool:
+    """Exercise 3 of notebook 10: a run posts 150 operations per step (collectives and point-to-point together, over
+    all its groups). What is the smallest ``TORCH_FR_BUFFER_SIZE`` that keeps the last 20 steps in every dump?"""
+    return report("TORCH_FR_BUFFER_SIZE", answer, 150 * 20,
+                  "one ring buffer per process keeps the newest N operations of all its groups together", rel=0)
+
+
+DETAIL_CHOICES = {"a": "the same collective called on tensors of different shapes", "b": "one rank skips a collective",
+                  "c": "two ranks each receive before sending", "d": "a parameter left out of the gradient averaging"}
+
+
+def check_debug_detail(answer) -> bool:
+    """Exercise 4 of notebook 10: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` makes every rank exchange a fingerprint of each
+    collective (the operation, the tensors' shapes and dtypes) with the other ranks of the group before running it,
+    and raises when the fingerprints differ. Which of :data:`DETAIL_CHOICES` do the ranks reach with *different*
+    fingerprints (a letter)?"""
+    letter = re.search(r"[a-z]", str(answer).lower()) if answer is not None else None
+    given = None if answer is None else (letter.group(0) if letter else str(answer),)
+    return report("the bug DETAIL's fingerprints tell apart", given, ("a",),
+                  f"one of {sorted(DETAIL_CHOICES)}: ask of each whether every rank reaches the check, and whether "
+                  f"what each brings to it differs")
+
+
+def straggler_step(compute_ms: list[float], all_reduce_ms: float) -> dict:
+    """A data-parallel step whose ranks compute ``compute_ms`` each, then all-reduce for ``all_reduce_ms`` once every
+    rank has arrived: ``{"step_ms", "wait_ms": per rank, "waiting_share"}`` (the share of all ranks' time spent
+    waiting for the slowest)."""
+    slowest = max(compute_ms)
+    step = slowest + all_reduce_ms
+    wait = [slowest - c for c in compute_ms]
+    return {"step_ms": step, "wait_ms": wait, "waiting_share": sum(wait) / (len(compute_ms) * step)}
+
+
+def check_straggler_step(step_ms, rank0_wait_ms, waiting_share) -> bool:
+    """Exercise 5 of notebook 10: 4 data-parallel ranks compute 100, 100, 100 and 160 ms per step, then all-reduce for
+    5 ms. The step time, rank 0's wait in the all-reduce before it can start, and the share of the 4 ranks' time spent
+    waiting (:func:`straggler_step`)?"""
+    t = straggler_step([100, 100, 100, 160], 5)
+    ok = [report("step time (ms)", step_ms, t["step_ms"], "the all-reduce starts when the slowest rank arrives", rel=0),
+          report("rank 0's wait (ms)", rank0_wait_ms, t["wait_ms"][0], "the slowest rank's compute less rank 0's", rel=0),
+          report("share of all ranks' time spent waiting", waiting_share, t["waiting_share"],
+                 "the waits summed over the ranks, over 4 x the step time", rel=0.01)]
+    return all(ok)
+
+
+def check_silent_divergence(parameter, first_step) -> bool:
+    """Exercise 6 of notebook 10: ``communication.hang_workers.silent_divergence`` — which parameter's replicas
+    differ between the ranks, and after which step (counted from 1) do they first differ?"""
+    name = None if parameter is None else (str(parameter).strip().lower(),)
+    ok_p = report("the parameter that diverged", name, ("bias",),
+                  "'weight' or 'bias': the one whose largest difference between the ranks is not 0")
+    ok_s = report("the first step after which the replicas differ", first_step, 1,
+                  "the first optimizer step applies each rank's own, unaveraged gradient", rel=0)
+    return ok_p and ok_s

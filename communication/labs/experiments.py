@@ -102,6 +102,7 @@ def _synthetic_batch(seed: int, batch: int, seq: int, vocab_size: int, device="c
 
 
 DP_VARIANTS = ("average_gradients", "bucketed", "ddp")
+NO_SYNC = "no_sync"  # a timing control, not data parallelism: each rank steps on its own gradient, nothing all-reduced
 
 
 def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
@@ -113,7 +114,9 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
     * ``variants``: of ``average_gradients`` (5.1.2, one all-reduce per tensor), ``bucketed``
       (:class:`communication.buckets.BucketedReducer`, overlap on, ``bucket_mb``) and ``ddp``
-      (``DistributedDataParallel``, the same ``bucket_cap_mb``); default all three;
+      (``DistributedDataParallel``, the same ``bucket_cap_mb``); default all three. ``no_sync`` (:data:`NO_SYNC`)
+      is a control: the same step with no gradient communication at all, so that its difference from
+      ``average_gradients`` measures what the all-reduces cost;
     * ``world_sizes``: windows of ranks ``0 .. n - 1`` (default ``[world_size]``). In a window of ``n``
       ranks, each has ``cores // n`` threads — what :mod:`course.launch` gives a run of ``n`` processes,
       so one rank alone has the whole machine — while the others wait at a barrier (which takes no CPU);
@@ -150,9 +153,9 @@ def dp_throughput_worker(rank: int, world_size: int, cfg: dict) -> dict:
     names = tuple(cfg.get("variants") or DP_VARIANTS)
     if max(sizes) > world_size or min(sizes) < 1:
         raise ValueError(f"world_sizes {sizes} must lie in 1 .. {world_size} (the ranks launched)")
-    unknown = set(names) - set(DP_VARIANTS)
+    unknown = set(names) - set(DP_VARIANTS) - {NO_SYNC}
     if unknown:
-        raise ValueError(f"unknown variants {sorted(unknown)}: choose from {DP_VARIANTS}")
+        raise ValueError(f"unknown variants {sorted(unknown)}: choose from {DP_VARIANTS + (NO_SYNC,)}")
     groups = {n: dist.new_group(list(range(n))) if n < world_size else None for n in sizes}  # collective: every rank
     threads, cores = torch.get_num_threads(), os.cpu_count() or 1
 

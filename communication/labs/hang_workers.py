@@ -1,7 +1,7 @@
 """Runs that hang, for notebooks/10_debugging_hangs.ipynb and the tests of assignment 5.4.4.
 
-Each ``planted_*`` worker carries one of the desynchronisations that hang real training runs (the issue trackers
-of torchtitan, nanotron and Megatron-LM hold many): run it with the flight recorder on
+Each ``planted_*`` worker carries one of the desynchronisations that hang a training run: run it with the flight
+recorder on
 (:func:`run_planted`), then read the dumps with :func:`communication.hang_lab.diagnose`. ``mystery_metrics``
 hides one more, for the notebook's exercise. Every operation names its group; the tensors are small host
 tensors (gloo), so the lab runs on a laptop. Workers take ``(rank, world_size, collective_timeout)``.
@@ -181,3 +181,59 @@ def fr_trace_summary(run_dir: str | Path, timeout: float = 120.0) -> str:
             "error msg", "Culprit", "sequence number")
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip().startswith(keep)]
     return "\n".join(lines) if lines else "fr_trace found every collective joined by all of its ranks"
+
+
+def straggler_steps(rank: int, world_size: int, slow_rank: int = 1, compute_s: float = 0.05, extra_s: float = 0.05,
+                    steps: int = 4) -> list[dict]:
+    """Data-parallel steps with one straggler: every rank "computes" ``compute_s`` seconds per step (a sleep: a stand-in
+    for a device busy computing, which takes no CPU core), ``slow_rank`` ``extra_s`` seconds more, then every rank
+    all-reduces a gradient over the world. Nothing hangs and every collective matches — the flight recorder would show
+    nothing wrong — but the others wait inside every all-reduce for the slow rank.
+
+    Returns per step ``{"step", "compute_s", "wait_s"}`` of this rank (``wait_s``: the seconds inside the all-reduce,
+    on :func:`course.measure.now`'s clock).
+    """
+    import time
+
+    from course.measure import now
+
+    grad = torch.ones(1024, device="cpu")
+    dist.barrier(group=_world())
+    out = []
+    for step in range(steps):
+        start = now()
+        time.sleep(compute_s + (extra_s if rank == slow_rank else 0.0))
+        mid = now()
+        dist.all_reduce(grad, group=_world())
+        out.append({"step": step, "compute_s": mid - start, "wait_s": now() - mid})
+    return out
+
+
+def silent_divergence(rank: int, world_size: int, steps: int = 3) -> list[dict]:
+    """Data parallelism with a parameter left out of the gradient averaging: a small model of a weight and a bias,
+    the same initial values on every rank, a different batch per rank; every step all-reduces (averages) the weight's
+    gradient — but not the bias's (the bug: the list of parameters to average was taken before the bias was added).
+    Every rank posts the same collectives, so nothing hangs and nothing is reported; the replicas' biases drift apart.
+
+    Returns per step ``{"step", "max_diff": {parameter: largest |difference| between the ranks' values}}`` (the same
+    on every rank: the ranks' parameters are gathered and compared after every step).
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    averaged = [model.weight]  # the bug: model.bias is missing
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
+    out = []
+    for step in range(1, steps + 1):
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in averaged:
+            dist.all_reduce(p.grad, group=_world())
+            p.grad /= world_size
+        opt.step()
+        values = [None] * world_size
+        dist.all_gather_object(values, {n: p.detach().clone() for n, p in model.named_parameters()}, group=_world())
+        out.append({"step": step, "max_diff": {n: max(float((v[n] - values[0][n]).abs().max()) for v in values)
+                                               for n in values[0]}})
+    return out

@@ -33,7 +33,7 @@ from context_parallel.layouts import SequenceLayout
 from context_parallel.online_softmax import SoftmaxState, finish, online_softmax_update
 from context_parallel.ring_attention import ring_attention, ring_traffic_bytes
 from context_parallel.ulysses import ulysses_attention, ulysses_traffic_bytes
-from course.benchmarking import interleaved, summarise
+from course.benchmarking import summarise
 
 MB = 1e6
 
@@ -136,13 +136,25 @@ def blockwise_check(seq: int = 100, block_size: int = 32, batch: int = 2, heads:
 # ---- ring and Ulysses across ranks ------------------------------------------------------------------------------
 
 
-def _timed(fn, group, repeats: int, warmup: int = 1, device: torch.device | str = "cpu") -> dict:
-    """Seconds of ``fn()`` on the slowest rank of ``group`` (:func:`course.benchmarking.interleaved`): median and
-    range over ``repeats`` after ``warmup``."""
-    times = interleaved({"fn": fn}, repeats, warmup, device, group)["fn"]
-    summary = summarise(times)
-    return {"median_s": summary["median"], "min_s": summary["min"], "max_s": summary["max"], "repeats": repeats,
-            "times_s": times}
+def _busiest_cpu_seconds(fn, group, repeats: int, warmup: int = 1) -> list[float]:
+    """Per repeat, the CPU seconds ``fn()`` took on the busiest rank of ``group`` (:func:`course.measure.cpu_seconds`:
+    this process's CPU time, which leaves out its waits for a core and for its peers): the time of ``fn`` replayed
+    on a machine with a core per rank, where the busiest rank sets the pace and a message costs its CPU work (its
+    copies and system calls), not its wire time. ``warmup`` untimed calls first."""
+    import torch.distributed as dist
+
+    from course.benchmarking import slowest
+    from course.measure import cpu_seconds
+
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        dist.barrier(group=group)
+        start = cpu_seconds()
+        fn()
+        out.append(slowest(cpu_seconds() - start, group))
+    return out
 
 
 def _sent(counter) -> float:
@@ -163,7 +175,9 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
       work; the wall clock of a rank on shared cores also counts its waits for a core);
     * ``comm``: rows of bytes one rank sends per attention layer (counted with ``CommCounter``) and the
       formula, per method, cp and pass;
-    * ``timing``: rows of forward + backward seconds (slowest rank; median and range) per method and cp;
+    * ``timing``: rows ``{"method", "cp", "busiest_cpu_s": [per repeat]}``: the forward + backward pass's cost on
+      the busiest rank of the cp group, in CPU seconds (:func:`_busiest_cpu_seconds`) — what a replay on a core per
+      rank takes, since the 4 ranks here share fewer cores and their wall clock would hold each other's turns;
     * ``max_diff``: largest |output - scaled_dot_product_attention| per method and cp;
     * ``torch``: what PyTorch's own context parallelism does here (:func:`torch_context_parallel`).
     """
@@ -239,10 +253,16 @@ def ring_report_worker(rank: int, world_size: int, seq: int = 1024, heads: int =
             for phase, counted in (("forward", forward), ("backward", backward)):
                 out["comm"].append({"method": method, "cp": p, "pass": phase, "counted MB": counted / MB,
                                     "formula MB": formula[phase] / MB})
-            timing = _timed(lambda m=method, c=p, lay_=layout: run(m, c, lay_), groups[p], repeats, device=device)
-            out["timing"].append({"method": method, "cp": p, **timing})
-    out["torch"] = torch_context_parallel(q, k, v, block_size)
+            out["timing"].append({"method": method, "cp": p,
+                                  "busiest_cpu_s": _busiest_cpu_seconds(lambda m=method, c=p, lay_=layout: run(m, c, lay_),
+                                                                        groups[p], repeats)})
+    g = torch.Generator().manual_seed(0)  # a fixed size, whatever ``seq``: the same comparison in every run
+    out["torch"] = torch_context_parallel(*(torch.randn(1, heads, TORCH_CHECK_SEQ, head_dim, generator=g).to(device)
+                                            for _ in range(3)), block_size)
     return out
+
+
+TORCH_CHECK_SEQ = 1024  # tokens of the comparison with PyTorch's ring kernel
 
 
 def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 64) -> dict:
@@ -253,7 +273,8 @@ def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
       for the CPU attention kernel: it handles the CUDA flash, efficient and cuDNN kernels only);
     * ``max |ours - torch's ring kernel|`` (CPU only): its ring kernel ``_templated_ring_attention`` (head-tail
       load balancing, i.e. the zig-zag layout) called with the CPU flash-attention op, against
-      :func:`context_parallel.ring_attention.ring_attention` on the same zig-zag shards (forward).
+      :func:`context_parallel.ring_attention.ring_attention` on the same zig-zag shards (forward): the largest
+      difference over every rank's shard.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -276,7 +297,9 @@ def torch_context_parallel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     theirs, *_ = _templated_ring_attention(mesh.get_group(), 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
                                            *shards, is_causal=True)
     ours = ring_attention(*shards, group=mesh.get_group(), layout=layout, causal=True, block_size=block_size)
-    return {"public": public, "max |ours - torch's ring kernel|": float((ours - theirs).abs().max())}
+    worst = (ours - theirs).abs().max().reshape(1).to(torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=mesh.get_group())  # the largest over every rank's shard
+    return {"public": public, "max |ours - torch's ring kernel|": float(worst)}
 
 
 # ---- GPT-2 ------------------------------------------------------------------------------------------------------
@@ -407,9 +430,10 @@ def gpt2_memory_worker(rank: int, world_size: int, seq_lens: list[int], cps: lis
     return {"memory": memory, "equality": equality, "fixed": fixed} if rank == 0 else {}
 
 
-def cp_report_worker(rank: int, world_size: int, ring_seq: int, seq_lens: list[int], cps: list[int]) -> dict:
-    """:func:`ring_report_worker` (on ``ring_seq`` tokens) and then :func:`gpt2_memory_worker` (``seq_lens``,
-    ``cps``) in one launch, so the notebook starts its 4 processes once. Returns ``{"ring": ..., "gpt2": ...}``,
-    each as those workers return it on this rank."""
-    ring = ring_report_worker(rank, world_size, ring_seq)
+def cp_report_worker(rank: int, world_size: int, ring_seq: int, seq_lens: list[int], cps: list[int],
+                     repeats: int = 3) -> dict:
+    """:func:`ring_report_worker` (on ``ring_seq`` tokens, ``repeats`` repeats) and then :func:`gpt2_memory_worker`
+    (``seq_lens``, ``cps``) in one launch, so the notebook starts its 4 processes once. Returns ``{"ring": ...,
+    "gpt2": ...}``, each as those workers return it on this rank."""
+    ring = ring_report_worker(rank, world_size, ring_seq, repeats=repeats)
     return {"ring": ring, "gpt2": gpt2_memory_worker(rank, world_size, seq_lens, cps)}

@@ -184,3 +184,64 @@ def plot_compression(results: dict, title: str = "Gradient compression: loss and
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def plot_flight_records(records: dict, title: str = "Collectives posted, by group and sequence number"):
+    """One panel per process group of a run's flight-recorder dumps (``course.flight_recorder.load_records``:
+    ``{rank: [Record]}``): a row per member rank, a column per collective sequence number, a filled cell where the
+    rank posted that collective; a column where some members posted and others did not is outlined in red (the
+    first divergence of a hang). Sends and receives are left out (their numbers are per rank). Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    groups: dict = {}
+    for rank, recs in records.items():
+        for r in recs:
+            if not r.is_p2p:
+                g = groups.setdefault((r.group, r.group_desc), {"members": set(r.group_ranks), "posted": {}})
+                g["posted"].setdefault(r.seq, {})[rank] = r.op
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(4.2 * max(1, len(groups)), 2.4), squeeze=False)
+    for ax, ((gid, desc), g) in zip(axes[0], sorted(groups.items())):
+        members = sorted(g["members"])
+        seqs = sorted(g["posted"])
+        for x, seq in enumerate(seqs):
+            posted = g["posted"][seq]
+            for y, rank in enumerate(members):
+                if rank in posted:
+                    ax.add_patch(Rectangle((x, y), 0.9, 0.8, color="tab:blue", alpha=0.7))
+                    ax.text(x + 0.45, y + 0.4, posted[rank].replace("_", " "), ha="center", va="center", fontsize=7,
+                            color="white")
+            if set(posted) != set(members):
+                ax.add_patch(Rectangle((x - 0.05, -0.1), 1.0, len(members) + 0.0, fill=False, color="tab:red", lw=2))
+        ax.set_xlim(-0.2, max(1, len(seqs)) + 0.1)
+        ax.set_ylim(-0.2, len(members))
+        ax.set_xticks([x + 0.45 for x in range(len(seqs))], [f"#{s}" for s in seqs])
+        ax.set_yticks([y + 0.4 for y in range(len(members))], [f"rank {r}" for r in members])
+        ax.set_title(f"group {gid} ({desc})", fontsize=9)
+        ax.invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_straggler(steps: dict, title: str = "Compute and wait in the all-reduce, per rank and step"):
+    """Stacked bars per rank and step (``{rank: [{"step", "compute_s", "wait_s"}]}``, e.g.
+    ``communication.hang_workers.straggler_steps``): the time computing, then the time inside the all-reduce.
+    Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=(7, 3))
+    labels, compute, wait = [], [], []
+    for rank in sorted(steps):
+        for s in steps[rank]:
+            labels.append(f"r{rank}\ns{s['step']}")
+            compute.append(1e3 * s["compute_s"])
+            wait.append(1e3 * s["wait_s"])
+    x = range(len(labels))
+    ax.bar(x, compute, color="tab:blue", label="computing")
+    ax.bar(x, wait, bottom=compute, color="tab:red", label="inside the all-reduce")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return ax

@@ -72,3 +72,30 @@ def plot_what_fits(rows: list[dict], device_bytes: float, axes=None):
     axes[0].figure.suptitle(f"model state per rank; green fits in {device_bytes / 1e9:g} GB", fontsize=10)
     axes[0].figure.tight_layout()
     return axes
+
+
+TIMELINE_COLORS = {"Parameter": "tab:blue", "Gradient": "tab:orange", "Optstate": "tab:green",
+                   "Activation": "tab:red", "Temp": "tab:gray"}
+
+
+def plot_memory_timeline(timeline: dict, title: str = "One training step, operation by operation", ax=None):
+    """A stacked area of the bytes of each category after every operation of one step
+    (``memory.experiments.step_memory_timeline``), the phases shaded and the peak marked. Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.6))
+    rows = timeline["rows"]
+    ops = [r["op"] for r in rows]
+    layers = [[r[c] / 2**20 for r in rows] for c in TIMELINE_COLORS]
+    ax.stackplot(ops, layers, labels=list(TIMELINE_COLORS), colors=list(TIMELINE_COLORS.values()), alpha=0.85)
+    for i, (phase, (first, last)) in enumerate(timeline["phases"].items()):
+        ax.axvspan(first, last, color="black", alpha=0.04 * (i % 2 + 1), lw=0)
+        ax.text((first + last) / 2, ax.get_ylim()[1] * 0.97, phase, ha="center", va="top", fontsize=8)
+    peak = timeline["peak"]
+    ax.axvline(peak["op"], color="black", ls=":", lw=1)
+    ax.set_xlabel("operation of the step (forward, backward, optimizer)")
+    ax.set_ylabel("MiB held")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    return ax

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from course.exercise_checks import report as _report
 
+# The worked problem at GPU scale (notebook 01, section 5): GPT-2 1.5B trained data-parallel on H100s, bf16.
+GPU_MODEL = dict(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48)  # GPT-2 1.5B (Radford et al. 2019)
+GPU_SEQ = 1024  # tokens per sequence
+
 
 def effective_batch_size(per_rank_batch: int, dp: int, accumulation_steps: int = 1) -> int:
     """Sequences whose gradients one optimizer step averages: ``per_rank_batch x dp x accumulation_steps``
@@ -47,6 +51,46 @@ def shared_fraction_of_first_steps(dp: int) -> float:
     return 1 / dp
 
 
+def dp_step_seconds(n_params: float, global_batch: int, seq: int, dp: int, hardware: str = "h100") -> dict:
+    """One data-parallel step on ``dp`` GPUs of ``hardware`` (:data:`course.hardware.HARDWARE`), priced from
+    published figures: ``{"compute": seconds, "all_reduce": seconds, "ratio": all_reduce / compute, "link"}``.
+
+    * compute: ``6 N`` FLOPs per token (forward and backward, Kaplan et al. 2020, Sec. 2.1) for the rank's
+      ``global_batch / dp`` sequences of ``seq`` tokens, at the bf16 peak times the best-shaped matrix
+      product's measured efficiency (``matmul_efficiency``: what the GPU reaches at best);
+    * all-reduce: one ring all-reduce of the bf16 gradient (``2 N`` bytes) over the ``dp`` ranks, on the link
+      the group spans (NVLink inside a node of 8, InfiniBand beyond: the ring's slowest hop), with NCCL's
+      per-step and per-call latencies (:func:`communication.collective_seconds`), not overlapped.
+
+    Raises:
+        ValueError: ``global_batch`` not divisible by ``dp``, or an unknown hardware.
+    """
+    from communication import collective_seconds
+    from course.hardware import HARDWARE
+
+    if hardware not in HARDWARE:
+        raise ValueError(f"hardware must be one of {sorted(HARDWARE)}, not {hardware!r}")
+    if global_batch % dp:
+        raise ValueError(f"a global batch of {global_batch} sequences does not split over dp = {dp} ranks")
+    hw = HARDWARE[hardware]
+    rate = hw.peak_flops["bf16"] * hw.matmul_efficiency
+    compute = 6 * n_params * (global_batch // dp) * seq / rate
+    link = hw.link(dp)
+    reduce = collective_seconds("all_reduce", 2 * n_params, dp, link.alpha, link.beta, link.base)
+    return {"compute": compute, "all_reduce": reduce, "ratio": reduce / compute, "link": link.name}
+
+
+def break_even_batch(n_params: float, seq: int, dp: int, hardware: str = "h100") -> int:
+    """The smallest global batch (sequences, a multiple of ``dp``) whose per-rank compute in
+    :func:`dp_step_seconds` lasts at least as long as its gradient all-reduce."""
+    per_rank = 1
+    while True:
+        t = dp_step_seconds(n_params, per_rank * dp, seq, dp, hardware)
+        if t["compute"] >= t["all_reduce"]:
+            return per_rank * dp
+        per_rank += 1
+
+
 # ---- the exercises -------------------------------------------------------------------------------
 
 def check_effective_batch_size(answer) -> bool:
@@ -84,3 +128,28 @@ def check_shared_fraction(answer) -> bool:
     return _report("shared fraction of the examples", answer, shared_fraction_of_first_steps(4),
                    "both cut the same shuffle; the dp = 1 run reads it from the start, rank r of the dp = 4 run from "
                    "r n / 4 on, 16 examples per step")
+
+
+def check_token_count_bytes(calls, payload_bytes) -> bool:
+    """Exercise 5: the exact recipe of section 3 (each rank divides its summed token losses by the *global* token
+    count) costs one extra all-reduce per step, of the ranks' token counts. How many extra all-reduce calls per step,
+    and how many bytes does each carry (``data_parallel.experiments.gpt2_token_weighted_gradient_demo`` all-reduces
+    the count as one float64)?"""
+    ok_calls = _report("extra all-reduces per step", calls, 1,
+                       "the ranks need one number, the global count of target tokens, before their backward passes")
+    ok_bytes = _report("bytes of that all-reduce", payload_bytes, 8,
+                       "one count per rank, summed: a single float64 (8 bytes), whatever dp is")
+    return ok_calls and ok_bytes
+
+
+def check_dp_break_even(answer) -> bool:
+    """Exercise 6: GPT-2 1.5B (:data:`GPU_MODEL`) data-parallel on 64 H100s (8 nodes of 8: the ring crosses
+    InfiniBand), sequences of 1024 tokens, bf16 gradients, nothing overlapped. From what global batch (sequences,
+    a multiple of 64) does a rank's compute last at least as long as the gradient all-reduce
+    (:func:`dp_step_seconds`)?"""
+    n = gpt2_parameter_count(**GPU_MODEL)
+    return _report("global batch where compute catches up with the all-reduce", answer,
+                   break_even_batch(n, GPU_SEQ, 64),
+                   "the all-reduce's time does not depend on the batch: 2(p-1)(alpha + beta 2N/p) + base on "
+                   "InfiniBand; a rank's compute is 6 N (B/64) 1024 / (989e12 x 0.803); solve for B and round up to "
+                   "a multiple of 64")

@@ -11,9 +11,24 @@ from functools import partial
 
 from course.exercise_checks import report
 from course.model import estimate_parameters
-from memory.formulas import activation_bytes_per_layer, model_state_bytes
+from memory.formulas import activation_bytes_per_layer, adam_bytes_per_parameter, model_state_bytes
 
 GPT_13B = dict(n_layer=40, n_embd=5120, n_head=40)  # a GPT-2-shaped 13B model (vocabulary 50257, 2048 positions)
+# The worked problem at GPU scale (notebook 05): a 70B model (Llama 2 70B's shape, Touvron et al. 2023, Table 1:
+# 80 layers, width 8192, 64 heads, 70e9 parameters) trained with ZeRO-3 over 64 H100s of 80 GB, one 4096-token
+# sequence per GPU, 16-bit activations (the formula counts multi-head attention: Llama's grouped K/V is smaller).
+LLAMA_70B = dict(n_params=70e9, n_layer=80, h=8192, a=64, s=4096, b=1, dp=64, device_bytes=80e9)
+
+
+def fit_at_scale(n_params: float, n_layer: int, h: int, a: int, s: int, b: int, dp: int, device_bytes: float) -> dict:
+    """GB per GPU of a ZeRO-3 run (mixed-precision Adam, 16 bytes per parameter over ``dp``,
+    :func:`memory.formulas.model_state_bytes`) and of its activations (Korthikanti et al. 2022,
+    :func:`memory.formulas.activation_bytes_per_layer` times the layers) with each recomputation, and whether the
+    sum fits ``device_bytes``: ``{"state_gb", "activations_gb": {recompute: GB}, "fits": {recompute: bool}}``."""
+    state = sum(model_state_bytes(3, int(n_params), dp, "mixed").values())
+    acts = {r: n_layer * activation_bytes_per_layer(s, b, h, a, recompute=r) for r in ("none", "selective", "full")}
+    return {"state_gb": state / 1e9, "activations_gb": {r: v / 1e9 for r, v in acts.items()},
+            "fits": {r: state + v <= device_bytes for r, v in acts.items()}}
 
 
 _report = partial(report, rel=0.01)  # course.exercise_checks: the one answer check
@@ -68,3 +83,40 @@ def check_fused_gelu_bytes(answer) -> bool:
     fused operation that saves only its input (as the paper counts it)?"""
     return _report("bytes per s·b·h with a fused GELU", answer, 16 * 4 + 2 * 4,
                    "the paper's count is (16e + 2m) per s·b·h: 34 for e = 2, m = 1; here e = m = 4", rel=0)
+
+
+def check_bf16_state_bytes(answer) -> bool:
+    """Exercise 5: with ``--precision bf16`` (autocast: bf16 products, fp32 parameters, gradients and Adam state,
+    section 8), how many bytes of model state per parameter does a rank hold at ZeRO-0?"""
+    return _report("model state per parameter under bf16 autocast", answer,
+                   sum(adam_bytes_per_parameter("fp32").values()),
+                   "autocast changes the products, not what is held: fp32 parameters (4), gradients (4) and Adam's two "
+                   "moments (8)", rel=0)
+
+
+def check_selective_gb(answer) -> bool:
+    """Exercise 6: one layer of GPT-2 1.5B (h = 1600, a = 25), s = 1024, b = 8, 16-bit, no tensor parallelism: GB of
+    activations with selective recomputation (the s x s attention part recomputed)?"""
+    return _report("GB per layer, selective recomputation", answer,
+                   activation_bytes_per_layer(1024, 8, 1600, 25, recompute="selective") / 1e9,
+                   "selective recomputation keeps the 34·s·b·h bytes and drops the 5·a·s/h term")
+
+
+def check_zero0_calls(answer) -> bool:
+    """Exercise 7: ZeRO-0 all-reduces each parameter tensor in a call of its own. How many calls per step for the
+    section's GPT-2 (2 blocks, vocabulary 1000)?"""
+    return _report("ZeRO-0 all-reduce calls per step", answer, 2 + 12 * 2 + 2,
+                   "wte and wpe, 12 tensors per block, ln_f's weight and bias (the head is tied)", rel=0)
+
+
+def check_70b_fit(state_gb, no_recompute_gb, full_recompute_gb) -> bool:
+    """Exercise 8: the 70B model of section 7's worked problem (:data:`LLAMA_70B`): GB of model state per GPU under
+    ZeRO-3 on 64 GPUs, and GB of activations of all 80 layers for one 4096-token sequence without recomputation and
+    with full recomputation (:func:`fit_at_scale`)?"""
+    f = fit_at_scale(**LLAMA_70B)
+    ok_s = _report("ZeRO-3 model state per GPU (GB)", state_gb, f["state_gb"], "16 bytes per parameter over dp")
+    ok_n = _report("activations, no recomputation (GB)", no_recompute_gb, f["activations_gb"]["none"],
+                   "80 x s·b·h·(34 + 5·a·s/h) bytes")
+    ok_f = _report("activations, full recomputation (GB)", full_recompute_gb, f["activations_gb"]["full"],
+                   "full recomputation keeps each layer's input: 80 x 2·s·b·h bytes")
+    return ok_s and ok_n and ok_f

@@ -14,6 +14,10 @@ each rank:
   (:class:`course.measure.MemoryMeter`: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak
   RSS on the CPU; ``timer`` and ``memory`` in the result name them).
 
+:func:`step_memory_timeline` follows one training step's memory, operation by operation, by category (torch's
+``MemTracker``): the picture behind every peak this notebook prints. :func:`allreduce_calls_worker` prices a
+collective call: one all-reduce per parameter tensor against one of the same elements in a flat buffer.
+
 :func:`zero_step_times` times the stages for a comparison: every variant in the same launch, their steps
 interleaved (:func:`course.benchmarking.interleaved`), so that :func:`course.benchmarking.compare` can give a
 verdict; :func:`memory_breakdown`'s own step times run the stages one after another and are not for comparing.
@@ -310,3 +314,94 @@ def recomputation_check(device="cpu", preset: str = "tiny", vocab_size: int = 10
             "loss_plain": float(loss_plain), "loss_equal": bool(torch.equal(loss_ck, loss_plain)),
             "max_gradient_difference": grad_diff,
             "equal": len(calls) > 0 and len(equal) == len(calls) and bool(torch.equal(loss_ck, loss_plain))}
+
+
+TIMELINE_CATEGORIES = ("Parameter", "Gradient", "Optstate", "Activation", "Temp")
+
+
+def step_memory_timeline(preset: str = "tiny", vocab_size: int = 1000, seq_len: int = 64, batch_size: int = 4,
+                         **model_overrides) -> dict:
+    """In this process, on the CPU: one AdamW training step of the course's GPT-2 (``preset`` with
+    ``model_overrides``, dropout 0, a random batch) followed operation by operation under torch's ``MemTracker``
+    (``torch.distributed._tools.mem_tracker``), which files every live tensor under a category — parameters,
+    gradients, optimizer state, activations (saved for the backward pass), temporaries — by the module and
+    phase that made it. After every operation the current bytes of each category are read (a dispatch mode).
+
+    The step starts after one warm-up step, so Adam's moments exist (a first step would create them midway), and
+    with the gradients freed (``zero_grad(set_to_none=True)``).
+
+    Returns:
+        ``{"rows": [{"op" (index), "phase" ("forward", "backward", "optimizer"), category: bytes for
+        :data:`TIMELINE_CATEGORIES`}], "phases": {phase: (first op, last op)}, "peak": the row where the total
+        peaked, "n_params"}``.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = build_tiny_gpt2(preset, vocab_size, seq_len, **model_overrides)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = random_batch(0, batch_size, seq_len, vocab_size)
+    model_loss(model, batch).backward()  # warm-up: Adam's moments and step counters exist from here on
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    rows, phase = [], {"now": "forward"}
+
+    def read() -> dict:
+        out = {c: 0 for c in TIMELINE_CATEGORIES}
+        for per_device in tracker.get_tracker_snapshot("current").values():
+            for category, nbytes in per_device.items():
+                name = getattr(category, "value", category)
+                if name in out:
+                    out[name] += nbytes
+        return out
+
+    class Timeline(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            rows.append({"op": len(rows), "phase": phase["now"], **read()})
+            return result
+
+    with tracker, Timeline():
+        loss = model_loss(model, batch)
+        phase["now"] = "backward"
+        loss.backward()
+        phase["now"] = "optimizer"
+        optimizer.step()
+    phases = {}
+    for r in rows:
+        first, _ = phases.get(r["phase"], (r["op"], r["op"]))
+        phases[r["phase"]] = (first, r["op"])
+    peak = max(rows, key=lambda r: sum(r[c] for c in TIMELINE_CATEGORIES))
+    return {"rows": rows, "phases": phases, "peak": peak, "n_params": sum(p.numel() for p in model.parameters())}
+
+
+def allreduce_calls_worker(rank: int, world_size: int, repeats: int = 7, warmup: int = 1, preset: str = "tiny",
+                           vocab_size: int = 1000, seq_len: int = 64, model_overrides: dict | None = None) -> dict:
+    """Worker: what a collective *call* costs. The gradient-sized tensors of the course's GPT-2 (one per parameter
+    tensor: what ZeRO-0's per-tensor all-reduces send) all-reduced one call per tensor, against one all-reduce of
+    the same elements in one flat buffer (ZeRO-1/2's single call), interleaved
+    (:func:`course.benchmarking.interleaved`, the slowest rank's time).
+
+    Returns:
+        ``{"seconds": {"per tensor": [...], "flat": [...]}, "calls": tensors per step, "bytes": bytes per step}``.
+    """
+    import torch.distributed as dist
+
+    from course.benchmarking import interleaved
+    from course.task import worker_env_quiet
+
+    worker_env_quiet()
+    model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {}))
+    tensors = [torch.ones_like(p) for p in model.parameters()]
+    flat = torch.ones(sum(t.numel() for t in tensors))
+    group = dist.group.WORLD
+
+    def per_tensor():
+        for t in tensors:
+            dist.all_reduce(t, group=group)
+
+    seconds = interleaved({"per tensor": per_tensor, "flat": lambda: dist.all_reduce(flat, group=group)}, repeats,
+                          warmup, group=group)
+    return {"seconds": seconds, "calls": len(tensors), "bytes": 4 * flat.numel()}

@@ -13,6 +13,32 @@ from course.exercise_checks import report
 
 
 _report = partial(report, rel=1e-6)  # course.exercise_checks: the one answer check
+_report_model = partial(report, rel=0.02)  # answers worked out by hand from a model: 2 % for rounding on the way
+
+# The worked problem at GPU scale (notebook 08): one MoE layer of DeepSeek-V3's shape (DeepSeek-AI 2024, Sec. 4.2:
+# width 7168, routed experts of inner width 2048 with SwiGLU, top-8 of 256), 16384 tokens per GPU, bf16, its
+# experts spread over ep = 8 H100s of one node.
+DEEPSEEK_V3_LAYER = dict(h=7168, inner=2048, top_k=8, tokens=16384, ep=8)
+
+
+def expert_layer_seconds(h: int, inner: int, top_k: int, tokens: int, ep: int, max_violation: float = 0.0,
+                         hardware: str = "h100") -> dict:
+    """The forward pass of one MoE layer's routed experts on ``ep`` GPUs of ``hardware``: each GPU routes ``tokens``
+    tokens, ``top_k`` choices each, and receives on average ``tokens x top_k`` (token, expert) rows; a SwiGLU expert
+    computes three ``h x inner`` products per row, ``6 h inner`` FLOPs. With load imbalance MaxVio (the busiest
+    expert's load over the mean, less 1; Wang et al. 2024) the busiest GPU gets ``1 + max_violation`` times the mean
+    (its experts taken as the busiest), and every GPU waits for it at the combine all-to-all.
+
+    Returns:
+        ``{"balanced": seconds, "busiest": seconds, "wait": busiest - balanced}`` at the bf16 peak times the best
+        matrix product's efficiency (:data:`course.hardware.HARDWARE`).
+    """
+    from course.hardware import HARDWARE
+
+    hw = HARDWARE[hardware]
+    balanced = tokens * top_k * 6 * h * inner / (hw.peak_flops["bf16"] * hw.matmul_efficiency)
+    busiest = balanced * (1 + max_violation)
+    return {"balanced": balanced, "busiest": busiest, "wait": busiest - balanced}
 
 
 def check_capacity(answer) -> bool:
@@ -49,3 +75,22 @@ def check_collapsed_aux_loss(answer) -> bool:
     the load-balancing loss ``E * sum_i f_i P_i``? (An even router gives 1.)"""
     return _report("load-balancing loss of a collapsed router", answer, 4.0,
                    "f = (1, 0, 0, 0) and P = (1, 0, 0, 0): only expert 0's term is left")
+
+
+def check_topk_bytes_factor(answer) -> bool:
+    """Exercise 5: rerun section 4 with top-2 instead of top-1 (dropless, everything else the same): by what factor do
+    the all-to-all bytes per step grow (section 6's formula)?"""
+    return _report("all-to-all bytes, top-2 over top-1", answer, 2.0,
+                   "every (token, choice) pair is one row in each of the four all-to-alls: the rows are T x k")
+
+
+def check_straggler(balanced_ms, busiest_ms) -> bool:
+    """Exercise 6: the DeepSeek-V3-shaped layer of section 8's worked problem (:data:`DEEPSEEK_V3_LAYER`) with MaxVio
+    = 1 (the busiest expert gets twice the mean load): milliseconds of the routed experts' forward pass on a GPU
+    with the mean load, and on the busiest GPU that every other one waits for (:func:`expert_layer_seconds`)?"""
+    t = expert_layer_seconds(**DEEPSEEK_V3_LAYER, max_violation=1.0)
+    ok_b = _report_model("balanced expert time (ms)", balanced_ms, 1e3 * t["balanced"],
+                         "tokens x k rows x 6 h inner FLOPs, at 989 TFLOP/s x 0.803")
+    ok_s = _report_model("busiest GPU's expert time (ms)", busiest_ms, 1e3 * t["busiest"],
+                         "the busiest GPU computes (1 + MaxVio) times the mean rows")
+    return ok_b and ok_s

@@ -105,3 +105,79 @@ def check_dualpipev(bubble, one_f_one_b, activations) -> bool:
     ok &= _report("DualPipeV peak activations per device", activations, 2 * 4 + 1,
                   "PP + 1: the DualPipe README's table (stages, not devices); peak_in_flight of a rank's list")
     return bool(ok)
+
+
+# ---- the worked problem at GPU scale (notebook 02, section 12) ------------------------------------------
+
+GPT3_PIPELINE = dict(n_stages=8, layers=96, max_bubble=0.05)  # GPT-3 175B's 96 layers (Brown et al. 2020) on 8 stages
+
+
+def interleaved_rank0_in_flight(n_stages: int, micro_batches: int, virtual_stages: int) -> int:
+    """Rank 0's peak (chunk, micro-batch) pairs in flight under interleaved 1F1B (1F1B when ``virtual_stages`` is 1):
+    its warm-up forwards, ``2 (p - 1) + (v - 1) p`` with v > 1 (Narayanan et al. 2021, Sec. 2.2.2; Megatron-LM's
+    ``get_forward_backward_func``), ``p - 1`` with v = 1, plus the one forward of the first steady-state pair, and
+    never more than the ``v m`` pairs there are. tests/pipeline/test_checks.py holds it against the action lists."""
+    warmup = 2 * (n_stages - 1) + (virtual_stages - 1) * n_stages if virtual_stages > 1 else n_stages - 1
+    return min(virtual_stages * micro_batches, warmup + 1)
+
+
+def micro_batch_choice(n_stages: int, layers: int, max_bubble: float, virtual_stages: int) -> dict:
+    """Choosing ``m`` for a ``layers``-layer model on ``n_stages`` stages: the fewest micro-batches, rounded up to a
+    multiple of ``n_stages`` (interleaved 1F1B's rounds need it), whose theoretical bubble is at most ``max_bubble``
+    — 1F1B with ``virtual_stages = 1``, interleaved 1F1B otherwise (Narayanan et al. 2021, Sec. 2.2) — and what it
+    costs: rank 0's peak in-flight (chunk, micro-batch) pairs (:func:`interleaved_rank0_in_flight`), the same in units
+    of a whole stage's activations (a chunk holds ``1 / v`` of a stage), and the stage boundaries a micro-batch
+    crosses (``v`` times round the ranks).
+
+    Returns ``{"m", "bubble", "in_flight_chunks", "in_flight_stages", "layers_per_chunk", "boundaries"}``.
+    """
+    name = "1f1b" if virtual_stages == 1 else "interleaved"
+    m = fewest_micro_batches(name, n_stages, max_bubble, virtual_stages)
+    m = -(-m // n_stages) * n_stages
+    chunks = interleaved_rank0_in_flight(n_stages, m, virtual_stages)
+    return {"m": m, "bubble": get_schedule(name).bubble(n_stages, m, virtual_stages), "in_flight_chunks": chunks,
+            "in_flight_stages": chunks / virtual_stages, "layers_per_chunk": layers / (n_stages * virtual_stages),
+            "boundaries": n_stages * virtual_stages - 1}
+
+
+def check_gpt3_micro_batches(m_1f1b, m_interleaved, rank0_stages_1f1b, rank0_stages_interleaved) -> bool:
+    """Exercise 9: GPT-3's 96 layers on 8 stages (:data:`GPT3_PIPELINE`), bubble at most 5 %: the fewest micro-batches
+    (a multiple of 8) with 1F1B and with interleaved 1F1B at v = 2, and rank 0's peak activations in units of a whole
+    stage's micro-batch for each (:func:`micro_batch_choice`)?"""
+    one, two = (micro_batch_choice(**GPT3_PIPELINE, virtual_stages=v) for v in (1, 2))
+    ok = [_report("m, 1F1B", m_1f1b, one["m"], "solve (p - 1) / (m + p - 1) <= 0.05, round up to a multiple of p"),
+          _report("m, interleaved v = 2", m_interleaved, two["m"],
+                  "solve (p - 1) / (v m + p - 1) <= 0.05, round up to a multiple of p"),
+          _report("rank 0's activations, 1F1B (stage micro-batches)", rank0_stages_1f1b, one["in_flight_stages"],
+                  "1F1B's rank 0 holds p micro-batches"),
+          _report("rank 0's activations, interleaved (stage micro-batches)", rank0_stages_interleaved,
+                  two["in_flight_stages"], "count rank 0's live (chunk, micro-batch) pairs at the peak of its action "
+                                           "list (peak_in_flight) and divide by v: a chunk is half a stage")]
+    return all(ok)
+
+
+def check_backward_twice_forward(answer) -> bool:
+    """Exercise 5: section 5's p = 4, m = 8 with every backward twice as long as a forward: the 1F1B bubble fraction?
+    (Both the ramp and the step scale with ``t_F + t_B``: the fraction is still ``(p - 1) / (m + p - 1)``;
+    tests/pipeline/test_checks.py holds it against a simulation of the action lists.)"""
+    return _report("1F1B bubble with t_B = 2 t_F", answer, get_schedule("1f1b").bubble(4, 8),
+                   "both the ramp and the step scale with t_F + t_B: the fraction is still (p - 1) / (m + p - 1)",
+                   rel=1e-3)
+
+
+def check_dualpipev_unequal(idle_units) -> bool:
+    """Exercise 7: DualPipeV on p = 4 devices (PP = 8 stages) with F = 2, input gradient 1.5, W = 1 (the whole backward
+    2.5, a pair run one after the other F&B = 4.5): the idle units per device by the DualPipe README's formula
+    ``(PP/2 - 1)(F&B + B - 3W)``? (Whether the replay agrees is the open part.)"""
+    return _report("DualPipeV's idle units by the formula", idle_units, dualpipev_bubble_units(4, f=2.0, b=1.5, w=1.0),
+                   "(PP/2 - 1)(F&B + B - 3W) with PP = 8 stages, B the whole backward (2.5), F&B = 4.5", rel=1e-3)
+
+
+def check_zbv_against_dualpipev(zbv_peak, dualpipev_peak) -> bool:
+    """Exercise 8: ZB-V and DualPipeV on p = 4 devices (8 stages): the peak stage-micro-batches of activations per
+    device of each (the DualPipe README's table: DualPipeV PP + 1; ZB-V holds 2p)?"""
+    ok_z = _report("ZB-V's peak activations per device", zbv_peak, 2 * 4,
+                   "ZB-V's warm-up fills the V: 2p stage-micro-batches on the first device", rel=0)
+    ok_d = _report("DualPipeV's peak activations per device", dualpipev_peak, 2 * 4 + 1,
+                   "PP + 1 with PP = 2p stages: one more than ZB-V, the price of its pairs", rel=0)
+    return ok_z and ok_d

@@ -168,7 +168,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> dict:
 
 def run(p_values, m_values, schedules=BENCHMARKED, balances=("count", "auto"), v: int = 2, repeats: int = 3,
         warmup: int = 1, n_layer: int = 12, micro_batch_size: int = 4, seq: int = 32, vocab: int = 8192,
-        timeout: float = 1800, keep_events: bool = False, device: str = "cpu") -> dict:
+        timeout: float = 1800, keep_events: bool = False, device: str = "cpu", progress: bool = True) -> dict:
     """Run the benchmark; returns ``{"config", "rows": [one dict per (p, balance, schedule, m)]}``.
 
     ``keep_events``: each row also holds ``events[r]`` of its median-bubble step, with the
@@ -176,7 +176,8 @@ def run(p_values, m_values, schedules=BENCHMARKED, balances=("count", "auto"), v
     counted in the bubble: the schedules are compared on their own work), and that step's
     ``event_cpu_s[r]`` (CPU seconds per action, in the order of the schedule's actions: what a
     replay takes). ``device``: ``"cpu"``,
-    ``"cuda"`` or ``"auto"`` (:func:`course.launch.resolve_device_backend`)."""
+    ``"cuda"`` or ``"auto"`` (:func:`course.launch.resolve_device_backend`). ``progress``: print each launch's
+    seconds on stderr (the command line does; a notebook, whose outputs are committed, does not)."""
     from course.benchmarking import machine, summarise
     from course.launch import launch_all
     from course.measure import now, timer_name
@@ -192,7 +193,8 @@ def run(p_values, m_values, schedules=BENCHMARKED, balances=("count", "auto"), v
                        warmup=warmup, n_layer=n_layer, micro_batch_size=micro_batch_size, seq=seq, vocab=vocab)
             t0 = now()
             per_rank = launch_all(benchmark_worker, p, cfg, device=device, timeout=timeout, collective_timeout=600)
-            print(f"p={p} balance={balance}: {now() - t0:.0f} s", file=sys.stderr, flush=True)
+            if progress:
+                print(f"p={p} balance={balance}: {now() - t0:.0f} s", file=sys.stderr, flush=True)
             source = per_rank[0]["replay"]
             for schedule in schedules:
                 for m in m_values:

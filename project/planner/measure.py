@@ -1,7 +1,8 @@
 """The planner's measurements on this machine's CPU (``python -m project.planner --hardware cpu``, ``--measure``).
 
 * :func:`cpu_hardware` — the CPU as a :class:`course.hardware.Hardware`: the matrix-product FLOP/s one
-  rank reaches while every rank of the run computes at once (the ranks share the cores), and, per group
+  rank reaches while every rank of the run computes at once (the ranks share the cores; timed to the slowest rank,
+  and refused above the machine's measured peak, :func:`course.benchmarking.check_rate`), and, per group
   size p, an alpha-beta line fitted to gloo all-reduce times (:func:`communication.alpha_beta.fit_alpha_beta`)
   measured with every group of p consecutive ranks all-reducing at once;
 * :func:`measure_run` — the planned configuration, run: every rank's bytes of parameters, gradients and
@@ -72,20 +73,19 @@ def measurable(config) -> str:
 # ---- the CPU's figures ------------------------------------------------------------------------------
 
 def _rate(work, flops: float, repeats: int, world) -> float:
-    """Median FLOP/s of ``work()`` (``flops`` each) over ``repeats`` timings of ~0.2 GFLOP, every rank at once."""
-    import torch.distributed as dist
+    """Median FLOP/s per rank of ``work()`` (``flops`` each) over ``repeats`` timings, every rank at once: each timing
+    a loop of about 2 GFLOP per rank — far longer than the scheduler's time slice, so that ranks sharing the cores
+    do run together — from a barrier to the end of the slowest rank (:func:`course.benchmarking.timed`). A rank
+    timing its own short loop would time the slices in which it ran alone while the others waited: a rate the ranks
+    cannot reach at once (notebook 06 once showed 8 x 81.7 GFLOP/s on 2 cores)."""
+    from course.benchmarking import timed
 
-    from course.measure import now
-
-    calls = max(1, int(2e8 // flops))
+    calls = max(1, int(2e9 // flops))
     rates = []
     for i in range(repeats + 1):
-        dist.barrier(group=world)
-        start = now()
-        for _ in range(calls):
-            work()
+        seconds = timed(lambda: [work() for _ in range(calls)], group=world)
         if i:  # the first is the warm-up
-            rates.append(flops * calls / (now() - start))
+            rates.append(flops * calls / seconds)
     return statistics.median(rates)
 
 
@@ -146,10 +146,14 @@ def measure_cpu(world_size: int, block: BlockShape, group_sizes: list[int], repe
     from communication.alpha_beta import fit_alpha_beta
     from course.launch import launch
 
+    from course.benchmarking import check_rate, machine_peak_flops
+
     out = launch(device_worker, world_size, block, sorted(set(group_sizes)), repeats, device="cpu", timeout=900)
+    flops = statistics.median(r["flops"] for r in out.values())
+    check_rate(flops, machine_peak_flops(), "the planner's matrix-product rate per rank", ranks=world_size)
     lines = out[0]["all_reduce_seconds"]
     fits = {str(p): fit_alpha_beta(list(times), list(times.values())) for p, times in lines.items()}
-    return {"world_size": world_size, "flops": statistics.median(r["flops"] for r in out.values()),
+    return {"world_size": world_size, "flops": flops,
             "block_flops": statistics.median(r["block_flops"] for r in out.values()),
             "all_reduce_fits": fits, "all_reduce_seconds": {str(p): {str(s): t for s, t in times.items()}
                                                               for p, times in lines.items()},

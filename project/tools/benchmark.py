@@ -1,7 +1,7 @@
 """Communication benchmark: all-reduce latency and bus bandwidth, and data-parallel training tokens/s.
 
-    python project/tools/benchmark.py                               # 2 ranks, 1 KB .. 64 MB, 5 repeats
-    python project/tools/benchmark.py --sizes 1KB 1MB 64MB --world_sizes 2 3 --repeats 7 --out out.json
+    python project/tools/benchmark.py                               # 2 ranks, 1 KiB .. 64 MiB, 5 repeats
+    python project/tools/benchmark.py --sizes 1KiB 1MiB 64MiB --world_sizes 2 3 --repeats 7 --out out.json
     torchrun --standalone --nproc_per_node=8 project/tools/benchmark.py --device cuda   # 8 GPUs, NCCL
 
 Part 1, for each world size: ``dist.all_reduce`` (the back-end's own: gloo, or NCCL on GPUs),
@@ -39,15 +39,16 @@ if __name__ == "__main__":  # run as a file: import the packages of the tree thi
 
 from course.launch import RankFailure, default_world_size, launch, reports_results  # noqa: E402
 
-DEFAULT_SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB"]
-UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+DEFAULT_SIZES = ["1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB"]
+UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
 
 
 def parse_size(text: str) -> int:
-    """``"64MB"`` -> 67108864 (KB, MB, GB are powers of 1024; plain numbers are bytes)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", text.upper())
-    if not m:
-        raise ValueError(f"cannot read the size {text!r}: write e.g. 1024, 1KB, 4MB")
+    """``"64MiB"`` -> 67108864 (KiB, MiB, GiB — and KB, MB, GB, read the same — are powers of 1024; plain
+    numbers are bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*((?:[KMG]I?)?B?)\s*", text.upper())
+    if not m or m.group(2).endswith("I"):
+        raise ValueError(f"cannot read the size {text!r}: write e.g. 1024, 1KiB, 4MiB")
     return int(float(m.group(1)) * UNITS[m.group(2)])
 
 
@@ -57,7 +58,7 @@ def make_parser():
 
     parser = benchmarking.parser(__doc__.split("\n\n")[0], out="workdir/benchmark_communication.json", repeats=5,
                                  timeout=1800.0, steps=8)
-    parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (bytes, or with KB/MB/GB)")
+    parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="message sizes (bytes, or with KiB/MiB/GiB)")
     parser.add_argument("--world_sizes", nargs="+", type=int, default=[default_world_size(2)],
                         help="ranks of the all-reduce benchmark (under torchrun: its WORLD_SIZE)")
     parser.add_argument("--skip_allreduce", action="store_true", help="skip part 1")
@@ -66,7 +67,7 @@ def make_parser():
     benchmarking.option(dp, "dp", default=default_world_size(2))
     benchmarking.gpt2_step_options(dp)
     dp.add_argument("--dp_repeats", type=int, default=7, help="timed repeats of part 2 (interleaved)")
-    benchmarking.option(dp, "bucket_mb", default=1.0, note="part 2: the bucketed reducer's and DDP's")
+    benchmarking.option(dp, "bucket_mb", default=1.0, note="part 2: the bucketed reducer's and DDP's, in MiB")
     return parser
 
 
@@ -137,7 +138,8 @@ def allreduce_part(args) -> dict:
         entry["crossover"] = {k: analysis[k] for k in ("crossover_model", "crossover_measured", "crossover_agreement")}
         entry["prediction_quality"] = analysis["prediction_quality"]
         pairs = (("ring", "tree"), ("dist.all_reduce", "ring"))
-        entry["verdicts"] = {str(size): {f"{a} vs {b}": compare(raw[a][size], raw[b][size], (a, b)) for a, b in pairs}
+        entry["verdicts"] = {str(size): {f"{a} vs {b}": compare(raw[a][size], raw[b][size], (a, b), conditions=info)
+                                         for a, b in pairs}
                              for size in args.sizes_bytes}
         report[str(p)] = entry
         if not reports_results():
@@ -227,10 +229,11 @@ def dp_part(args) -> dict:
     per = {name: summarise(v) for name, v in runs.items()}
     ddp = per["ddp"]["median"]
     ratio = {name: ratios(runs[name], runs["ddp"]) for name in runs}  # per repeat (side by side), then the median
-    verdicts = {f"{a} vs {b}": compare(runs[a], runs[b], (a, b), lower_is_better=False, unit="tokens/s")
+    verdicts = {f"{a} vs {b}": compare(runs[a], runs[b], (a, b), lower_is_better=False, unit="tokens/s",
+                                       conditions=info)
                 for a, b in (("bucketed", "ddp"), ("average_gradients", "ddp"), ("bucketed", "average_gradients"))}
     print(f"\ndata-parallel training, {args.dp} ranks on {args.device}, GPT-2 {args.preset}, "
-          f"{args.per_rank_batch}x{args.seq_len} tokens per rank per step, buckets of {args.bucket_mb} MB "
+          f"{args.per_rank_batch}x{args.seq_len} tokens per rank per step, buckets of {args.bucket_mb} MiB "
           f"({out['n_buckets']} buckets); tokens/s of all ranks, median [min-max] of {args.dp_repeats} interleaved repeats")
     print(f"  machine: {describe(info)}")
     for name, s in per.items():

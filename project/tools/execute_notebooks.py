@@ -79,8 +79,9 @@ def course_notebooks(prefixes: list[str] | None = None) -> list[Path]:
 # ---- the machine ------------------------------------------------------------------------------------
 
 def settled(info: dict) -> bool:
-    """Whether a notebook may start on ``info``'s machine: ``quiet`` (no other work shares the cores now,
-    :func:`course.benchmarking.conditions`) and its 1-minute load average at most half the cores, so that the
+    """Whether a notebook may start on ``info``'s machine: ``quiet`` (the notebook's busy ranks and the other
+    processes' runnable threads fit the cores now, :func:`course.benchmarking.conditions`) and its 1-minute load
+    average at most half the cores, so that the
     work of the last minute — the previous notebook's ranks included — has drained and every figure the
     notebook prints starts from an idle machine."""
     cores = max(1, int(info.get("usable_cores") or info.get("cores") or 1))
@@ -118,9 +119,9 @@ def wait_for_quiet(wait_s: float = WAIT_S, allow_loaded: bool = False, poll_s: f
 
         cores = info.get("usable_cores") or info.get("cores")
         raise LoadedMachine(
-            f"the machine is {info['conditions']} ({describe(info)}): other processes keep more than half of its "
-            f"{cores} cores busy (1-minute load average above {cores / 2:g}), and it stayed so for the {wait_s:.0f} s "
-            f"waited. Committed outputs come from a quiet machine (docs/architecture.md, 'The benchmark harness'). "
+            f"the machine is {info['conditions']} ({describe(info)}): the other processes' runnable threads leave its "
+            f"{cores} cores no room for the notebook's busy ranks, or its 1-minute load average is above {cores / 2:g}, "
+            f"and it stayed so for the {wait_s:.0f} s waited. Committed outputs come from a quiet machine (docs/architecture.md, 'The benchmark harness'). "
             f"Stop the other work and run again, wait longer (--wait SECONDS), or run anyway with --allow_loaded: "
             f"the notebooks then print and record 'conditions: {info['conditions']}'.")
     return info

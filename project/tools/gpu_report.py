@@ -77,7 +77,7 @@ def make_parser():
     """The command line: :func:`course.benchmarking.parser`'s shared options and the report's own."""
     from course import benchmarking
 
-    parser = benchmarking.parser(__doc__.split("\n\n")[0], out=GPU_OUT, repeats=5, warmup=2)
+    parser = benchmarking.parser(__doc__.split("\n\n")[0], out=GPU_OUT, repeats=7, warmup=2)  # 7: a verdict
     parser.set_defaults(out=None)
     for action in parser._actions:
         if action.dest == "out":
@@ -337,7 +337,8 @@ def throughput(args, device, peaks: dict) -> dict:
                           "tokens_per_s": summarise([tokens / t for t in times]),
                           **{f"mfu_{peak}": (summarise([mfu(flops, t, 1, flop_s) for t in times]) if flop_s else None)
                              for peak, flop_s in peaks.items()}}
-    verdict = compare(seconds["checkpointing"], seconds["plain"], ("checkpointing", "plain"), unit="s")
+    verdict = compare(seconds["checkpointing"], seconds["plain"], ("checkpointing", "plain"), unit="s",
+                      conditions="one GPU, measured")
     del models, steps
     release(device)
     return {"preset": args.preset, "n_params": n_params, "precision": "bf16", "dropout": DROPOUT,

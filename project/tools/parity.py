@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from course.output_paths import require_writable_output
 
-    require_writable_output(parser, args.json, "--json")  # before any run
+    require_writable_output(parser, args.out, "--out")  # before any run
     require_writable_output(parser, args.plot, "--plot")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, not {args.steps}")

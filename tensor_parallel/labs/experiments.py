@@ -6,6 +6,8 @@
   ``parallel`` from ``tp``, and the collectives per layer of each.
 * :func:`train_block_types_worker` — short Multi30k runs of the run script's worker
   (:func:`tensor_parallel.training.run_tp`), one per block type, in one launch.
+* :func:`step_times_worker` — seconds per training step of each block type, interleaved, and the share of a
+  step spent inside the tp group's collectives.
 
 Each returns plain Python values (and small tensors) for the notebook to tabulate; the plots
 are in :mod:`course.plots`.
@@ -159,7 +161,9 @@ def train_block_types_worker(rank: int, world_size: int, config, block_types_lis
     """The run script's training (:func:`tensor_parallel.training.train_tp`) once per block type.
 
     Data and tokenizer are prepared once; each run writes its results files into
-    ``<workdir>/<block type>/``. Returns ``{block type: train_tp's return value}``.
+    ``<workdir>/<block type>/``. An entry ``"<block types>@<seed>"`` (e.g. ``"tp@12"``) runs those block types with
+    another ``--seed`` (other initial weights, data order and dropout): the run-to-run spread the differences
+    between block types are read against. Returns ``{entry: train_tp's return value}``.
     """
     from course.mesh import Mesh
     from course.task import prepare_data, worker_env_quiet
@@ -170,12 +174,71 @@ def train_block_types_worker(rank: int, world_size: int, config, block_types_lis
     mesh = Mesh.build(tp=world_size)
     data = prepare_data(config)  # once: the tokenizer and the encoded splits serve every run
     out = {}
-    for kind in block_types_list:
+    for entry in block_types_list:
+        kind, _, seed = entry.partition("@")
         run_config = copy.copy(config)
         run_config.block_types = parse_block_types(kind, n_layer=_n_layer(config.preset))
-        run_config.workdir = str(Path(config.workdir) / kind.replace(",", "_"))
-        out[kind] = train_tp(rank, world_size, run_config, data, mesh)
+        if seed:
+            run_config.seed = int(seed)
+        run_config.workdir = str(Path(config.workdir) / entry.replace(",", "_"))
+        out[entry] = train_tp(rank, world_size, run_config, data, mesh)
     return out
+
+
+def step_times_worker(rank: int, world_size: int, kinds: list[str], repeats: int, warmup: int = 1,
+                      preset: str = "tiny", vocab_size: int = 1000, batch_size: int = 8, seq: int = 64) -> dict:
+    """Seconds per training step (forward, backward, gradient sync, SGD step) of the tensor-parallel GPT-2 with
+    each block type of ``kinds`` (``tp``, ``spd``, ``parallel``) on the same weights and batch, interleaved
+    (:func:`course.benchmarking.interleaved`: ``warmup`` untimed steps each, then ``repeats`` rounds, the slowest
+    rank's time), and, from one more recorded step each (:mod:`course.trace`), the share of a step this rank spent
+    inside the tp group's collectives (waits for the other rank included).
+
+    Returns:
+        ``{"seconds": {kind: [per repeat]}, "comm_share": {kind: fraction}, "collectives": {kind: calls per step}}``
+        (the same on every rank: rank 0's recorded shares).
+    """
+    import torch.distributed as dist
+
+    from course import trace
+    from course.benchmarking import interleaved
+    from course.collectives import CommCounter, name_group
+    from course.measure import Stopwatch
+    from course.mesh import Mesh
+    from course.model import build_gpt2
+    from course.task import worker_env_quiet
+    from tensor_parallel.gpt2 import TensorParallelGPT2
+
+    worker_env_quiet()
+    group = Mesh.build(tp=world_size).tp_group
+    name_group(group, "tp")
+    hf = build_gpt2(preset, vocab_size, n_positions=seq, dropout=0.0, seed=0)
+    ids = torch.randint(0, vocab_size, (batch_size, seq), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    states = {}
+    for kind in kinds:
+        model = TensorParallelGPT2(hf, block_types=None if kind == "tp" else kind, group=group)
+        states[kind] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
+
+    def step(kind):
+        model, opt = states[kind]
+        opt.zero_grad(set_to_none=True)
+        model(batch["input_ids"], batch["attention_mask"], batch["labels"]).loss.backward()
+        model.sync_grads()
+        opt.step()
+
+    seconds = interleaved({kind: (lambda kind=kind: step(kind)) for kind in kinds}, repeats, warmup,
+                          group=dist.group.WORLD)
+    share, calls = {}, {}
+    for kind in kinds:
+        recorder = trace.Recorder("cpu")
+        dist.barrier(group=dist.group.WORLD)
+        with CommCounter() as counter, trace.recording(recorder), Stopwatch("cpu") as clock:
+            step(kind)
+        share[kind] = trace.communication_seconds_by_group(recorder.spans).get("tp", 0.0) / clock.seconds
+        calls[kind] = sum(int(v["count"]) for v in counter.summary().values())
+    shared = [None] * world_size
+    dist.all_gather_object(shared, (share, calls), group=dist.group.WORLD)
+    return {"seconds": seconds, "comm_share": shared[0][0], "collectives": shared[0][1]}
 
 
 def _n_layer(preset: str) -> int:

@@ -51,3 +51,24 @@ def test_hidden_hang_answer_is_what_the_analysis_of_its_recorded_dumps_names():
     (d,) = first_divergences(load_records(FOLDER / "mystery_metrics"))
     assert (d.ranks, d.seq, d.op) == ((1,), 3, "all_reduce")
     assert checks.check_hidden_hang(d.ranks[0], d.seq, d.op, "bleu")
+
+
+def test_the_new_checks_of_notebooks_04_and_10():
+    from communication.cost_model import LINKS, allreduce_bytes_factor, allreduce_steps, predict_allreduce
+
+    assert checks.check_recursive_doubling_three(allreduce_steps("recursive_doubling", 3), 3.0)
+    assert allreduce_steps("recursive_doubling", 3) == 3 and allreduce_bytes_factor("recursive_doubling", 3) == 3
+    choice = checks.small_message_choice()
+    for (name, link), picked in zip(LINKS.items(), choice):
+        ring = predict_allreduce("ring", 2 ** 20, 8, checks.LL_ALPHA[name], link.beta)
+        rd = predict_allreduce("recursive_doubling", 2 ** 20, 8, checks.LL_ALPHA[name], link.beta)
+        assert picked == ("ring" if ring < rd else "recursive doubling")
+    flipped = ("ring" if choice[0] != "ring" else "recursive doubling",) + choice[1:]
+    assert checks.check_small_message_choice(list(choice)) and not checks.check_small_message_choice(flipped)
+    assert checks.check_watchdog_abort(303) and not checks.check_watchdog_abort(300)
+    assert checks.check_flight_recorder_buffer(3000)
+    assert checks.check_debug_detail("a") and checks.check_debug_detail("(a) shapes") and not checks.check_debug_detail("b")
+    t = checks.straggler_step([100, 100, 100, 160], 5)
+    assert t == {"step_ms": 165, "wait_ms": [60, 60, 60, 0], "waiting_share": 180 / 660}
+    assert checks.check_straggler_step(165, 60, 180 / 660) and not checks.check_straggler_step(105, 0, 0)
+    assert checks.check_silent_divergence("bias", 1) and not checks.check_silent_divergence("weight", 1)

@@ -42,5 +42,6 @@ def test_bad_benchmark_options_stop_with_a_message(argv, message, capsys):
 
 def test_sizes_are_read_in_powers_of_1024():
     assert benchmark.parse_size("1KB") == 1024 and benchmark.parse_size("64MB") == 64 * 2**20
+    assert benchmark.parse_size("1KiB") == 1024 and benchmark.parse_size("4mib") == 4 * 2**20
     assert benchmark.parse_size("4096") == 4096
     assert benchmark.parse_args(["--sizes", "1MB", "1KB"]).sizes_bytes == [1024, 2**20]

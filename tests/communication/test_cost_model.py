@@ -102,13 +102,14 @@ def test_fit_line_reports_a_negative_slope_unclamped():
 
 
 def test_readable_bytes():
-    assert readable_bytes(4 * 2**20) == "4 MB" and readable_bytes(538412) == "526 KB"
-    assert readable_bytes(1024) == "1 KB" and readable_bytes(12) == "12 B" and readable_bytes(None) == "none"
+    assert readable_bytes(4 * 2**20) == "4 MiB" and readable_bytes(538412) == "526 KiB"
+    assert readable_bytes(1024) == "1 KiB" and readable_bytes(12) == "12 B" and readable_bytes(None) == "none"
 
 
-# Per-repeat times whose ranges are far apart (factor 10), or overlap (the same three values): compare()'s
-# verdict is then "faster"/"slower" or "indistinguishable" whatever the bootstrap draws.
-FAST, SLOW, SAME = [1.0, 1.1, 1.2], [10.0, 11.0, 12.0], [1.0, 1.1, 1.2]
+# Seven per-repeat times, paired round by round: every ratio one way (factor 10) is a verdict, equal rounds
+# (ratios of 1) are indistinguishable — compare()'s sign test, whatever the bootstrap draws.
+FAST = [1.0, 1.1, 1.2, 1.05, 1.15, 0.95, 1.0]
+SLOW, SAME = [10 * t for t in FAST], list(FAST)
 
 
 @pytest.mark.parametrize("ring, tree, kind, at", [
@@ -230,13 +231,17 @@ def test_gpt2_parameter_count_matches_transformers():
     assert sum(p.numel() for p in model.parameters()) == cm.gpt2_parameter_count(1000, 64, 32, 3)
 
 
+ROUNDS = [0.9, 0.95, 1.0, 1.0, 1.05, 1.1, 1.0]
+
+
 def _report(p, alpha, beta, ring_times=None, conditions="quiet"):
-    """A report of one world size as project/tools/benchmark.py writes it (three repeats per size, 10% apart)."""
+    """A report of one world size as project/tools/benchmark.py writes it (seven repeats per size, up to 10% apart,
+    the same round's factor for every algorithm: the load moves every round)."""
     def points(algorithm, times=None, scale=1.0):
         out = {}
         for i, n in enumerate(SIZES):
             t = times[i] if times else scale * cm.predict_allreduce(algorithm, n, p, alpha, beta)
-            out[str(n)] = {"median": t, "min": 0.9 * t, "max": 1.1 * t, "all": [0.9 * t, t, 1.1 * t]}
+            out[str(n)] = {"median": t, "min": 0.9 * t, "max": 1.1 * t, "all": [f * t for f in ROUNDS]}
         return out
 
     return {"machine": {"conditions": conditions},
@@ -253,8 +258,8 @@ def test_fit_benchmark_reads_the_benchmark_report():
     assert out["algorithms"]["recursive_doubling"]["ratio"] == pytest.approx([1.0] * len(SIZES))
     x = out["crossover_model"]["bytes"]
     assert x == pytest.approx(8 * alpha / beta)
-    # 10% spreads: sizes where the two differ by less than 1.1/0.9 overlap and are indistinguishable, so the
-    # measured crossover is the first size from which the ring is clearly faster at every larger one
+    # 10% spreads that overlap wherever the two differ by less than 1.1/0.9 — but paired round by round every
+    # ratio lies on one side, so the measured crossover is the first size from which the ring is faster
     measured = out["crossover_measured"]
     assert measured["kind"] == "crossover" and measured["bytes"] >= min(n for n in SIZES if n >= x)
     assert out["crossover_agreement"]["answer"] in ("agrees", "disagrees")

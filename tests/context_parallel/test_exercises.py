@@ -12,6 +12,7 @@ def test_online_softmax_check(capsys):
     not_rescaled = sum(math.exp(s - 5.0) for s in EXERCISE_1_BLOCKS[0]) + sum(math.exp(s - m) for s in EXERCISE_1_BLOCKS[1])
     assert not check_online_softmax(m, not_rescaled)
     assert "not rescaled" in capsys.readouterr().out
+    assert not check_online_softmax(None, None), "no answer yet: not yet, never an error"
 
 
 def test_causal_work_check():
@@ -39,3 +40,21 @@ def test_overlap_check():
 
     assert check_overlap_length(312e12 / 50e9)
     assert not check_overlap_length(312e12 / 50e9 / 2)
+
+
+def test_striped_and_gpu_scale_checks():
+    from context_parallel.exercises import (GPU_CP, causal_query_key_pairs, check_ring_step, check_striped_pairs,
+                                            ring_step_seconds)
+
+    cp, seq = 4, 1024
+    # every token pair of the causal triangle is computed exactly once, whatever the layout
+    for layout in ("striped", "contiguous"):
+        assert sum(causal_query_key_pairs(layout, cp, seq, r) for r in range(cp)) == seq * (seq + 1) // 2
+    striped = [causal_query_key_pairs("striped", cp, seq, r) for r in range(cp)]
+    assert striped == [4 * (255 * 256 // 2) + 256 * (r + 1) for r in range(cp)], "rank r: queries 4j + r"
+    assert check_striped_pairs(max(striped), sum(range(769, 1025)))
+    assert not check_striped_pairs(sum(range(769, 1025)), max(striped))
+    t = ring_step_seconds(**GPU_CP)
+    assert t["transfer"]["nvlink"] < t["compute"] < t["transfer"]["infiniband"]
+    assert check_ring_step(1e3 * t["compute"], 1e3 * t["transfer"]["nvlink"], 1e3 * t["transfer"]["infiniband"])
+    assert not check_ring_step(1e3 * t["compute"], 1e3 * t["transfer"]["infiniband"], 1e3 * t["transfer"]["nvlink"])

@@ -86,7 +86,10 @@ def test_conditions_class_the_machine_by_busy_ranks_and_other_load():
     base = {"cores": 2, "usable_cores": 2, "device": "cpu"}
     assert benchmarking.conditions({**base, "load_average": [0.2, 0, 0], "busy_ranks": 2}) == "quiet"
     assert benchmarking.conditions({**base, "load_average": [0.2, 0, 0], "busy_ranks": 3}) == "oversubscribed"
-    assert benchmarking.conditions({**base, "load_average": [1.5, 0, 0], "busy_ranks": 1}) == "loaded"
+    # busy ranks + the others' load must fit the cores (half a thread of slack for the sampling)
+    assert benchmarking.conditions({**base, "load_average": [1.5, 0, 0], "busy_ranks": 1}) == "quiet"
+    assert benchmarking.conditions({**base, "load_average": [1.6, 0, 0], "busy_ranks": 1}) == "loaded"
+    assert benchmarking.conditions({**base, "load_average": [0.8, 0, 0], "busy_ranks": 2}) == "loaded"
     # After the run the load holds the run's own busy ranks: only the rest counts as other load.
     assert benchmarking.conditions({**base, "load_average": [0.1, 0, 0], "load_average_after": [2.4, 0, 0],
                                     "busy_ranks": 2}) == "quiet"
@@ -99,25 +102,69 @@ def test_conditions_class_the_machine_by_busy_ranks_and_other_load():
     assert "conditions:" in benchmarking.describe(info) and "1 busy ranks" in benchmarking.describe(info)
 
 
-def test_compare_names_a_winner_only_when_the_repeats_separate():
+def test_quiet_only_when_the_busy_ranks_and_the_others_fit_the_cores_at_the_start_and_the_end():
+    """Notebook 03 was called quiet with 1.0 other runnable thread beside its 2 ranks on 2 cores, notebook 04 with
+    0.8: both are loaded. The threads at the end count as much as those at the start."""
+    base = {"cores": 2, "usable_cores": 2, "device": "cpu", "busy_ranks": 2}
+    assert benchmarking.conditions({**base, "others_running": 1.0, "others_running_after": 0.0}) == "loaded"
+    assert benchmarking.conditions({**base, "others_running": 0.8}) == "loaded"
+    assert benchmarking.conditions({**base, "others_running": 0.0, "others_running_after": 0.8}) == "loaded"
+    assert benchmarking.conditions({**base, "others_running": 0.2, "others_running_after": 0.4}) == "quiet"
+    assert benchmarking.conditions({**base, "busy_ranks": 1, "others_running": 1.0}) == "quiet"
+    line = benchmarking.conditions_clause({**base, "others_running": 1.0, "others_running_after": 0.2})
+    assert line == ("conditions: loaded (2 busy ranks + 1.0 other runnable threads at the start, 0.2 at the end, "
+                    "on 2 cores)")
+
+
+# Planted paired series: the verdict comes from the per-repeat ratios, never from unpaired ranges.
+SLOW_ROUNDS = [1.0, 1.3, 0.9, 1.6, 1.1, 1.4, 1.0]  # the machine's load moves every round
+
+
+def test_every_paired_ratio_one_way_is_a_verdict_even_when_the_ranges_overlap():
+    """Notebook 05's ZeRO-3 against ZeRO-0: 7 paired ratios 0.569-0.933, all below 1, ranges overlapping."""
+    a = [0.7 * x for x in SLOW_ROUNDS]
+    a[3] = 0.93 * SLOW_ROUNDS[3]  # one round only just below 1
+    v = benchmarking.compare(a, SLOW_ROUNDS, ("zero3", "zero0"), conditions="quiet")
+    assert v["overlap"], "the unpaired ranges overlap..."
+    assert v["verdict"] == "faster" and v["sign"] == {"below": 7, "above": 0, "ties": 0, "p": 2 / 128}
+    assert v["sentence"].startswith("verdict: zero3 is faster than zero0") and "7 of 7 repeats below 1" in v["sentence"]
+    assert "conditions: quiet" in v["sentence"]
+    assert benchmarking.compare(SLOW_ROUNDS, a)["verdict"] == "slower"
+    # a rate: higher is better, so the same ratios all above 1 make a faster
+    assert benchmarking.compare(SLOW_ROUNDS, a, lower_is_better=False)["verdict"] == "faster"
+
+
+def test_balanced_paired_ratios_are_indistinguishable_whatever_the_medians():
+    b = [2.0] * 7
+    a = [1.0, 3.0, 1.0, 3.0, 1.0, 3.0, 2.5]  # 3 below, 4 above
+    v = benchmarking.compare(a, b)
+    assert v["verdict"] == "indistinguishable" and (v["sign"]["below"], v["sign"]["above"]) == (3, 4)
+    assert "are indistinguishable" in v["sentence"] and "p = 1 >= 0.05" in v["sentence"]
+    # 6 of 7 one way is not enough for 95 % (p = 0.125): the sign test is exact
+    a = [1.0] * 6 + [3.0]
+    assert benchmarking.compare(a, b)["verdict"] == "indistinguishable"
+
+
+def test_too_few_repeats_give_no_verdict_and_say_so():
     fast, slow = [1.0, 1.1, 1.05, 0.98], [2.0, 2.1, 2.2, 1.9]
     v = benchmarking.compare(fast, slow, ("bucketed", "plain"))
-    assert v["verdict"] == "faster" and not v["overlap"] and v["interval"][1] < 1
-    assert v["sentence"].startswith("bucketed is faster than plain")
-    assert benchmarking.compare(slow, fast)["verdict"] == "slower"
-    # A rate (tokens/s): higher is better.
-    assert benchmarking.compare(slow, fast, lower_is_better=False)["verdict"] == "faster"
-    # Overlapping ranges: no winner, whatever the medians say.
-    v = benchmarking.compare([1.0, 1.1, 2.05], [2.0, 2.1, 2.2])
-    assert v["verdict"] == "indistinguishable" and v["overlap"] and "indistinguishable" in v["sentence"]
-    # The rounds disagree (ratios on both sides of 1): the interval of the ratio holds 1.
-    v = benchmarking.compare([1.0, 3.0, 1.0, 3.0, 1.0], [2.0, 2.5, 2.0, 2.5, 2.0])
-    assert v["verdict"] == "indistinguishable"
+    assert v["verdict"] == "indistinguishable" and not v["overlap"] and "too few repeats" in v["sentence"]
+    assert benchmarking.repeats_for_verdict() == 6 and benchmarking.sign_test_p(7, 0) < 0.05
+    assert benchmarking.sign_test_p(5, 0) > 0.05 and benchmarking.sign_test_p(0, 0) == 1.0
     assert benchmarking.compare(fast, slow) == benchmarking.compare(fast, slow), "seeded: the same verdict"
     with pytest.raises(ValueError, match="side by side"):
         benchmarking.compare([1.0, 2.0, 3.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="3"):
         benchmarking.compare([1.0, 2.0], [1.0, 2.0])
+
+
+def test_a_rate_above_the_machines_peak_is_refused():
+    peak = 100e9
+    assert benchmarking.check_rate(40e9, peak, "matmul", ranks=2) == 40e9
+    with pytest.raises(ValueError, match="above this machine's measured peak"):
+        benchmarking.check_rate(81.7e9, peak, "planner's rate per rank", ranks=8)  # notebook 06's 650 GFLOP/s
+    measured = benchmarking.machine_peak_flops()
+    assert measured >= benchmarking.peak_flops(1) > 0
 
 
 def test_fit_quality_fails_a_negative_or_clamped_coefficient_and_flags_large_residuals():
@@ -140,4 +187,4 @@ def test_conditions_read_the_other_processes_running_now_when_sampled():
     assert benchmarking.conditions({**base, "busy_ranks": 3, "others_running": 0.0}) == "oversubscribed"
     now = benchmarking.others_running(samples=2, interval_s=0.0)
     assert now is None or now >= 0
-    assert "other processes' runnable threads" in benchmarking.describe(benchmarking.finish(benchmarking.machine()))
+    assert "other runnable threads at the start" in benchmarking.describe(benchmarking.finish(benchmarking.machine()))

@@ -195,7 +195,8 @@ def fabricated(created: str, name: str = "NVIDIA H100 80GB HBM3", tokens_per_s: 
             "training": {"preset": "gpt2", "n_params": 89e6, "batch_size": 64, "seq_len": 128, "vocab_size": 5000,
                          "model_flops_per_step": 4.5e12,
                          "variants": {"plain": variant, "checkpointing": dict(variant, tokens_per_s=s(3e5))},
-                         "checkpointing_vs_plain": {"sentence": "checkpointing is slower than plain: 1.33x"}},
+                         "checkpointing_vs_plain": {"names": ["checkpointing", "plain"], "unit": "s",
+                                                    "a": {"all": [1.33] * 7}, "b": {"all": [1.0] * 7}}},
             "memory": {"measure": "torch.cuda.max_memory_allocated (reset per measurement)", "planner": "plan",
                        "variants": {"plain": {"peak_bytes": s(6e9), "predicted_bytes": 5e9,
                                               "measured_over_predicted": 1.2},
@@ -235,7 +236,7 @@ def test_the_reader_shows_the_newest_real_report_with_device_and_date(tmp_path):
     text = gpu_figures.gpu_figures_text("throughput", tmp_path)
     assert text.startswith("Measured on NVIDIA H100 80GB HBM3 on 2026-03-04 (torch 2.11.0+cu130, CUDA 13.0; "
                            "GPU tier on one GPU: 7 passed, 0 failed, 37 skipped; new.json)")
-    assert "checkpointing is slower than plain" in text and str(tmp_path) not in text  # no absolute path
+    assert "verdict: checkpointing is slower than plain" in text and str(tmp_path) not in text  # no absolute path
 
 
 def test_without_a_report_the_reader_says_how_to_make_one(tmp_path):

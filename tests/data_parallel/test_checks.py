@@ -70,3 +70,23 @@ def test_checks_accept_the_right_answers_only(capsys):
     assert not checks.check_shared_fraction(1.0)  # "the same global batches"
     out = capsys.readouterr().out
     assert "right" in out and "not yet" in out and "hint" in out
+
+
+def test_the_gpu_scale_problem_prices_compute_and_all_reduce_from_the_datasheets():
+    from course.hardware import HARDWARE
+
+    n = checks.gpt2_parameter_count(**checks.GPU_MODEL)
+    h100 = HARDWARE["h100"]
+    at8, at64 = (checks.dp_step_seconds(n, 512, 1024, dp) for dp in (8, 64))
+    assert at8["link"] == "nvlink" and at64["link"] == "infiniband", "a ring of 64 leaves the node of 8"
+    rate = h100.peak_flops["bf16"] * h100.matmul_efficiency
+    assert at8["compute"] == pytest.approx(6 * n * 64 * 1024 / rate)
+    ring = 2 * 7 * h100.intra.alpha + 2 * 7 / 8 * 2 * n * h100.intra.beta + h100.intra.base
+    assert at8["all_reduce"] == pytest.approx(ring)
+    b = checks.break_even_batch(n, 1024, 64)
+    assert b % 64 == 0 and checks.dp_step_seconds(n, b, 1024, 64)["ratio"] <= 1 < \
+        checks.dp_step_seconds(n, b - 64, 1024, 64)["ratio"]
+    assert checks.check_dp_break_even(b) and not checks.check_dp_break_even(b - 64)
+    assert checks.check_token_count_bytes(1, 8) and not checks.check_token_count_bytes(2, 8)
+    with pytest.raises(ValueError, match="does not split"):
+        checks.dp_step_seconds(n, 100, 1024, 64)

@@ -70,3 +70,22 @@ def test_dualpipev_check_accepts_the_right_answers_only(capsys):
     assert checks.check_dualpipev(6, 21, 9)
     assert not checks.check_dualpipev(3, 21, 9)
     assert not checks.check_dualpipev(6, 21, 5)
+
+
+@pytest.mark.needs_solution  # the action lists are reference code the student release stubs
+def test_the_gpu_scale_choice_and_the_new_checks_read_the_schedules():
+    one, two = (checks.micro_batch_choice(**checks.GPT3_PIPELINE, virtual_stages=v) for v in (1, 2))
+    for c, name, v in ((one, "1f1b", 1), (two, "interleaved", 2)):
+        assert c["m"] % 8 == 0 and c["bubble"] <= 0.05 < get_schedule(name).bubble(8, c["m"] - 8, v)
+        assert c["in_flight_chunks"] == peak_in_flight(all_actions(name, 8, c["m"], v)[0]), "the formula = the lists"
+    for p, m, v in ((4, 8, 2), (4, 4, 3), (2, 4, 2), (8, 16, 2)):
+        assert checks.interleaved_rank0_in_flight(p, m, v) == peak_in_flight(all_actions("interleaved", p, m, v)[0])
+    assert (one["m"], one["in_flight_stages"]) == (136, 8), "1F1B's rank 0 holds p micro-batches"
+    assert two["m"] < one["m"] and two["in_flight_stages"] > one["in_flight_stages"], "interleaving's price: memory"
+    assert checks.check_gpt3_micro_batches(136, two["m"], 8, two["in_flight_stages"])
+    assert not checks.check_gpt3_micro_batches(133, two["m"], 8, two["in_flight_stages"])
+    slower = measured_bubble_fraction(simulate(all_actions("1f1b", 4, 8), t_forward=1, t_backward=2))
+    assert checks.check_backward_twice_forward(slower), "the fraction does not depend on t_B / t_F"
+    assert checks.check_dualpipev_unequal(12) and not checks.check_dualpipev_unequal(6)
+    peaks = [max(peak_in_flight(a) for a in all_actions(s, 4, 8)) for s in ("zbv", "dualpipev")]
+    assert peaks == [8, 9] and checks.check_zbv_against_dualpipev(*peaks)

@@ -29,3 +29,23 @@ def test_shard_shapes():
 def test_vocab_loss_bytes():
     assert checks.check_vocab_loss_bytes(98304)
     assert not checks.check_vocab_loss_bytes(32768) and not checks.check_vocab_loss_bytes(8192)
+
+
+def test_the_new_checks_agree_with_the_model_and_the_datasheets():
+    from course.hardware import HARDWARE
+    from course.model import build_gpt2
+
+    hf = build_gpt2("tiny", 64, n_positions=16, dropout=0.0, seed=0)
+    block = hf.transformer.h[0]
+    replicated = sum(p.numel() for p in (*block.ln_1.parameters(), *block.ln_2.parameters(), block.attn.c_proj.bias,
+                                         block.mlp.c_proj.bias))
+    assert replicated == 6 * hf.config.n_embd and checks.check_grad_sync_elements(replicated)
+    assert checks.check_mixed_block_collectives(1.5) and not checks.check_mixed_block_collectives(2)
+    t = checks.tp_layer_seconds(**checks.GPT3_LAYER)
+    h100 = HARDWARE["h100"]
+    assert t["gemm"] == pytest.approx(24 * 2048 * 12288 ** 2 / 8 / (h100.peak_flops["bf16"] * h100.matmul_efficiency))
+    assert t["all_reduce"]["nvlink"] < t["gemm"] < t["all_reduce"]["infiniband"], "TP stays inside the node"
+    assert checks.check_tp_layer_times(1e3 * t["gemm"], 1e3 * t["all_reduce"]["nvlink"],
+                                       1e3 * t["all_reduce"]["infiniband"])
+    assert not checks.check_tp_layer_times(1e3 * t["gemm"], 1e3 * t["all_reduce"]["infiniband"],
+                                           1e3 * t["all_reduce"]["nvlink"])

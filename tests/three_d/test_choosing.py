@@ -7,8 +7,8 @@ from three_d.choosing import leader_verdicts, matmul_rate
 
 
 def test_the_fastest_is_named_only_when_it_beats_every_other():
-    apart = {(8, 1, 1): [1.0, 1.1, 1.05, 1.02, 1.08], (4, 2, 1): [2.0, 2.1, 2.05, 2.2, 2.1],
-             (2, 4, 1): [3.0, 3.3, 3.1, 3.2, 3.1]}
+    rounds = [1.0, 1.1, 1.05, 1.02, 1.08, 1.3, 0.95]  # seven rounds, the load moving from round to round
+    apart = {(8, 1, 1): rounds, (4, 2, 1): [2 * t for t in rounds], (2, 4, 1): [3 * t for t in rounds]}
     out = leader_verdicts(apart)
     assert out["leader"] == (8, 1, 1) and out["fastest"] == (8, 1, 1) and out["tied"] == []
     assert {k: v["verdict"] for k, v in out["verdicts"].items()} == {(4, 2, 1): "faster", (2, 4, 1): "faster"}
@@ -16,8 +16,9 @@ def test_the_fastest_is_named_only_when_it_beats_every_other():
 
 
 def test_overlapping_ranges_name_no_fastest():
-    # the best median (2·4·1) but a range that overlaps 8·1·1's: a leader, not a fastest
-    overlap = {(8, 1, 1): [1.0, 1.2, 1.1], (2, 4, 1): [0.6, 0.9, 1.5], (1, 4, 2): [4.0, 4.1, 4.2]}
+    # the best median (2·4·1) but paired rounds on both sides of 8·1·1's: a leader, not a fastest
+    overlap = {(8, 1, 1): [1.0, 1.2, 1.1, 1.0, 1.2, 1.1, 1.0], (2, 4, 1): [0.6, 0.9, 1.5, 0.8, 1.3, 0.7, 1.4],
+               (1, 4, 2): [4.0, 4.1, 4.2, 4.0, 4.1, 4.2, 4.0]}
     out = leader_verdicts(overlap)
     assert out["leader"] == (2, 4, 1)
     assert out["fastest"] is None and out["tied"] == [(8, 1, 1)]

@@ -63,3 +63,13 @@ def test_rankings():
     assert math.isclose(spearman(ranks(measured), ranks(measured)), 1.0)
     with pytest.raises(ValueError, match="different factorisations"):
         compare_rankings(predicted, {(8, 1, 1): 1.0}, "step s")
+
+
+def test_the_gpu_scale_layouts_follow_zero1_and_the_bubble():
+    from pipeline import bubble_fraction
+
+    t = checks.three_d_layout(8, 16, 8, **checks.GPT3_3D)
+    assert t["state_gb"] == pytest.approx(175e9 / 128 * (4 + 12 / 8) / 1e9)
+    assert t["micro_batches"] == 192 and t["bubble"] == pytest.approx(bubble_fraction(16, 192))
+    assert t["tp_link"] == "nvlink" and checks.three_d_layout(16, 8, 8, **checks.GPT3_3D)["tp_link"] == "infiniband"
+    assert checks.check_gpt3_layout(t["state_gb"], t["bubble"]) and not checks.check_gpt3_layout(t["state_gb"], 7 / 199)

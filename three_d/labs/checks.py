@@ -14,6 +14,29 @@ from course.exercise_checks import report
 
 _report = partial(report, rel=1e-3, abs_tol=1e-12)  # course.exercise_checks: the one answer check
 
+# The worked problem at GPU scale (notebook 06, section 4): GPT-3 175B (96 layers; Brown et al. 2020) on 1024 H100s
+# in nodes of 8, a global batch of 1536 sequences in micro-batches of one, mixed-precision Adam with ZeRO-1 over dp.
+GPT3_3D = dict(n_params=175e9, global_batch=1536, micro_batch=1, devices_per_node=8)
+GPT3_LAYOUTS = ((8, 16, 8), (8, 8, 16), (4, 32, 8), (16, 8, 8), (8, 32, 4))  # (tp, pp, dp), 1024 GPUs each
+
+
+def three_d_layout(tp: int, pp: int, dp: int, n_params: float, global_batch: int, micro_batch: int,
+                   devices_per_node: int) -> dict:
+    """What one factorisation ``tp x pp x dp`` of a large run costs, from the formulas: the model state per GPU
+    (mixed-precision Adam, ZeRO-1: the 2-byte parameters and gradients of the GPU's ``1/(tp pp)`` of the model whole,
+    Adam's 12 bytes sharded over dp too; Rajbhandari et al. 2020, Sec. 5), the micro-batches one pipeline runs
+    (``global_batch / (dp micro_batch)``) and its 1F1B bubble (:func:`pipeline.bubble_fraction`), and the link the tp
+    group's all-reduces cross (NVLink when tp fits a node of ``devices_per_node``, else InfiniBand).
+
+    Returns ``{"state_gb", "micro_batches", "bubble", "tp_link"}``.
+    """
+    from pipeline import bubble_fraction
+
+    per_gpu = n_params / (tp * pp)
+    m = global_batch // (dp * micro_batch)
+    return {"state_gb": per_gpu * (2 + 2 + 12 / dp) / 1e9, "micro_batches": m, "bubble": bubble_fraction(pp, m),
+            "tp_link": "nvlink" if tp <= devices_per_node else "infiniband"}
+
 
 def check_factorisation_count(answer) -> bool:
     """Exercise 1: how many ``(dp, pp, tp)`` with ``dp * pp * tp = 16`` does a model of 8 blocks and 4 heads allow
@@ -45,3 +68,14 @@ def check_mfu_from_hfu(answer) -> bool:
     96 B s l h^2 instead of 72; leave out the attention and vocabulary terms). What MFU is that?"""
     return _report("MFU of a 52% HFU run with full recomputation", answer, 0.52 * 72 / 96,
                    "model FLOPs leave the recomputed forward out: 3 passes' worth (72) of the 4 counted (96)")
+
+
+def check_gpt3_layout(state_gb, bubble) -> bool:
+    """Exercise 5: GPT-3 175B on 1024 H100s as tp 8 x pp 16 x dp 8 (:data:`GPT3_3D`): GB of model state per GPU with
+    ZeRO-1, and the 1F1B bubble fraction (:func:`three_d_layout`)?"""
+    t = three_d_layout(8, 16, 8, **GPT3_3D)
+    ok_s = _report("model state per GPU (GB)", state_gb, t["state_gb"],
+                   "the GPU holds 1/(tp pp) of the parameters: 2 + 2 bytes each, plus 12/dp of Adam's state")
+    ok_b = _report("1F1B bubble", bubble, t["bubble"],
+                   "one pipeline runs 1536 / dp micro-batches of one sequence; (p - 1) / (m + p - 1)")
+    return ok_s and ok_b

@@ -39,8 +39,10 @@ from course.factorisations import factorisations
 
 def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     """A worker for :func:`course.launch.launch`: per repeat and factorisation, the seconds per step (the
-    slowest rank's, :func:`course.benchmarking.interleaved`) and the communication of a step summed over
-    the ranks (rank 0 returns them all; the others ``[]``).
+    slowest rank's, :func:`course.benchmarking.interleaved`), the communication of a step summed over
+    the ranks, and every rank's costs of the repeat's last step for a replay (``costs[r]``: ``{"events": CPU seconds
+    per action of its schedule, "tail": CPU seconds of the rest of the step}``, :func:`three_d.choosing.replayed_steps`)
+    (rank 0 returns them all; the others ``[]``).
 
     ``cfg``: ``factorisations`` [(dp, pp, tp)], ``batch_size``, ``micro_batch_size``, ``seq_len``, ``vocab_size``,
     ``warmup``, ``steps``, ``repeats``."""
@@ -57,10 +59,12 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
     from three_d.rank_setup import setup_rank
     from three_d.step import three_d_step
 
+    from course.measure import cpu_seconds
+
     worker_env_quiet()
     device = context().device
     world = dist.group.WORLD
-    variants, comm, micro, memory = {}, {}, {}, {}
+    variants, comm, micro, memory, costs = {}, {}, {}, {}, {}
     for dp, pp, tp in cfg["factorisations"]:  # every rank builds every mesh, in the same order
         model = build_gpt2("tiny", cfg["vocab_size"], n_positions=cfg["seq_len"], dropout=0.0, seed=0)
         ranked = setup_rank(ParallelDims(dp=dp, pp=pp, tp=tp), model, device)
@@ -75,16 +79,23 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
             for name in ("dp", "pp", "tp"):  # a dimension spanning every rank is the world group, which
                 name_group(mesh.group(name), name)  # each mesh names anew: name it for this run's counts
             name_group(mesh.embedding_group, "embedding")
+            start = cpu_seconds()
             with CommCounter() as counter:
                 out = three_d_step(ranked.stage, ranked.runner, mesh, ids, ids.clone(), micro[key], "1f1b", 1.0)
             optimizer.step()
+            events = list(out["result"].event_cpu_s)
+            # this rank's costs for a replay: CPU seconds per action of the schedule, and of the rest of the step
+            # (the dp and embedding all-reduces' CPU work, clipping, the optimizer): three_d.choosing.replayed_steps
+            costs.setdefault(key, []).append({"events": events, "tail": cpu_seconds() - start - sum(events)})
             comm[key] = counter.by_group()
             memory[key] = held_bytes(ranked.stage, optimizer) | {"activations": out["result"].peak_activation_bytes}
 
         variants[key] = step
     times = interleaved(variants, cfg["repeats"], cfg["warmup"], device, group=world, inner=cfg["steps"])
+    last = [cfg["warmup"] + (repeat + 1) * cfg["steps"] - 1 for repeat in range(cfg["repeats"])]  # each repeat's last step
     report = [{"dp": key[0], "pp": key[1], "tp": key[2], "repeat": repeat, "micro_batches": micro[key],
-               "step_s": seconds, "comm": copy.deepcopy(comm[key]), "memory": [memory[key]]}
+               "step_s": seconds, "comm": copy.deepcopy(comm[key]), "memory": [memory[key]],
+               "costs": [costs[key][last[repeat]]]}
               for repeat in range(cfg["repeats"]) for key, per in times.items() for seconds in [per[repeat]]]
     gathered = [None] * world_size
     dist.all_gather_object(gathered, report, group=world)
@@ -95,6 +106,7 @@ def benchmark_worker(rank: int, world_size: int, cfg: dict) -> list[dict]:
             continue
         for mine, theirs in zip(report, rows):
             mine["memory"] += theirs["memory"]
+            mine["costs"] += theirs["costs"]  # rank order: costs[r] is rank r's
             for group, kinds in theirs["comm"].items():
                 target = mine["comm"].setdefault(group, {})
                 for kind, value in kinds.items():
