@@ -43,7 +43,7 @@ def test_overlap_check():
 
 
 def test_striped_and_gpu_scale_checks():
-    from context_parallel.exercises import (GPU_CP, causal_query_key_pairs, check_ring_step, check_striped_pairs,
+    from context_parallel.labs.exercises import (GPU_CP, causal_query_key_pairs, check_ring_step, check_striped_pairs,
                                             ring_step_seconds)
 
     cp, seq = 4, 1024

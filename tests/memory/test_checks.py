@@ -28,7 +28,7 @@ def test_activation_and_gelu():
 
 def test_the_new_checks_agree_with_the_formulas_and_the_model():
     from course.model import build_gpt2
-    from memory import checks
+    from memory.labs import checks
     from memory.formulas import activation_bytes_per_layer, model_state_bytes
 
     model = build_gpt2("tiny", 1000, n_positions=64, dropout=0.0, seed=0, n_layer=2)

@@ -2,7 +2,7 @@
 right answer only (no process started)."""
 import pytest
 
-from moe import checks
+from moe.labs import checks
 
 
 def test_the_straggler_problem_prices_the_busiest_gpu():
