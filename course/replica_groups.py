@@ -186,6 +186,23 @@ def start_lighthouse(min_replicas: int, join_timeout_ms: int, heartbeat_timeout_
     return server, f"http://127.0.0.1:{port}"
 
 
+def _live_stacks(procs: dict, stack_dir: str) -> str:
+    """Where every live rank is: each writes its threads' Python stacks on SIGUSR1 (:func:`enable_stack_dumps`);
+    the innermost frames of its main thread, for the message of a run that did not finish."""
+    live = [(g, r, p) for g, ps in procs.items() for r, p in enumerate(ps) if p.is_alive()]
+    for _, _, p in live:
+        os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1.0)  # (faulthandler writes from a signal handler, at once)
+    lines = []
+    for path in sorted(Path(stack_dir).glob("replica*.stack")):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            blocks = text.split("\n\n")
+            main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1]).splitlines()
+            lines.append(f"\n{path.stem}:\n  " + "\n  ".join(main[:8]))
+    return "".join(lines)
+
+
 def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size: int, *args: Any,
                           faults: tuple[Fault, ...] = (), policy: str = "heal", min_replicas: int = 1,
                           device: str = "auto", backend: str = "auto", timeout: float = 600.0,
@@ -309,7 +326,7 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
                                                      "without a planned fault")
                 if time.monotonic() > deadline:
                     raise RankFailure(None, f"the replica groups did not finish within {timeout:.0f} s; events so "
-                                            f"far: {run.events[-5:]}")
+                                            f"far: {run.events[-5:]}" + _live_stacks(procs, stack_dir))
                 continue
             if kind == "error":
                 group, inc, rank = who

@@ -159,7 +159,10 @@ def _schedules() -> list[dict]:
 
 
 def _choices(config_class, name: str) -> list:
-    return list(next(f for f in dataclasses.fields(config_class) if f.name == name).metadata["choices"])
+    """The values ``--name`` takes in ``config_class``'s command line: its own choices, else the table's."""
+    own = config_class.choices.get(name)
+    return list(own if own is not None else
+                next(f for f in dataclasses.fields(config_class) if f.name == name).metadata["choices"])
 
 
 def calculator_data(root: Path) -> dict:

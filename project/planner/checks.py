@@ -52,3 +52,12 @@ def check_recomputed_activation_bytes(answer) -> bool:
     sequence parallelism, 4 micro-batches in flight: bytes kept?"""
     return _report("checkpointed activations (bytes)", answer, 2 * 4096 * 1 * 4096 * 8 * 4,
                    "2 s b h bytes per block and micro-batch (the block's bf16 input), times blocks, times in flight")
+
+
+def check_zero3_gathers_per_micro_batch(answer) -> bool:
+    """Exercise 6: llama-7b (32 blocks) in dp 32 x pp 4 x tp 8 under ZeRO-3, each block a sharding unit: how many
+    all-gathers does one rank's dp group make per micro-batch (the blocks of one stage)?"""
+    blocks_per_stage = 32 // 4
+    return _report("ZeRO-3 all-gathers per micro-batch on one stage", answer, 2 * blocks_per_stage,
+                   "each block's weights are gathered before its forward pass and, freed in between, again before "
+                   "its backward pass (Rajbhandari et al. 2020, Sec. 5.3): twice per block of the stage")

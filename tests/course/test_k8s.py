@@ -227,7 +227,7 @@ def test_the_jobs_pods_train_the_one_process_runs_losses(tmp_path):
     config = PipelineConfig.from_command_line([*TRAINING, "--single_process", "sequential", "--pp", "4",
                                                "--device", "cpu", "--workdir", str(one)], environment=False)
     assert run(config) == 0
-    reference = json.loads((one / "pipeline_model_parallel_rank0_results_epoch0.json").read_text())["train_losses"]
+    reference = json.loads((one / "pipeline_sequential_rank0_results_epoch0.json").read_text())["train_losses"]
     assert len(reference) == 3
     for r in range(4):
         assert losses[r] == reference, f"rank {r}: {losses[r]} vs one process {reference}"

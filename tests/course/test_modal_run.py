@@ -227,7 +227,7 @@ def test_every_mode_builds_the_command_its_script_runs(mode, modal_options, expe
 def test_every_mode_is_a_run_script_with_a_configuration():
     from course.config import RunConfig
 
-    assert set(ms.RUNS) == {"dp", "pipeline", "tp", "3d", "cp", "moe"}
+    assert set(ms.RUNS) == {"dp", "pipeline", "tp", "3d", "cp", "moe", "ft"}
     for mode, script in ms.SCRIPTS.items():
         assert (REPO / script).is_file()
         cls = ms.config_class(mode)

@@ -164,7 +164,7 @@ def memory_configs(data, rng):
     valid, refused = [], []
     while len(valid) < CONFIGS:
         schedule = rng.choice(schedules)
-        chunked = next(s for s in data["schedules"] if s["name"] == schedule)["chunks"]
+        chunked = next(s for s in data["schedules"] if s["name"] == schedule)["interleaved"]
         dp, m = rng.choice([1, 2, 3, 4, 8]), rng.randint(1, 12)
         full = rng.random() < 0.3
         c = dict(preset=rng.choice(presets + ["llama3-405b"] * (rng.random() < 0.1)), vocab_size=rng.randint(300, 130000),
@@ -515,14 +515,12 @@ def test_every_planner_schedule_has_its_in_flight_count_in_closed_form():
     F to its B, or to its W) on every small pipeline: the count on each stage, and at that same peak the first
     stage's pairs of chunk 0 and the last stage's of its last chunk (the peaks coincide, so the stage's peak bytes
     are the count's units plus those chunks' extras)."""
-    import dataclasses
-
     from pipeline.schedules import SCHEDULES, all_actions, micro_batches_per_round
     from project.planner.config import PlanConfig
     from project.planner.memory import held_until
     from website.calculators import IN_FLIGHT
 
-    planner = next(f for f in dataclasses.fields(PlanConfig) if f.name == "schedule").metadata["choices"]
+    planner = PlanConfig.choices["schedule"]
     missing = [s for s in planner if s not in IN_FLIGHT]
     assert not missing, (f"the planner's schedule(s) {missing} have no closed-form in-flight count: add one to "
                          "website/calculators.py, IN_FLIGHT, and to website/_static/calculators.js")
