@@ -256,6 +256,7 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
     incarnation = dict.fromkeys(range(replicas), 0)
     killed: set[int] = set()              # groups killed on purpose and not (yet) restarted
     pending = {f.group: f for f in faults}
+    reached: dict[int, set] = {}          # step -> the (group, rank)s of the current incarnations at its fault point
     server, address = start_lighthouse(min_replicas, join_timeout_ms, heartbeat_timeout_ms)
     run.lighthouse = address
     go = ctx.Event()
@@ -349,17 +350,23 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
                     go.set()
                 if not hold.is_set() and all((group, r, incarnation[group]) in ready for r in range(group_size)):
                     hold.set()  # the returning group's managers heartbeat: the others go on
-            fault = pending.get(group)
-            if event["kind"] == "fault_point" and fault is not None and incarnation[group] == 0 \
-                    and step == fault.at_step and group not in killed:
+            if event["kind"] == "fault_point":
+                reached.setdefault(step, set()).add((group, event["rank"]))
+            fault = next((f for f in pending.values() if event["kind"] == "fault_point" and f.at_step == step
+                          and incarnation[f.group] == 0 and f.group not in killed), None)
+            # The kill lands once every live rank has reached this step's fault point, after its forward pass: the
+            # quorum of the step formed and every group's process group configured, as in a failure mid-step
+            # (a kill during another group's reconfiguration is a different drill).
+            if fault is not None and {(g, r) for g in range(replicas) if g not in killed
+                                      for r in range(group_size)} <= reached[step]:
                 if policy == "restart_all":
-                    del pending[group]
+                    del pending[fault.group]
                     restart_everyone()
                 else:
                     if fault.restart_at_step is not None:
                         hold.clear()  # the others will wait for it at its restart step
-                    kill(group)
-                    killed.add(group)
+                    kill(fault.group)
+                    killed.add(fault.group)
             if event["kind"] == "fault_point" and policy == "heal" and group not in killed:
                 for f in list(pending.values()):
                     if f.group in killed and f.restart_at_step is not None and step >= f.restart_at_step:
