@@ -517,24 +517,34 @@ def _profiler(mode: TrainingMode, n_steps: int):
 def _staging(mode: TrainingMode, resuming: bool) -> Path:
     """The folder this run's ranks write their results into until it has succeeded (:func:`run_epochs`): rank 0
     prepares it (:func:`course.results.prepare_staging`) while the others wait."""
-    if mode.rank == 0:
+    if _first_of_group(mode):
         prepare_staging(mode.config.workdir, mode.results_prefix, _world_size(mode), resuming)
-    if dist.is_initialized() and mode.world_group is not None:
+    if _shared(mode):
         dist.barrier(group=mode.world_group)
     return staging_dir(mode.config.workdir, mode.results_prefix)
 
 
 def _world_size(mode: TrainingMode) -> int:
-    return dist.get_world_size(mode.world_group) if dist.is_initialized() and mode.world_group is not None else 1
+    return dist.get_world_size(mode.world_group) if _shared(mode) else 1
+
+
+def _shared(mode: TrainingMode) -> bool:
+    """Whether this run's ranks share a world group (a rank trained alone, as in DiLoCo's lab, has none)."""
+    return dist.is_initialized() and mode.world_group is not None
+
+
+def _first_of_group(mode: TrainingMode) -> bool:
+    """Whether this rank handles the run's files: the world group's first rank, or a rank that trains alone."""
+    return not _shared(mode) or dist.get_rank(mode.world_group) == 0
 
 
 def _publish(mode: TrainingMode, resuming: bool) -> None:
     """Once every rank has written all of the run's files: rank 0 moves them into the work directory
     (:func:`course.results.publish_results`), and every rank returns once they are there."""
-    shared = dist.is_initialized() and mode.world_group is not None
+    shared = _shared(mode)
     if shared:
         dist.barrier(group=mode.world_group)
-    if mode.rank == 0:
+    if _first_of_group(mode):
         publish_results(mode.config.workdir, mode.results_prefix, _world_size(mode), resuming)
     if shared:
         dist.barrier(group=mode.world_group)  # (a rank may read its results as soon as run_epochs returns)

@@ -50,7 +50,10 @@ class LocalStepsTraining(TrainingMode):
     mode = "diloco_lab"
 
     def __init__(self, config, data, device, h: int | None, steps: int, rank: int, world: int):
-        super().__init__(config, data, device, rank=rank, show_progress=False)
+        import torch.distributed as dist
+
+        # the groups share the world (DiLoCo's and DDP's averaging): rank 0 publishes every group's results files
+        super().__init__(config, data, device, rank=rank, world_group=dist.group.WORLD, show_progress=False)
         from course.task import build_model
 
         self.results_prefix = f"diloco_lab_{'ddp' if h is None else f'h{h}'}_seed{config.seed}_"

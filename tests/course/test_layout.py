@@ -350,8 +350,7 @@ def _option_files() -> list[str]:
     tools = ("project.tools.benchmark", "project.tools.gpu_report", "project.tools.parity", "project.tools.performance")
     return sorted(name for name in FILES
                   if name in ("course.config", "course.benchmarking", "project.train", *tools)
-                  or name.startswith(("project.options.", "project.plan", "project.planner", "project.fake_mesh",
-                                      "project.published_runs"))
+                  or name.startswith(("project.options.", "project.planner"))
                   or (top(name) in PARTS and ".labs." in f"{name}."))
 
 
