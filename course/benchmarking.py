@@ -388,7 +388,7 @@ def repeats_for_verdict(confidence: float = CONFIDENCE) -> int:
 
 def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"), *, lower_is_better: bool = True,
             unit: str = "s", confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0,
-            conditions: str | None = None) -> dict:
+            conditions: str | None = None, words: tuple[str, str] = ("faster", "slower")) -> dict:
     """The verdict on two variants measured side by side (repeat k of each in the same round of
     :func:`interleaved`, or replayed from the same repeat's costs): is ``a`` faster, slower, or
     indistinguishable from ``b``?
@@ -403,7 +403,8 @@ def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"),
     fast round of ``b``. ``interval`` is the ``confidence`` bootstrap interval of the median ratio (its size).
 
     ``conditions``: the run's (:func:`conditions`, or ``"replayed"`` for times replayed from measured costs),
-    printed in the sentence.
+    printed in the sentence. ``words``: how the sentence says better and worse — ``("faster", "slower")`` for times
+    and rates, ``("lower", "higher")`` for a loss (``verdict`` stays ``faster``/``slower``: better/worse).
 
     Returns:
         ``{"verdict", "ratio" (summarise of a/b per repeat), "sign" ({"below", "above", "ties", "p"}),
@@ -445,7 +446,8 @@ def compare(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"),
         sentence = f"verdict: {name_a} and {name_b} are indistinguishable {tail}"
     else:
         factor = r["median"] if r["median"] >= 1 else 1 / r["median"]
-        sentence = f"verdict: {name_a} is {verdict} than {name_b}, {factor:.3g}x {tail}"
+        said = words[0] if verdict == "faster" else words[1]
+        sentence = f"verdict: {name_a} is {said} than {name_b}, {factor:.3g}x {tail}"
     return {"verdict": verdict, "ratio": r, "sign": {"below": below, "above": above, "ties": r["n"] - below - above,
                                                      "p": p},
             "confidence": confidence, "interval": [lo, hi], "overlap": overlap, "a": sa, "b": sb,

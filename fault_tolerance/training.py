@@ -168,6 +168,14 @@ def make_manager(config, model, optimizer, mesh, info, device):
 
     for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # A healing group reads a live peer's state over torchft's HTTP checkpoint server, which logs every request to
+    # stderr (http.server's default), and torch warns once that the received buffer is read-only (it is only read):
+    # neither is the run's news, and both would land in a notebook's output.
+    import http.server
+    import warnings
+
+    http.server.BaseHTTPRequestHandler.log_message = lambda self, format, *args: None
+    warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
     timeout = timedelta(seconds=config.quorum_timeout)
     pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
 

@@ -194,7 +194,8 @@ def comparison(rows: list[dict], groups: int, model_parameter_bytes: dict[str, f
         table.append(row)
         if name != DDP and len(mine) == len(ddp) and len(ddp) >= 3:
             verdicts[name] = compare([r["validation_loss"] for r in mine], ddp, (name, DDP),
-                                     lower_is_better=True, unit="nats")
+                                     lower_is_better=True, unit="nats of validation loss", words=("lower", "higher"),
+                                     conditions="the same tokens per seed (a loss, not a timing)")
     sentences = []
     for row in table:
         if row["variant"] == DDP:
@@ -207,17 +208,11 @@ def comparison(rows: list[dict], groups: int, model_parameter_bytes: dict[str, f
 
 
 def loss_sentence(name: str, verdict: dict | None) -> str:
-    """The validation-loss verdict of ``name`` against DDP in words, from :func:`course.benchmarking.compare`'s
-    result on the paired per-seed losses (lower is better)."""
+    """The validation-loss verdict of ``name`` against DDP, :func:`course.benchmarking.compare`'s sentence on the
+    paired per-seed losses (lower is better; with too few seeds it says so)."""
     if verdict is None:
         return "too few paired seeds for a verdict on the loss"
-    r = verdict["ratio"]
-    spread = (f"loss ratio {name}/DDP {r['median']:.4f}, min–max {r['min']:.4f}–{r['max']:.4f} over {r['n']} paired "
-              f"seeds")
-    if verdict["verdict"] == "indistinguishable":
-        return f"its validation loss is indistinguishable from DDP's ({spread})"
-    word = "lower" if verdict["verdict"] == "faster" else "higher"
-    return f"its validation loss is {word} than DDP's ({spread})"
+    return f"its validation loss, paired by seed: {verdict['sentence']}"
 
 
 def gpt2_parameter_bytes(preset: str = "gpt2", vocab_size: int = 50257) -> float:

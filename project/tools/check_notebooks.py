@@ -55,7 +55,7 @@ CONDITIONS = re.compile(
     r"(?: \((?P<busy>\d+) busy ranks \+ (?P<first>\d+(?:\.\d+)?)(?: other runnable threads)? at the (?P<when1>start|end)"
     r"(?:, (?P<second>\d+(?:\.\d+)?) at the end)?, on (?P<cores>\d+) cores\))?")
 VERDICT = re.compile(
-    r"verdict: (?:(?P<a>.+?) is (?P<word>faster|slower) than (?P<b>.+?), (?P<factor>" + _NUMBER + r")x"
+    r"verdict: (?:(?P<a>.+?) is (?P<word>faster|slower|lower|higher) than (?P<b>.+?), (?P<factor>" + _NUMBER + r")x"
     r"|(?P<a2>.+?) and (?P<b2>.+?) are (?P<word2>indistinguishable)) "
     r"\(median ratio .+? (?P<median>" + _NUMBER + r"), per repeat (?P<lo>" + _NUMBER + r")–(?P<hi>" + _NUMBER + r"); "
     r"(?P<below>\d+) of (?P<n>\d+) repeats below 1, (?P<above>\d+) above: sign test p = (?P<p>" + _NUMBER + r") "
@@ -156,7 +156,9 @@ def check_verdict(match: re.Match) -> list[str]:
         wrong.append(f"p = {p:.2g} is {'below' if significant else 'not below'} {alpha:g}, as the line does not say")
     if significant:
         a_smaller = below > above
-        want = "faster" if a_smaller == lower_better else "slower"
+        a_better = a_smaller == lower_better
+        want = ("faster" if a_better else "slower") if word in ("faster", "slower") else \
+            ("lower" if a_smaller else "higher")  # a quantity's own words (a loss: lower is better)
         if word != want:
             wrong.append(f"says {word}, but {below} of {n} paired ratios below 1 and {above} above (p = {p:.2g}) "
                          f"make it {want}")

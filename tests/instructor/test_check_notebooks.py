@@ -77,6 +77,19 @@ def test_a_verdict_its_own_ratios_contradict_fails():
     assert rules(nb) == ["verdict"]
 
 
+def test_a_loss_verdict_says_lower_or_higher_and_the_checker_holds_it_to_its_ratios():
+    """A loss is compared in its own words (course.benchmarking.compare's ``words``): DiLoCo's loss above DDP's in
+    all 7 paired seeds is "higher", and the same line saying "lower" fails."""
+    loss = benchmarking.compare([1.1 * t for t in ROUNDS], ROUNDS, ("diloco", "ddp"), unit="nats",
+                                words=("lower", "higher"), conditions="the same tokens per seed")["sentence"]
+    assert "diloco is higher than ddp, 1.1x" in loss
+    nb = notebook()
+    nb.cells[1].outputs = [stream(loss + "\n")]
+    assert check_notebook(nb, "loss.ipynb") == []
+    nb.cells[1].outputs = [stream(loss.replace("diloco is higher than", "diloco is lower than") + "\n")]
+    assert rules(nb) == ["verdict"]
+
+
 def test_a_timing_verdict_from_an_oversubscribed_run_fails_unless_replayed():
     nb = notebook()
     over = dict(QUIET, busy_ranks=8)
