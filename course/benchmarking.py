@@ -308,7 +308,7 @@ def peak_flops(threads: int | None = None, n: int = 512, repeats: int = 5, clock
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = torch.randn(n, n, device="cpu"), torch.randn(n, n, device="cpu")  # the CPU's peak
         a @ b  # warm-up
         calls, best = 1, 0.0
         for _ in range(repeats):

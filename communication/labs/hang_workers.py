@@ -225,7 +225,7 @@ def silent_divergence(rank: int, world_size: int, steps: int = 3) -> list[dict]:
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
     out = []
     for step in range(1, steps + 1):
-        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+        x, y = torch.randn(8, 4, generator=g, device="cpu"), torch.randn(8, 1, generator=g, device="cpu")
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         for p in averaged:

@@ -395,7 +395,7 @@ def allreduce_calls_worker(rank: int, world_size: int, repeats: int = 7, warmup:
     worker_env_quiet()
     model = build_tiny_gpt2(preset, vocab_size, seq_len, **(model_overrides or {}))
     tensors = [torch.ones_like(p) for p in model.parameters()]
-    flat = torch.ones(sum(t.numel() for t in tensors))
+    flat = torch.ones(sum(t.numel() for t in tensors), device=tensors[0].device)
     group = dist.group.WORLD
 
     def per_tensor():

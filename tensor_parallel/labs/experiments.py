@@ -212,7 +212,7 @@ def step_times_worker(rank: int, world_size: int, kinds: list[str], repeats: int
     group = Mesh.build(tp=world_size).tp_group
     name_group(group, "tp")
     hf = build_gpt2(preset, vocab_size, n_positions=seq, dropout=0.0, seed=0)
-    ids = torch.randint(0, vocab_size, (batch_size, seq), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, vocab_size, (batch_size, seq), generator=torch.Generator().manual_seed(1), device="cpu")
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
     states = {}
     for kind in kinds:
