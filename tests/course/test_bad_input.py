@@ -118,11 +118,20 @@ def test_a_checkpoints_folder_that_cannot_be_written_is_refused_before_the_first
     assert f"--workdir {tmp_path}: its checkpoints folder {tmp_path / 'checkpoints'} cannot be written to" in err, err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="the root user writes into read-only folders")
-def test_a_read_only_checkpoints_folder_is_refused(tmp_path, capsys):
-    (tmp_path / "checkpoints").mkdir(mode=0o555)
-    err = refused(run_dp, ["--checkpoint_every", "5", "--workdir", str(tmp_path)], capsys)
-    assert "its checkpoints folder" in err and "cannot be written to" in err, err
+def test_a_checkpoints_folder_that_cannot_be_written_is_refused(tmp_path, capsys):
+    """A file where the checkpoints folder goes (any user), and — where the user is not root, who writes into
+    read-only folders — a read-only checkpoints folder: refused before start, naming the folder."""
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "checkpoints").write_text("")
+    err = refused(run_dp, ["--checkpoint_every", "5", "--workdir", str(blocked)], capsys)
+    assert "its checkpoints folder" in err and "cannot be written to" in err and "is a file" in err, err
+    if os.geteuid() != 0:
+        read_only = tmp_path / "read_only"
+        (read_only / "checkpoints").mkdir(parents=True, mode=0o755)
+        (read_only / "checkpoints").chmod(0o555)
+        err = refused(run_dp, ["--checkpoint_every", "5", "--workdir", str(read_only)], capsys)
+        assert "its checkpoints folder" in err and "cannot be written to" in err, err
 
 
 def test_a_refused_run_creates_no_folder(tmp_path, capsys):
