@@ -413,9 +413,9 @@ class _Checkpoints:
         from course.checkpoint import choose_checkpoint
 
         group = self.mode.world_group
-        shared = dist.is_initialized() and group is not None and dist.get_world_size(group) > 1
+        shared = _shared(self.mode) and dist.get_world_size(group) > 1
         decision: list = [None]
-        if not shared or dist.get_rank(group) == 0:  # the deciding rank: the group's first, or each lone rank
+        if _first_of_group(self.mode):  # the deciding rank: the group's first, or each lone rank
             try:
                 point = choose_checkpoint(self.mode.config.resume, self.root)
                 decision[0] = ("ok", None if point.path is None else str(point.path))
