@@ -29,9 +29,9 @@ Llama 3 report (Dubey et al. 2024), Sec. 3.3.4, on interruptions at scale.
 """
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
 import pickle
-import queue as queue_module
 import signal
 import tempfile
 import time
@@ -107,13 +107,21 @@ def replica() -> ReplicaInfo:
     return ReplicaInfo(group, replicas, incarnation, os.environ[LIGHTHOUSE_ENV])
 
 
+def _send(message: tuple) -> None:
+    """One message to the launcher, through this rank's own pipe (written by this process alone: a group SIGKILLed
+    in mid-write damages only its own pipe, which the launcher then closes — a queue shared by every rank would keep
+    its write lock held by the dead process, and every other rank's messages would stop)."""
+    with _CHANNEL["lock"]:
+        _CHANNEL["pipe"].send(message)
+
+
 def report(kind: str, step: int | None = None, **data) -> None:
     """Send the launcher an event of this rank (nothing outside :func:`launch_replica_groups`)."""
     if not _CHANNEL:
         return
     info = _CHANNEL["info"]
-    _CHANNEL["queue"].put(("event", None, dict(time=time.time(), group=info.group, incarnation=info.incarnation,
-                                         rank=_CHANNEL["rank"], kind=kind, step=step, **data)))
+    _send(("event", None, dict(time=time.time(), group=info.group, incarnation=info.incarnation,
+                               rank=_CHANNEL["rank"], kind=kind, step=step, **data)))
 
 
 def fault_point(step: int) -> None:
@@ -141,8 +149,10 @@ def wait_for_start() -> None:
 
 
 def _replica_entry(group, replicas, incarnation, rank, group_size, init_method, device_type, backend,
-                   collective_timeout, lighthouse, fault_step, resume, worker, args, events, go, hold, hold_steps,
+                   collective_timeout, lighthouse, fault_step, resume, worker, args, pipe, go, hold, hold_steps,
                    barrier_timeout, parent_pid, stack_dir, env, cwd):
+    import threading
+
     from course.launch import adopt_caller, setup_worker, teardown_worker
 
     die_with_parent(parent_pid)
@@ -160,19 +170,20 @@ def _replica_entry(group, replicas, incarnation, rank, group_size, init_method, 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = init_method[len("tcp://"):].split(":")
     if device_type == "cuda":  # each group sees its own GPUs, as LOCAL_RANK 0 .. group_size - 1
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(group * group_size + r) for r in range(group_size))
-    _CHANNEL.update(queue=events, go=go, hold=hold, timeout=barrier_timeout, rank=rank,
+    _CHANNEL.update(pipe=pipe, lock=threading.Lock(), go=go, hold=hold, timeout=barrier_timeout, rank=rank,
                     info=ReplicaInfo(group, replicas, incarnation, lighthouse))
     try:
         setup_worker(rank, group_size, rank, device_type, backend, init_method, collective_timeout)
         value = worker(rank, group_size, *args)
-        events.put(("ok", (group, incarnation, rank), pickle.dumps(value)))
+        _send(("ok", (group, incarnation, rank), pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
-        events.put(("error", (group, incarnation, rank), traceback.format_exc()))
+        _send(("error", (group, incarnation, rank), traceback.format_exc()))
     finally:
         try:
             teardown_worker()
         except Exception:  # noqa: BLE001
             pass
+        pipe.close()
 
 
 def start_lighthouse(min_replicas: int, join_timeout_ms: int, heartbeat_timeout_ms: int):
@@ -248,7 +259,8 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
         raise ValueError("at most one fault per replica group")
     device_type, backend = resolve_device_backend(device, backend, replicas * group_size)
     ctx = process_context()
-    events = ctx.Queue()
+    pipes: dict = {}                      # each rank's reading end -> (group, incarnation, rank), until its EOF
+    ended: set = set()                    # (group, incarnation, rank) whose pipe reached EOF: the process exited
     stack_dir = tempfile.mkdtemp(prefix="llmsys_replicas_")
     run = ReplicaRun(started=time.time())
     procs: dict[int, list] = {}           # group -> its ranks' processes (the latest incarnation)
@@ -273,14 +285,17 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
         fault = pending.get(g)
         fault_step = fault.at_step if fault is not None and incarnation[g] == 0 else None
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        procs[g] = [ctx.Process(target=_replica_entry, daemon=True, name=f"replica{g}.rank{r}",
-                                args=(g, replicas, incarnation[g], r, group_size, init_method, device_type, backend,
-                                      collective_timeout, address, fault_step, resume, worker, args, events, barrier,
-                                      hold, hold_steps, timeout, os.getpid(), stack_dir, dict(os.environ),
-                                      os.getcwd()))
-                    for r in range(group_size)]
-        for p in procs[g]:
+        procs[g] = []
+        for r in range(group_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_replica_entry, daemon=True, name=f"replica{g}.rank{r}",
+                            args=(g, replicas, incarnation[g], r, group_size, init_method, device_type, backend,
+                                  collective_timeout, address, fault_step, resume, worker, args, writer, barrier,
+                                  hold, hold_steps, timeout, os.getpid(), stack_dir, dict(os.environ), os.getcwd()))
             p.start()
+            writer.close()  # the rank holds the only writing end: its exit is this pipe's EOF
+            pipes[reader] = (g, incarnation[g], r)
+            procs[g].append(p)
         every.extend(procs[g])
         run.pids.extend(p.pid for p in procs[g])
         log("start", g)
@@ -313,22 +328,27 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
     try:
         for g in range(replicas):
             start(g, go)
+        inbox: list = []                  # messages read, in order, not yet handled
         while not finished():
-            try:
-                kind, who, payload = events.get(timeout=0.2)
-            except queue_module.Empty:
-                for g, ps in procs.items():
-                    for r, p in enumerate(ps):
-                        if (g not in killed and not p.is_alive() and (g, incarnation[g], r) not in run.results
-                                and events.empty()):
-                            time.sleep(0.5)
-                            if events.empty():
-                                raise RankFailure(r, f"replica group {g} rank {r} died (exit code {p.exitcode}) "
-                                                     "without a planned fault")
-                if time.monotonic() > deadline:
-                    raise RankFailure(None, f"the replica groups did not finish within {timeout:.0f} s; events so "
-                                            f"far: {run.events[-5:]}" + _live_stacks(procs, stack_dir))
+            if not inbox:
+                for reader in multiprocessing.connection.wait(list(pipes), timeout=0.2):
+                    try:
+                        inbox.append(reader.recv())
+                    except (EOFError, OSError, pickle.UnpicklingError):  # exited (or killed in mid-message)
+                        ended.add(pipes.pop(reader))
+                        reader.close()
+            for g, inc, r in ended:
+                if inc == incarnation[g] and g not in killed and (g, inc, r) not in run.results:
+                    procs[g][r].join(timeout=5)  # its pipe closes as it exits: its exit status follows at once
+                    raise RankFailure(r, f"replica group {g} rank {r} died (exit code {procs[g][r].exitcode}) "
+                                         "without a planned fault")
+            if time.monotonic() > deadline:
+                raise RankFailure(None, f"the replica groups did not finish within {timeout:.0f} s; events so "
+                                        f"far: {run.events[-5:]}" + _live_stacks(procs, stack_dir))
+            if not inbox:
                 continue
+            message = inbox.pop(0)
+            kind, who, payload = message
             if kind == "error":
                 group, inc, rank = who
                 if group in killed or inc != incarnation[group]:
@@ -380,7 +400,8 @@ def launch_replica_groups(worker: Callable[..., Any], replicas: int, group_size:
     finally:
         stop_processes(every)
         server.shutdown()
-        events.close()
+        for reader in pipes:
+            reader.close()
         for f in Path(stack_dir).glob("*"):
             f.unlink(missing_ok=True)
         os.rmdir(stack_dir)
