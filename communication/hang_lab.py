@@ -97,15 +97,19 @@ def first_divergences(records: dict[int, list[Record]]) -> list[Divergence]:
 
     Args:
         records: ``{rank: [Record, ...]}``, each rank's records in the order it posted them
-            (:func:`course.flight_recorder.load_records`); a rank without a dump is absent and is not judged.
+            (:func:`course.flight_recorder.load_records`); a rank without a dump is absent and is not judged —
+            neither as a member of a group nor as the other end of a message: nothing is known of what it posted.
 
     Returns:
         One :class:`Divergence` per group whose collectives diverge — lined up by ``seq`` among the group's
         members (``Record.group_ranks``) that have a dump, from the highest of the members' oldest kept ``seq``
         (older records may have left a rank's ring buffer), the **first** ``seq`` at which a member posted
-        nothing or the ``Record.signature`` s differ — and one per ``(group, sender, receiver)`` whose messages
-        diverge: the k-th ``send`` from a to b (``Record.peer`` = b) against b's k-th ``recv`` from a in the same
-        group, the first k at which one is missing or ``(sizes, dtypes)`` differ (``Divergence.pair = (a, b)``,
+        nothing or the ``Record.signature`` s differ (the signature leaves out the sizes of collectives whose
+        sizes differ between ranks by design, such as an all-to-all with uneven splits) — and one per
+        ``(group, sender, receiver)`` of two dumped ranks whose messages diverge: the k-th ``send`` from a to b
+        (``Record.peer`` = b) against b's k-th ``recv`` from a in the same group, the first k at which one is
+        missing (a send that no receive meets, as well as a receive that no send meets) or ``(sizes, dtypes)``
+        differ (the same element count in another dtype is another count of bytes) (``Divergence.pair = (a, b)``,
         ``posted = {a: send or None, b: recv or None}``, ``seq = k``, counted from 1). Empty when the ranks agree.
     """
     # BEGIN ASSIGN5_4_4
@@ -163,7 +167,8 @@ class Diagnosis:
 def explain(divergences: list[Divergence]) -> list[str]:
     """One sentence per cause: a rank that never posted a collective, a collective posted on another group
     (the same operation missing from one group and posted by that rank in another), sizes or operations that
-    differ, receives waiting in a cycle (every rank receives before it sends), messages matched out of order."""
+    differ, receives waiting in a cycle (every rank receives before it sends), messages matched out of order, a
+    message received into another dtype."""
     if not divergences:
         return ["the ranks agree: every collective and every message was posted by all of its ranks alike"]
     sentences, used = [], set()
@@ -220,6 +225,11 @@ def explain(divergences: list[Divergence]) -> list[str]:
         elif recv is None:
             sentences.append(f"rank {src} sent message {d.seq} to rank {dst} ({send.describe()}), which rank {dst} "
                              f"never received")
+        elif send.sizes == recv.sizes:
+            sentences.append(f"message {d.seq} from rank {src} to rank {dst}: sent as {send.describe()}, received "
+                             f"into {recv.describe()} — the same element count in another dtype, so another count "
+                             f"of bytes (NCCL reads the wrong ones, or waits for the rest): make the receive buffer "
+                             f"in the sender's dtype")
         else:
             sentences.append(f"message {d.seq} from rank {src} to rank {dst}: sent as {send.describe()}, received "
                              f"into {recv.describe()} — the two ranks post their sends and receives in different "

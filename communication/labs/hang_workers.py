@@ -1,10 +1,10 @@
 """Runs that hang, for notebooks/10_debugging_hangs.ipynb and the tests of assignment 5.4.4.
 
 Each ``planted_*`` worker carries one of the desynchronisations that hang a training run: run it with the flight
-recorder on
-(:func:`run_planted`), then read the dumps with :func:`communication.hang_lab.diagnose`. ``mystery_metrics``
-hides one more, for the notebook's exercise. Every operation names its group; the tensors are small host
-tensors (gloo), so the lab runs on a laptop. Workers take ``(rank, world_size, collective_timeout)``.
+recorder on (:func:`run_planted`), then read the dumps with :func:`communication.hang_lab.diagnose`.
+``mystery_metrics`` hides one more, for the notebook's exercise; ``healthy_step`` and ``healthy_uneven_all_to_all``
+do not hang. Every operation names its group; the tensors are small host tensors (gloo), so the lab runs on a
+laptop. Workers take ``(rank, world_size, collective_timeout)``.
 """
 from __future__ import annotations
 
@@ -121,10 +121,18 @@ def mystery_metrics(rank: int, world_size: int, collective_timeout: float) -> di
     return averaged
 
 
+# Bugs of messages run under the NCCL rules (course.nccl_rules): on plain gloo a receive into a buffer of another byte
+# count may complete without a word (or abort), where NCCL reads the wrong bytes or waits; and a rank waiting for a
+# message waits in Python there, so it dumps as soon as the launcher stops it.
+MESSAGE_BUGS = {"crossed_sizes", "mistyped_message", "undumped_rank"}
+
+
 def run_planted(name: str, run_dir: str | Path, collective_timeout: float = 4.0, timeout: float = 120.0):
-    """Run the planted bug ``name`` (a key of :data:`PLANTED`, ``"mystery_metrics"`` or ``"healthy_step"``) with the flight recorder
-    on, dumps in ``run_dir``; returns the :class:`course.launch.RankFailure` the hang ends with (None if it ran
-    through). ``collective_timeout`` (seconds) is how long a rank waits in a collective before it raises and dumps.
+    """Run the planted bug ``name`` (a key of :data:`PLANTED`, ``"unmatched_send"``, ``"mistyped_message"``,
+    ``"undumped_rank"``, ``"mystery_metrics"``, or the healthy ``"healthy_step"`` or ``"uneven_all_to_all"``) with the
+    flight recorder on, dumps in ``run_dir``; returns the :class:`course.launch.RankFailure` the hang ends with (None
+    if it ran through). ``collective_timeout`` (seconds) is how long a rank waits in a collective before it raises
+    and dumps.
 
     Raises:
         ValueError: an unknown name (before any process starts).
@@ -133,12 +141,14 @@ def run_planted(name: str, run_dir: str | Path, collective_timeout: float = 4.0,
     from course.flight_recorder import launch_recorded
     from course.launch import RankFailure
 
-    runs = dict(PLANTED, mystery_metrics=(mystery_metrics, 2), healthy_step=(healthy_step, 3))
+    runs = dict(PLANTED, unmatched_send=(planted_unmatched_send, 2), mistyped_message=(planted_mistyped_message, 2),
+                undumped_rank=(planted_undumped_rank, 3), mystery_metrics=(mystery_metrics, 2),
+                healthy_step=(healthy_step, 3), uneven_all_to_all=(healthy_uneven_all_to_all, 2))
     if name not in runs:
         raise ValueError(f"unknown planted bug {name!r}; choose one of {sorted(runs)}")
     worker, world_size = runs[name]
-    rules = name == "crossed_sizes" and not nccl_rules.enabled()
-    if rules:  # the wrong size is caught by the emulated NCCL rules, not by an abort
+    rules = name in MESSAGE_BUGS and not nccl_rules.enabled()
+    if rules:  # NCCL's matching of messages, emulated: a wrong size or dtype raises, an unmatched send blocks
         os.environ[nccl_rules.ENV], os.environ[nccl_rules.TIMEOUT_ENV] = "1", str(collective_timeout)
     try:
         launch_recorded(worker, world_size, collective_timeout, run_dir=run_dir, device="cpu",
@@ -237,3 +247,70 @@ def silent_divergence(rank: int, world_size: int, steps: int = 3) -> list[dict]:
         out.append({"step": step, "max_diff": {n: max(float((v[n] - values[0][n]).abs().max()) for v in values)
                                                for n in values[0]}})
     return out
+
+
+# ---- desynchronisations of messages, and a healthy uneven all-to-all (the graded dumps of assignment 5.4.4) ------
+
+def planted_unmatched_send(rank: int, world_size: int, collective_timeout: float) -> None:
+    """A two-stage pipeline step whose stages count their micro-batches each from its own share of the batch: stage
+    0 holds 6 rows and sends 3 micro-batches of 2, stage 1 holds 5 and receives 2, then both average the loss over
+    the world. Stage 0's third send meets no receive and blocks there (gloo's send waits for its receive, as NCCL's
+    does for a message larger than its buffers), and stage 1 waits in the all-reduce stage 0 never reaches."""
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())
+    rows = 6 if rank == 0 else 5  # the bug: a count each rank works out from its own data
+    for _ in range(rows // 2):
+        if rank == 0:
+            dist.send(torch.ones(2, device="cpu"), 1, group=_world())
+        else:
+            dist.recv(torch.empty(2, device="cpu"), 0, group=_world())
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())
+
+
+def planted_mistyped_message(rank: int, world_size: int, collective_timeout: float) -> None:
+    """A two-stage pipeline step: stage 0 computes in float32 and sends its activation (4 numbers); stage 1 makes its
+    receive buffer in the dtype of its own configuration, float64. The element counts agree, the bytes do not (16
+    against 32): NCCL would read the wrong bytes or wait for the rest (run under the NCCL rules, which compare
+    sizes and dtypes: on plain gloo the receive fills half its buffer and the run goes on without a word)."""
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())
+    if rank == 0:
+        dist.send(torch.ones(4, dtype=torch.float32, device="cpu"), 1, group=_world())
+    else:
+        dist.recv(torch.empty(4, dtype=torch.float64, device="cpu"), 0, group=_world())  # the bug: another dtype
+
+
+def planted_undumped_rank(rank: int, world_size: int, collective_timeout: float) -> None:
+    """A three-stage pipeline 0 -> 1 -> 2 and back, whose last stage is killed in its forward pass (SIGKILL, as the
+    kernel's out-of-memory killer ends a process) after it received its activation: it leaves no dump. Stage 1 waits
+    for its gradient from stage 2, stage 0 for its gradient from stage 1 (run under the NCCL rules, so that the
+    survivors wait in Python and dump when the launcher stops them)."""
+    import signal
+
+    dist.all_reduce(torch.ones(1, device="cpu"), group=_world())
+    activation, gradient = torch.empty(3, device="cpu"), torch.empty(3, device="cpu")
+    if rank > 0:
+        dist.recv(activation, rank - 1, group=_world())
+    if rank == world_size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # out of memory in the forward pass: no dump, no Python cleanup
+    dist.send(torch.ones(3, device="cpu"), rank + 1, group=_world())
+    dist.recv(gradient, rank + 1, group=_world())
+    if rank > 0:
+        dist.send(torch.ones(3, device="cpu"), rank - 1, group=_world())
+
+
+def healthy_uneven_all_to_all(rank: int, world_size: int, collective_timeout: float) -> list[int]:
+    """A mixture-of-experts layer's dispatch and combine on two ranks, one expert each, which does not hang: each
+    rank routes its tokens (rows of 4 numbers) to the experts of its choice, so the ranks send each other different
+    numbers of rows — rank 0 keeps 1 and sends 3, rank 1 sends 2 and keeps 1. The counts go first (an even
+    all-to-all), then the tokens and back (uneven all-to-alls, each rank's sizes its own by design), then the
+    experts' gradients are averaged. Returns the rows this rank's expert received."""
+    counts = torch.tensor([[1, 3], [2, 1]][rank], device="cpu")  # rows for expert 0, expert 1
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=_world())
+    send, recv = counts.tolist(), received.tolist()
+    tokens = torch.ones(sum(send), 4, device="cpu")
+    expert_in = torch.empty(sum(recv), 4, device="cpu")
+    dist.all_to_all_single(expert_in, tokens, recv, send, group=_world())  # dispatch
+    combined = torch.empty(sum(send), 4, device="cpu")
+    dist.all_to_all_single(combined, expert_in * 2, send, recv, group=_world())  # combine: the splits swapped
+    dist.all_reduce(torch.ones(8, device="cpu"), group=_world())
+    return recv

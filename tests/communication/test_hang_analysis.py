@@ -1,8 +1,9 @@
 """The first divergence of a hung run, from its ranks' flight-recorder dumps (communication/hang_lab.py).
 
 The dumps were recorded once from real runs of the planted bugs of ``communication/labs/hang_workers.py`` on 2-3 gloo
-ranks (``python -m tests.support.hang_fixtures``), so these tests are fast and the same on every machine; the live
-runs are in ``test_hang_runs.py``. Each test names the wrong solution it rejects (tests/instructor/planted.py).
+ranks (``python -m tests.support.hang_fixtures``; the bugs of messages under the NCCL rules), so these tests are fast
+and the same on every machine; the live runs are in ``test_hang_runs.py``. Each test names the wrong solution it
+rejects (tests/instructor/planted.py); correct analyses written otherwise pass them (its ``ALTERNATIVES``).
 """
 from __future__ import annotations
 
@@ -65,6 +66,48 @@ def test_messages_posted_in_crossed_orders_meet_a_receive_of_another_size():
     assert summary(found) == {("0", 1, (0, 1), ((0, ("send", ((4,),))), (1, ("recv", ((8,),)))))}, \
         f"expected message 1 from rank 0 to rank 1, sent as [4] and received into [8]; got {summary(found)}"
     assert found[0].kind == "mismatch"
+
+
+def test_a_send_that_no_receive_meets_is_a_divergence():
+    records = dumps("unmatched_send")  # stage 0 sends 3 micro-batches, stage 1 receives 2 and waits in an all-reduce
+    found = hang_lab.first_divergences(records)
+    assert summary(found) == {("0", 3, (0, 1), ((0, ("send", ((2,),))), (1, None))),
+                              ("0", 2, None, ((0, None), (1, ("all_reduce", ((1,),)))))}, \
+        "expected message 3 from rank 0 to rank 1, a send no receive meets (NCCL blocks the sender in it: walk the " \
+        f"sends too, not only the receives), and the all-reduce #2 rank 0 never reached; got {summary(found)}"
+    assert {d.ranks for d in found} == {(1,), (0,)}
+
+
+def test_a_message_received_into_another_dtype_of_the_same_count_is_a_divergence():
+    records = dumps("mistyped_message")  # 4 float32 numbers sent, received into 4 float64 ones
+    found = hang_lab.first_divergences(records)
+    assert [(d.group, d.seq, d.pair, d.kind) for d in found] == [("0", 1, (0, 1), "mismatch")], \
+        "the same element count in another dtype is another number of bytes (NCCL would read the wrong ones): " \
+        f"compare a send and its receive by sizes and dtypes; got {summary(found)}"
+    assert (found[0].posted[0].dtypes, found[0].posted[1].dtypes) == (("Float",), ("Double",))
+
+
+def test_messages_to_and_from_a_rank_without_a_dump_are_not_judged():
+    records = dumps("undumped_rank")  # pipeline 0 -> 1 -> 2 and back; rank 2 was killed (SIGKILL) and left no dump
+    assert sorted(records) == [0, 1]
+    found = hang_lab.first_divergences(records)
+    assert summary(found) == {("0", 1, (1, 0), ((0, ("recv", ((3,),))), (1, None)))}, \
+        "rank 2 left no dump: what it received or sent is unknown, so rank 1's send to it and receive from it are " \
+        "judged against nothing; the pair of ranks 0 and 1, both dumped, is (rank 0 waits for a gradient rank 1 " \
+        f"never sent); got {summary(found)}"
+    assert hang_lab.diagnose(DUMPS / "undumped_rank").undumped == [2]
+
+
+def test_an_all_to_all_of_uneven_splits_is_no_divergence():
+    records = dumps("uneven_all_to_all")  # MoE dispatch and combine: each rank sends its own number of tokens
+    dispatch = [nth(records, rank, "0", "all_to_all", 1) for rank in (0, 1)]
+    assert dispatch[0].seq == dispatch[1].seq and dispatch[0].sizes != dispatch[1].sizes  # uneven by design
+    found = hang_lab.first_divergences(records)
+    assert found == [], "an all-to-all's sizes differ between ranks by design (MoE dispatch): compare collectives " \
+                        f"by Record.signature, not by a hand-written (op, sizes, dtypes); got {summary(found)}"
+    records[1] = [r for r in records[1] if (r.op, r.seq) != ("all_to_all", 3)]  # rank 1 skips the combine
+    assert {(d.group, d.seq, d.ranks) for d in hang_lab.first_divergences(records)} == {("0", 3, (1,))}, \
+        "an all-to-all one rank never posted is still a divergence"
 
 
 def test_a_run_that_did_not_hang_has_no_divergence():

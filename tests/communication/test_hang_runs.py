@@ -110,6 +110,27 @@ def test_a_step_that_does_not_hang_leaves_dumps_that_agree(tmp_path):
 
 
 @pytest.mark.timeout(240)
+def test_an_uneven_all_to_all_is_recorded_under_a_name_whose_sizes_may_differ(tmp_path):
+    # the graded dumps of the uneven all-to-all were recorded once; this run checks that torch still names the
+    # operation as Record.signature expects (sizes differing between ranks by design), so they stay true
+    from course.flight_recorder import COLLECTIVES_OF_UNEVEN_SIZES
+
+    assert run_planted("uneven_all_to_all", tmp_path / "run", collective_timeout=COLLECTIVE_TIMEOUT) is None
+    records = load_records(tmp_path / "run")
+    dispatch = [[r for r in records[rank] if r.op in COLLECTIVES_OF_UNEVEN_SIZES][1] for rank in (0, 1)]
+    assert dispatch[0].sizes != dispatch[1].sizes, [r.describe() for r in dispatch]
+    assert [[r.op for r in records[rank]] for rank in (0, 1)] == [["all_to_all"] * 3 + ["all_reduce"]] * 2
+
+
+@pytest.mark.needs_solution
+def test_a_message_received_into_another_dtype_is_explained_as_a_dtype_not_an_order():
+    from tests.support.hang_fixtures import FOLDER
+
+    text = diagnose(FOLDER / "mistyped_message").text()
+    assert "another dtype" in text and "different orders" not in text, text
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("rules", [False, True], ids=["gloo", "nccl-rules"])
 def test_a_batch_of_sends_and_receives_is_recorded_once_each_and_still_runs(rules, tmp_path, monkeypatch):
     from course import nccl_rules

@@ -4,6 +4,7 @@ Written once by running every planted bug of :mod:`communication.labs.hang_worke
 flight recorder on, in fresh processes, so the graded tests are fast and do not depend on this machine:
 
     python -m tests.support.hang_fixtures          # rewrites tests/communication/hang_dumps/
+    python -m tests.support.hang_fixtures unmatched_send    # rewrites that case only
 
 Only the course's JSON dumps are kept (a few KB each); the line numbers in them are those of the workers when
 the dumps were written.
@@ -16,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent.parent / "communication" / "hang_dumps"
-CASES = ["early_stop", "receive_first", "wrong_group", "crossed_sizes", "mystery_metrics", "healthy_step"]
+CASES = ["early_stop", "receive_first", "wrong_group", "crossed_sizes", "mystery_metrics", "healthy_step",
+         "unmatched_send", "mistyped_message", "undumped_rank", "uneven_all_to_all"]
 
 
 def swap_in_one_batch(rank: int, world_size: int) -> list:
