@@ -7,7 +7,8 @@ with the key, what is wrong, and the names it replaces (``"module:attribute"``, 
 runs it — a test's own process, or a rank, through a worker's ``planted`` argument
 (:mod:`tests.support.planting`). ``tests/instructor/test_planted.py`` runs each key's checks with each
 of them and sees them fail. They stay out of the student release: several are the reference with one
-line changed.
+line changed. :data:`ALTERNATIVES` holds correct solutions written otherwise than the reference, planted the
+same way: the key's tests must pass on each (docs/grading.md, "Correct solutions the tests accept").
 """
 from __future__ import annotations
 
@@ -324,11 +325,16 @@ def _zb_h1_on_each_chunk(original):
 
 # ---- a5_4_4: the first divergence of a hung run -----------------------------------------------------------------
 
-def _divergences(align="seq", pick="first", p2p="pairs", members="group", compare="signature"):
+def _divergences(align="seq", pick="first", p2p="pairs", members="group", compare="signature", walk="both",
+                 message="sizes_dtypes", undumped="skip"):
     """An analysis of flight-recorder records with one thing wrong: records lined up by their place in each rank's
     list of the group (``align="position"``) or by seq across every group (``"ignore_group"``); the last divergence
     of a group (``pick="last"``); sends and receives lined up by ``p2p_seq_id`` like collectives (``p2p="seq"``);
-    every rank counted as a member of every group (``members="all"``); operations compared by name only."""
+    every rank counted as a member of every group (``members="all"``); collectives compared by name only
+    (``compare="op"``) or by a hand-written ``(op, sizes, dtypes)`` instead of ``Record.signature``
+    (``compare="fields"``); only the receives walked, each looking for its send (``walk="receives"``); messages
+    compared by their sizes only (``message="sizes"``); a pair judged when one of its ranks left no dump
+    (``undumped="judge"``)."""
     def make(original):
         from communication.hang_lab import Divergence
 
@@ -347,10 +353,12 @@ def _divergences(align="seq", pick="first", p2p="pairs", members="group", compar
                          else [m for m in first.group_ranks if m in records])
                 keyed = {m: (dict(enumerate(by_rank.get(m, []))) if align == "position"
                              else {r.seq: r for r in by_rank.get(m, [])}) for m in ranks}
+                start = max(min(keyed[m]) for m in ranks if keyed[m])  # older records may have left a buffer
                 hits = []
-                for s in sorted({s for m in ranks for s in keyed[m]}):
+                for s in sorted({s for m in ranks for s in keyed[m] if s >= start}):
                     posted = {m: keyed[m].get(s) for m in ranks}
-                    names = {(r.op if compare == "op" else r.signature) for r in posted.values() if r is not None}
+                    names = {(r.op if compare == "op" else (r.op, r.sizes, r.dtypes) if compare == "fields"
+                              else r.signature) for r in posted.values() if r is not None}
                     if None in posted.values() or len(names) > 1:
                         seq = next(r.seq for r in posted.values() if r is not None)
                         hits.append(Divergence(first.group, first.group_desc, seq, posted))
@@ -363,19 +371,108 @@ def _divergences(align="seq", pick="first", p2p="pairs", members="group", compar
                         if rec.is_p2p:
                             k = (rec.group, rank, rec.peer) if rec.op == "send" else (rec.group, rec.peer, rank)
                             messages.setdefault(k, ([], []))[0 if rec.op == "send" else 1].append(rec)
+                fields = (lambda r: r.sizes) if message == "sizes" else (lambda r: (r.sizes, r.dtypes))
                 for (group, src, dst), (sends, recvs) in messages.items():
-                    if src not in records or dst not in records:
+                    if undumped == "skip" and (src not in records or dst not in records):
                         continue
-                    for k in range(max(len(sends), len(recvs))):
+                    for k in range(len(recvs) if walk == "receives" else max(len(sends), len(recvs))):
                         a = sends[k] if k < len(sends) else None
                         b = recvs[k] if k < len(recvs) else None
-                        if a is None or b is None or (a.sizes, a.dtypes) != (b.sizes, b.dtypes):
+                        if a is None or b is None or fields(a) != fields(b):
                             found.append(Divergence(group, groups[group].group_desc, k + 1, {src: a, dst: b},
                                                     (src, dst)))
                             break
             return found
         return first_divergences
     return make
+
+
+def _divergences_by_queues(original):
+    """A correct analysis written another way: each group's collectives walked seq by seq from the newest of its
+    members' oldest records, and each pair's sends and receives in two queues popped together."""
+    from collections import deque
+
+    from communication.hang_lab import Divergence
+
+    def first_divergences(records):
+        groups, collectives, queues = {}, {}, {}
+        for rank in sorted(records):
+            for rec in records[rank]:
+                groups.setdefault(rec.group, rec)
+                if not rec.is_p2p:
+                    collectives.setdefault(rec.group, {}).setdefault(rank, {})[rec.seq] = rec
+                    continue
+                src, dst = (rank, rec.peer) if rec.op == "send" else (rec.peer, rank)
+                if src in records and dst in records:  # a rank without a dump: nothing to judge against
+                    queues.setdefault((rec.group, src, dst), {"send": deque(), "recv": deque()})[rec.op].append(rec)
+        found = []
+        for group, by_rank in collectives.items():
+            kept = {m: by_rank[m] for m in groups[group].group_ranks if m in records and by_rank.get(m)}
+            members = [m for m in groups[group].group_ranks if m in records]
+            seq, last = max(min(s) for s in kept.values()), max(max(s) for s in kept.values())
+            while seq <= last:
+                posted = {m: by_rank.get(m, {}).get(seq) for m in members}
+                present = [rec for rec in posted.values() if rec is not None]
+                if len(present) < len(posted) or any(r.signature != present[0].signature for r in present):
+                    found.append(Divergence(group, groups[group].group_desc, seq, posted))
+                    break
+                seq += 1
+        for (group, src, dst), queue in queues.items():
+            k = 0
+            while queue["send"] or queue["recv"]:
+                k += 1
+                send = queue["send"].popleft() if queue["send"] else None
+                recv = queue["recv"].popleft() if queue["recv"] else None
+                if send is None or recv is None or send.sizes != recv.sizes or send.dtypes != recv.dtypes:
+                    found.append(Divergence(group, groups[group].group_desc, k, {src: send, dst: recv}, (src, dst)))
+                    break
+        return found
+    return first_divergences
+
+
+def _divergences_by_sorting(original):
+    """A correct analysis written another way: two sorted passes — the collectives sorted by (group, seq, rank) and
+    cut into runs of one seq; the messages numbered per (group, sender, receiver, op) and sorted by that number."""
+    import itertools
+
+    from communication.hang_lab import Divergence
+
+    def first_divergences(records):
+        found = []
+        rows = sorted(((rec.group, rec.seq, rank, rec) for rank, recs in records.items() for rec in recs
+                       if not rec.is_p2p), key=lambda row: row[:3])
+        for group, in_group in itertools.groupby(rows, key=lambda row: row[0]):
+            in_group = list(in_group)
+            any_rec = in_group[0][3]
+            members = [m for m in any_rec.group_ranks if m in records]
+            oldest = {}
+            for _, seq, rank, _ in in_group:
+                oldest.setdefault(rank, seq)  # sorted by seq: a rank's first row is its oldest kept record
+            start = max(oldest.values())
+            for seq, same in itertools.groupby((row for row in in_group if row[1] >= start), key=lambda row: row[1]):
+                posted = dict.fromkeys(members)
+                posted.update({rank: rec for _, _, rank, rec in same})
+                if None in posted.values() or len({rec.signature for rec in posted.values()}) != 1:
+                    found.append(Divergence(group, any_rec.group_desc, seq, posted))
+                    break
+        numbered, counts = {}, {}
+        for rank, recs in records.items():
+            for rec in recs:
+                if rec.is_p2p:
+                    src, dst = (rank, rec.peer) if rec.op == "send" else (rec.peer, rank)
+                    k = counts[rec.group, src, dst, rec.op] = counts.get((rec.group, src, dst, rec.op), 0) + 1
+                    numbered.setdefault((rec.group, src, dst, k), {})[rec.op] = rec
+        judged = set()
+        for group, src, dst, k in sorted(numbered):
+            if (group, src, dst) in judged or src not in records or dst not in records:
+                continue
+            send, recv = numbered[group, src, dst, k].get("send"), numbered[group, src, dst, k].get("recv")
+            if send is None or recv is None or (send.sizes, send.dtypes) != (recv.sizes, recv.dtypes):
+                desc = (send or recv).group_desc
+                found.append(Divergence(group, desc, k, {src: send, dst: recv}, (src, dst)))
+                judged.add((group, src, dst))
+        return found
+    return first_divergences
 
 
 # ---- a5_1_4: DiLoCo --------------------------------------------------------------------------------------------
@@ -466,6 +563,18 @@ PLANTED: dict[str, Planted] = {
     "collectives compared by name": Planted(
         "a5_4_4", "collectives compared by operation name only, not sizes and dtypes",
         ("communication.hang_lab:first_divergences",), _divergences(compare="op")),
+    "only the receives walked": Planted(
+        "a5_4_4", "each receive looks for its send; a send that no receive ever meets is never seen",
+        ("communication.hang_lab:first_divergences",), _divergences(walk="receives")),
+    "messages compared by size only": Planted(
+        "a5_4_4", "a send and its receive compared by sizes, not dtypes (float32 sent, float64 received)",
+        ("communication.hang_lab:first_divergences",), _divergences(message="sizes")),
+    "a pair judged without one rank's dump": Planted(
+        "a5_4_4", "messages to and from a rank that left no dump reported as never received or never sent",
+        ("communication.hang_lab:first_divergences",), _divergences(undumped="judge")),
+    "collectives compared by hand-written fields": Planted(
+        "a5_4_4", "collectives compared by (op, sizes, dtypes) instead of Record.signature (an uneven all-to-all "
+        "diverges)", ("communication.hang_lab:first_divergences",), _divergences(compare="fields")),
     "ulysses without scale": Planted(
         "a5_7_3", "Ulysses attention that never passes scale to the local attention",
         ("context_parallel:ulysses_attention", "context_parallel.ulysses:ulysses_attention"), _ulysses_without_scale),
@@ -544,14 +653,27 @@ PLANTED: dict[str, Planted] = {
 }
 
 
+# Correct solutions written otherwise than the reference: the key's tests must pass on each (a test that fails on one
+# checks the text of the reference, not what it does). Planted like the wrong ones, by tests/instructor/test_planted.py.
+ALTERNATIVES: dict[str, Planted] = {
+    "divergences by per-pair queues": Planted(
+        "a5_4_4", "collectives walked seq by seq per group; each pair's sends and receives popped from two queues",
+        ("communication.hang_lab:first_divergences",), _divergences_by_queues),
+    "divergences by two sorted passes": Planted(
+        "a5_4_4", "collectives sorted by (group, seq, rank); messages numbered per pair and op, then sorted",
+        ("communication.hang_lab:first_divergences",), _divergences_by_sorting),
+}
+
+
 @contextlib.contextmanager
 def plant(name: str):
-    """Replace the targets of :data:`PLANTED` ``[name]`` in this process for the block, then restore them.
+    """Replace the targets of :data:`PLANTED` ``[name]`` (or :data:`ALTERNATIVES` ``[name]``) in this process for the
+    block, then restore them.
 
     Raises:
         KeyError: no planted solution of that name.
     """
-    planted = PLANTED[name]
+    planted = PLANTED[name] if name in PLANTED else ALTERNATIVES[name]
     with contextlib.ExitStack() as stack:
         for target in planted.targets:
             module, _, path = target.partition(":")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course.launch import RankFailure, launch
-from tests.instructor.planted import PLANTED, plant
+from tests.instructor.planted import ALTERNATIVES, PLANTED, plant
 
 
 def planted_for(key: str) -> list[str]:
@@ -177,6 +177,10 @@ def hang_analysis_failures() -> dict[str, str]:
     ("sends and receives lined up like collectives", "test_a_run_that_did_not_hang_has_no_divergence"),
     ("every rank a member of every group", "test_a_run_that_did_not_hang_has_no_divergence"),
     ("collectives compared by name", "test_a_collective_of_another_size_or_dtype_is_a_divergence"),
+    ("only the receives walked", "test_a_send_that_no_receive_meets_is_a_divergence"),
+    ("messages compared by size only", "test_a_message_received_into_another_dtype_of_the_same_count_is_a_divergence"),
+    ("a pair judged without one rank's dump", "test_messages_to_and_from_a_rank_without_a_dump_are_not_judged"),
+    ("collectives compared by hand-written fields", "test_an_all_to_all_of_uneven_splits_is_no_divergence"),
 ])
 def test_wrong_hang_analyses_are_rejected(name, caught_by):
     assert PLANTED[name].key == "a5_4_4"
@@ -186,10 +190,29 @@ def test_wrong_hang_analyses_are_rejected(name, caught_by):
     assert caught_by in failures, f"{name} passed {caught_by}: failures {failures}"
 
 
+def test_the_wrong_hang_analyses_are_each_one_change_from_a_correct_one(monkeypatch):
+    # planted.py's _divergences with no change passes every check: each planted analysis fails for its own fault
+    from communication import hang_lab
+    from tests.instructor.planted import _divergences
+
+    monkeypatch.setattr(hang_lab, "first_divergences", _divergences()(hang_lab.first_divergences))
+    assert not hang_analysis_failures()
+
+
+@pytest.mark.parametrize("name", [name for name, p in ALTERNATIVES.items() if p.key == "a5_4_4"])
+def test_correct_hang_analyses_written_otherwise_are_accepted(name):
+    with plant(name):
+        failures = hang_analysis_failures()
+    assert not failures, f"{name} is a correct analysis, yet it fails {failures}"
+
+
 def test_every_planted_solution_is_run_here():
     text = open(__file__, encoding="utf-8").read()
     for name, planted in PLANTED.items():
         assert f'"{name}"' in text or f'planted_for("{planted.key}")' in text, f"{name} is planted but never run"
+    assert not set(PLANTED) & set(ALTERNATIVES), "a name is planted as wrong and as correct"
+    for name, alternative in ALTERNATIVES.items():
+        assert f'p.key == "{alternative.key}"' in text, f"{name} is a correct alternative but never run"
 
 
 def _fails(call) -> bool:
