@@ -523,10 +523,10 @@ def _moves(name: str, a: dict, p: int, group) -> tuple:
     return None, -1, -1, zeros, zeros, 1, 1  # barrier, all_gather_object: nothing to compare but the call
 
 
-def _signature(name: str, a: dict, p: int, group) -> torch.Tensor:
-    """The int64 signature of one collective call (see the field names above); a call whose arguments cannot be
-    read (torch will refuse them) gets ``_VALID = 0`` and is not compared."""
-    sig = torch.zeros(_HEADER + 2 * p, dtype=torch.int64)  # host memory: this mode runs on gloo
+def _signature(name: str, a: dict, p: int, group) -> list[int]:
+    """The signature of one collective call, ``_HEADER + 2 p`` ints (see the field names above); a call whose
+    arguments cannot be read (torch will refuse them) gets ``_VALID = 0`` and is not compared."""
+    sig = [0] * (_HEADER + 2 * p)
     sig[_OP] = _COLLECTIVES.index(name)
     sig[_DTYPE] = sig[_ROOT] = sig[_REDUCE] = sig[_NDIM] = -1
     try:
@@ -537,33 +537,31 @@ def _signature(name: str, a: dict, p: int, group) -> torch.Tensor:
         return sig
     sig[_VALID], sig[_ROOT], sig[_REDUCE], sig[_IN_UNIT], sig[_OUT_UNIT] = 1, root, reduce, to_unit, from_unit
     if t is not None and name not in _OBJECT_COLLECTIVES:
-        sig[_DTYPE] = _ALL_DTYPES.index(t.dtype)
+        sig[_DTYPE], sig[_NDIM] = _ALL_DTYPES.index(t.dtype), t.dim()
         dims = list(t.shape)[:_MAX_DIMS]
-        sig[_NDIM] = t.dim()
-        sig[8:8 + len(dims)] = torch.tensor(dims, dtype=torch.int64)
-    sig[_HEADER:_HEADER + p] = torch.tensor(to, dtype=torch.int64)
-    sig[_HEADER + p:] = torch.tensor(came, dtype=torch.int64)
+        sig[8:8 + len(dims)] = dims
+    sig[_HEADER:] = [int(x) for x in (*to, *came)]
     return sig
 
 
-def _describe(sig: torch.Tensor, members: list[int]) -> str:
+def _describe(sig: list[int], members: list[int]) -> str:
     """One collective call in words, from its signature (ranks are global)."""
     p = len(members)
-    name = _COLLECTIVES[int(sig[_OP])]
-    if not int(sig[_VALID]):
+    name = _COLLECTIVES[sig[_OP]]
+    if not sig[_VALID]:
         return f"{name} (arguments torch refuses)"
     words = name
-    if int(sig[_REDUCE]) != -1:
-        words += f"({_REDUCE_OPS.get(int(sig[_REDUCE]), 'a ReduceOp object')})"
-    if int(sig[_ROOT]) != -1:
-        words += f", root rank {members[int(sig[_ROOT])]}"
-    if int(sig[_DTYPE]) != -1:
-        ndim = int(sig[_NDIM])
-        shape = [int(d) for d in sig[8:8 + min(ndim, _MAX_DIMS)]] + (["..."] if ndim > _MAX_DIMS else [])
-        words += f", {str(_ALL_DTYPES[int(sig[_DTYPE])]).removeprefix('torch.')} [{', '.join(map(str, shape))}]"
-    to, came = sig[_HEADER:_HEADER + p].tolist(), sig[_HEADER + p:].tolist()
+    if sig[_REDUCE] != -1:
+        words += f"({_REDUCE_OPS.get(sig[_REDUCE], 'a ReduceOp object')})"
+    if sig[_ROOT] != -1:
+        words += f", root rank {members[sig[_ROOT]]}"
+    if sig[_DTYPE] != -1:
+        ndim = sig[_NDIM]
+        shape = sig[8:8 + min(ndim, _MAX_DIMS)] + (["..."] if ndim > _MAX_DIMS else [])
+        words += f", {str(_ALL_DTYPES[sig[_DTYPE]]).removeprefix('torch.')} [{', '.join(map(str, shape))}]"
+    to, came = sig[_HEADER:_HEADER + p], sig[_HEADER + p:]
     if name == "all_to_all_single":
-        to_unit, from_unit = max(int(sig[_IN_UNIT]), 1), max(int(sig[_OUT_UNIT]), 1)
+        to_unit, from_unit = max(sig[_IN_UNIT], 1), max(sig[_OUT_UNIT], 1)
         rows = f"{to_unit}" if to_unit == from_unit else f"{to_unit} and {from_unit}"
         words += (f", input_split_sizes {[x // to_unit for x in to]}, output_split_sizes "
                   f"{[x // from_unit for x in came]} (rows of {rows} elements)")
@@ -572,30 +570,30 @@ def _describe(sig: torch.Tensor, members: list[int]) -> str:
     return words
 
 
-def _mismatch(sigs: torch.Tensor, members: list[int]) -> tuple[int, int, str] | None:
-    """The first disagreement between the signatures ``sigs`` (one row per group rank) of one collective:
+def _mismatch(sigs: list[list[int]], members: list[int]) -> tuple[int, int, str] | None:
+    """The first disagreement between the signatures ``sigs`` (one per group rank) of one collective:
     ``(group rank a, group rank b, what differs)``, or None when they match (or one rank's arguments are refused
     by torch, which then says so itself)."""
-    if not bool(sigs[:, _VALID].all()):
+    if not all(sig[_VALID] for sig in sigs):
         return None
     for field, what in ((_OP, "they issue different collectives"), (_DTYPE, "the dtypes differ"),
                         (_ROOT, "the roots differ"), (_REDUCE, "the reduce ops differ")):
-        other = (sigs[:, field] != sigs[0, field]).nonzero()
-        if len(other):
-            return 0, int(other[0]), what
+        for b, sig in enumerate(sigs):
+            if sig[field] != sigs[0][field]:
+                return 0, b, what
     p = len(members)
-    to, came = sigs[:, _HEADER:_HEADER + p], sigs[:, _HEADER + p:]
-    bad = (to != came.T).nonzero()  # to[i, j]: what i puts in for j; came[j, i]: what j expects from i
-    if not len(bad):
-        return None
-    i, j = int(bad[0, 0]), int(bad[0, 1])
-    sent, expected = int(to[i, j]), int(came[j, i])
-    if int(sigs[0, _OP]) == _COLLECTIVES.index("all_to_all_single"):
-        to_unit, from_unit = max(int(sigs[i, _IN_UNIT]), 1), max(int(sigs[j, _OUT_UNIT]), 1)
-        return i, j, (f"rank {members[i]}'s input_split_sizes[{j}] is {sent // to_unit} rows ({sent} elements), "
-                      f"rank {members[j]}'s output_split_sizes[{i}] {expected // from_unit} rows ({expected} elements)")
-    return i, j, (f"rank {members[i]} puts in {sent} elements for rank {members[j]}, whose call expects {expected} "
-                  f"from rank {members[i]}")
+    for i, j in itertools.product(range(p), range(p)):
+        sent, expected = sigs[i][_HEADER + j], sigs[j][_HEADER + p + i]  # what i puts in for j, what j expects from i
+        if sent == expected:
+            continue
+        if sigs[0][_OP] == _COLLECTIVES.index("all_to_all_single"):
+            to_unit, from_unit = max(sigs[i][_IN_UNIT], 1), max(sigs[j][_OUT_UNIT], 1)
+            return i, j, (f"rank {members[i]}'s input_split_sizes[{j}] is {sent // to_unit} rows ({sent} elements), "
+                          f"rank {members[j]}'s output_split_sizes[{i}] {expected // from_unit} rows ({expected} "
+                          "elements)")
+        return i, j, (f"rank {members[i]} puts in {sent} elements for rank {members[j]}, whose call expects "
+                      f"{expected} from rank {members[i]}")
+    return None
 
 
 def _check_sequence(name: str, a: dict, group) -> None:
@@ -609,7 +607,7 @@ def _check_sequence(name: str, a: dict, group) -> None:
         members, mine = seq.members[group]
         n = seq.count[group] = seq.count.get(group, 0) + 1
     p = len(members)
-    sig = _signature(name, a, p, group)
+    sig = torch.tensor(_signature(name, a, p, group), dtype=torch.int64)  # host memory: this mode runs on gloo
     rows = [sig if r == mine else torch.empty_like(sig) for r in range(p)]
     recvs = [(r, group.recv([rows[r]], r, _SIGNATURE_TAG)) for r in range(p) if r != mine]
     sends = [group.send([sig], r, _SIGNATURE_TAG) for r in range(p) if r != mine]
@@ -625,12 +623,13 @@ def _check_sequence(name: str, a: dict, group) -> None:
     if missing:
         raise NcclRuleError(
             f"rank {dist.get_rank()} issues collective #{n} of group {_group_label(group)} (ranks {members}), "
-            f"{_describe(sig, members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue theirs — a "
+            f"{_describe(sig.tolist(), members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue theirs — a "
             "collective only some ranks of the group issue, or ranks that wait for each other in different groups: "
             f"NCCL would hang here. This rank's point-to-point streams:\n{_engine().report()}")
     for work in sends:
         work.wait()
-    found = _mismatch(torch.stack(rows), members)
+    rows = [row.tolist() for row in rows]
+    found = _mismatch(rows, members)
     if found is None:
         return
     i, j, what = found

@@ -208,10 +208,10 @@ def test_all_to_all_splits_are_compared_across_the_pair():
             a = dict(input=torch.empty(sum(inputs), 3), output=torch.empty(sum(outputs), 3),
                      input_split_sizes=inputs, output_split_sizes=outputs)
             rows.append(_signature("all_to_all_single", a, 3, None))
-        return torch.stack(rows)
+        return rows
 
     sends = [[0, 5, 1], [2, 0, 0], [4, 3, 7]]
     assert _mismatch(signatures(sends), [0, 1, 2]) is None
     wrong = signatures(sends)
-    wrong[1, -3:] = torch.tensor([3, 0, 5]) * 3  # rank 1 expects 3 rows from rank 0 and 5 from rank 2: swapped
+    wrong[1][-3:] = [3 * 3, 0, 5 * 3]  # rank 1 expects 3 rows from rank 0 and 5 from rank 2: the two swapped
     assert _mismatch(wrong, [0, 1, 2])[:2] == (0, 1)
