@@ -1,9 +1,10 @@
-"""NCCL's point-to-point rules, enforced on gloo: a test mode that makes CPU runs fail where GPU runs would hang.
+"""NCCL's ordering rules, enforced on gloo: a test mode that makes CPU runs fail where GPU runs would hang.
 
 Gloo forgives orders of sends and receives that NCCL does not. A program that passes on
 CPU can therefore hang on GPUs. Under ``LLMSYS_NCCL_RULES=1`` (set by the tests whose names
 hold ``rendezvous``; :func:`course.launch.launch` installs this module in every rank), each
-rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
+rank's point-to-point traffic goes through an emulator that behaves as NCCL may (rules 1-4), the
+making of groups is checked (rule 5), and so is every collective (rule 6):
 
 1. **One ordered stream per process group.** The operations a rank issues in one group run in
    the order they were issued, one after the other (``"group"``, the default: what PyTorch does
@@ -36,6 +37,27 @@ rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
    (gloo on CPU builds ``init_device_mesh``'s groups with ``new_group`` and names them from the global
    count, which hides the last case there).
 
+6. **Every rank of a group issues the same collectives, in the same order, with sizes that agree.** NCCL
+   matches a group's collectives by the order each rank issues them, and each call has one count and one
+   datatype: the k-th collective of a group on one rank meets the k-th on every other. Ranks that issue two
+   collectives in different orders, or the same one with different dtypes, roots, reduce ops or element counts,
+   hang or move the wrong bytes on GPUs (gloo, which matches them the same way, aborts with an unrelated error
+   or runs). An all-to-all is a group of sends and receives on NCCL, so its splits may be uneven — MoE dispatch's
+   differ between ranks by design — but every pair must agree: rank i's ``input_split_sizes[j]`` (rows of i's
+   input) must be rank j's ``output_split_sizes[i]`` (in elements: rows times the row's elements). Before each
+   collective of ``torch.distributed`` (``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``,
+   ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all``,
+   ``all_to_all_single``, ``gather``, ``scatter``, ``barrier``, ``all_gather_object``,
+   ``broadcast_object_list``; an object collective counts once, its inner collectives are part of it) a rank
+   sends the other members of the group a *signature* of its call — the collective, its dtype, root, reduce op,
+   the tensor's shape, and the elements it puts in for each group rank and expects from each — and compares all
+   of them: ``input i -> j`` against ``output j <- i`` for every pair, which covers the all-to-alls' uneven
+   splits, the list forms of all-gather and reduce-scatter, and the equal counts of the others. A mismatch
+   raises :class:`NcclRuleError` on every member (before any of them issues the collective, so a caller that
+   catches it stays in step) naming the two ranks, the group, the collective's place in the group's sequence
+   (``collective #n``, counted from :func:`install`) and both calls; a member that does not issue its
+   collective within ``LLMSYS_NCCL_RULES_TIMEOUT`` raises naming the ranks it waited for.
+
 A wait that does not finish within ``LLMSYS_NCCL_RULES_TIMEOUT`` seconds (default 60)
 raises with what this rank waits for and what each of its streams holds: the deadlock NCCL
 would have, found on a laptop. Two ranks that each send to the other before receiving are
@@ -45,18 +67,23 @@ How it is emulated: each rank's operations are queued per stream; an operation (
 starts when it is first in every stream it uses. A starting receive sends a small *ready*
 token (its size and dtype) to its source; a send waits for that token before it moves the
 data, and compares the sizes. Tokens and data travel over the same gloo group with tags of
-their own, so they are matched by order too.
+their own, so they are matched by order too; so do the collectives' signatures (a third tag, one
+small int64 message from each member to each other per collective: about one round trip added to
+each collective, never to what the flight recorder or the communication counters see).
 
 Installed by :func:`install` (it replaces ``torch.distributed``'s ``isend``, ``irecv``,
 ``send``, ``recv``, ``batch_isend_irecv`` and ``new_group`` — also the one ``init_device_mesh``
-calls — and makes its collectives wait for the group's pending point-to-point operations first),
-so student code that calls ``torch.distributed`` directly is held to the same rules.
+calls — and makes its collectives wait for the group's pending point-to-point operations first, then
+check rule 6), so student code that calls ``torch.distributed`` directly is held to the same rules.
 
 Sources: NCCL documentation, "Point-to-point communication" and "Group calls"; PyTorch
 ``ProcessGroupNCCL`` (eager initialisation reuses the group's communicator for
 point-to-point, pytorch/pytorch#129140, #132900); ``torch.distributed.distributed_c10d``'s
 ``new_group``, ``split_group`` and ``_process_group_name`` (group names) and ``_new_process_group_helper``
-(the no-colour split of non-members).
+(the no-colour split of non-members); for rule 6, NCCL documentation, "Collective Operations" and "NCCL and
+MPI" (one count and one datatype per call, on every rank) and "Point-to-point communication: All-to-all"
+(an all-to-all as a group of sends and receives), and ``ProcessGroupNCCL::alltoall_base`` (the split sizes
+become per-peer sends and receives).
 """
 from __future__ import annotations
 
@@ -89,7 +116,8 @@ def _timeout() -> float:
 
 
 class NcclRuleError(RuntimeError):
-    """A point-to-point program that NCCL would not run: a deadlock, or messages matched wrongly."""
+    """A program that NCCL would not run: a deadlock, messages matched wrongly, groups made differently, or
+    collectives that differ between the ranks of a group."""
 
 
 class _Op:
