@@ -19,7 +19,11 @@ operations of one ``batch_isend_irecv`` start together. Under it:
   ranks (which plain gloo allows) and groups made in different orders are refused; two meshes in one
   process — a pipeline of 4 stages, whose middle stages are in no embedding group, then a (1, 2, 2)
   mesh — and the async-checkpoint group after a group that left a rank out are made with names that
-  meet on every rank, and the planted wrong ways of making them are caught (issue 38, items 1, 2, 9).
+  meet on every rank, and the planted wrong ways of making them are caught (issue 38, items 1, 2, 9);
+* every rank of a group issues the same collectives in the same order with sizes that agree: two ranks issuing
+  two collectives in opposite orders, an all-to-all whose splits disagree between a pair, different dtypes,
+  roots and reduce-scatter sizes are refused naming both ranks, the group, the place and both calls, while
+  uneven splits that agree run (issue 53, item 5).
 """
 from __future__ import annotations
 
