@@ -651,9 +651,9 @@ def _check_sequence(name: str, a: dict, group) -> None:
     if missing:
         raise NcclRuleError(
             f"rank {dist.get_rank()} issues collective #{n} of group {_group_label(group)} (ranks {members}), "
-            f"{_describe(sig.tolist(), members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue theirs — a "
-            "collective only some ranks of the group issue, or ranks that wait for each other in different groups: "
-            f"NCCL would hang here. This rank's point-to-point streams:\n{_engine().report()}")
+            f"{_describe(sig.tolist(), members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue "
+            "theirs — a collective only some ranks of the group issue, or ranks that wait for each other in different "
+            f"groups: NCCL would hang here. This rank's point-to-point streams:\n{_engine().report()}")
     for work in sends:
         work.wait()
     rows = [row.tolist() for row in rows]

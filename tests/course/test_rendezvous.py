@@ -199,6 +199,16 @@ def test_collectives_in_different_orders_and_splits_that_disagree_are_caught_ren
     assert torch.equal(out[1]["uneven"], torch.cat([rows[0][1:], rows[1][2:]]))
 
 
+def test_a_collective_only_some_ranks_issue_is_named_rendezvous(nccl_rules, monkeypatch):
+    """Rank 0 issues an all-reduce its group's other rank never issues (NCCL would wait forever): after the rules'
+    2 s, rank 0 says which collective of which group it waited in, and for whom."""
+    monkeypatch.setenv(TIMEOUT_ENV, "2")
+    out = launch(support.collective_of_one_rank_worker, 2, device="cpu", timeout=60)
+    assert out[1] is None
+    assert out[0].startswith("rank 0 issues collective #1 of group planted (ranks [0, 1]), all_reduce(SUM), "
+                             "float32 [5], and waited 2 s for rank(s) [1] to issue theirs"), out[0]
+
+
 def test_all_to_all_splits_are_compared_across_the_pair():
     """The rule for uneven splits at p = 3, on signatures alone (no processes): rank i's input split j against
     rank j's output split i. A legitimate non-symmetric exchange passes; the same splits with one pair's two

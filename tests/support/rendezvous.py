@@ -288,3 +288,27 @@ def planted_collectives_worker(rank: int, world_size: int) -> dict:
     case("reduce_scatter", lambda: dist.reduce_scatter_tensor(torch.empty(kept), torch.ones(2 * kept), group=group))
     case("after", lambda: all_reduce(torch.full((2,), float(rank + 1))))
     return out
+
+
+def collective_of_one_rank_worker(rank: int, world_size: int) -> str | None:
+    """Rank 0 issues an all-reduce in a group of both ranks that rank 1 never issues: rank 0 returns the rules'
+    message (after ``LLMSYS_NCCL_RULES_TIMEOUT``), rank 1 None. Rank 1 stays in the group until rank 0 is done
+    (a peer that left would end rank 0's wait with gloo's lost connection instead); the group goes when the run
+    ends, and with it the signature rank 0 still waits for."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from course.nccl_rules import NcclRuleError
+
+    group = dist.new_group([0, 1], group_desc="planted")
+    store, key = c10d._get_default_store(), "llmsys_test_collective_of_one_rank"
+    if rank == 1:
+        store.wait([key])
+        store.delete_key(key)
+        return None
+    try:
+        dist.all_reduce(torch.ones(5), group=group)
+        return "ran"
+    except NcclRuleError as exc:
+        return str(exc)
+    finally:
+        store.set(key, "done")
