@@ -23,7 +23,8 @@ operations of one ``batch_isend_irecv`` start together. Under it:
 * every rank of a group issues the same collectives in the same order with sizes that agree: two ranks issuing
   two collectives in opposite orders, an all-to-all whose splits disagree between a pair, different dtypes,
   roots and reduce-scatter sizes are refused naming both ranks, the group, the place and both calls, while
-  uneven splits that agree run (issue 53, item 5).
+  uneven splits that agree run; a collective only one rank of a group issues is named after the rules' timeout
+  (issue 53, item 5).
 """
 from __future__ import annotations
 
