@@ -68,8 +68,9 @@ starts when it is first in every stream it uses. A starting receive sends a smal
 token (its size and dtype) to its source; a send waits for that token before it moves the
 data, and compares the sizes. Tokens and data travel over the same gloo group with tags of
 their own, so they are matched by order too; so do the collectives' signatures (a third tag, one
-small int64 message from each member to each other per collective: about one round trip added to
-each collective, never to what the flight recorder or the communication counters see).
+small int64 message from each member to each other per collective, into a receive each rank keeps
+posted for its peer's next signature, so that it crosses in one hop: about one message latency added
+to each collective, and nothing the flight recorder or the communication counters see).
 
 Installed by :func:`install` (it replaces ``torch.distributed``'s ``isend``, ``irecv``,
 ``send``, ``recv``, ``batch_isend_irecv`` and ``new_group`` — also the one ``init_device_mesh``
@@ -491,6 +492,11 @@ class _Sequences:
 
 
 _SEQUENCES = _Sequences()
+# group -> {peer's group rank: (buffer, work)}: the receive this rank keeps posted for each peer's next signature.
+# Posted ahead, a signature crosses in one hop (gloo's receiver otherwise first tells the sender it is ready).
+# Kept across install/uninstall: a pooled rank's world group outlives a run, and every member of a group that
+# ran through consumed as many signatures in it as the others; the entries of destroyed groups go at install.
+_POSTED: dict = {}
 
 
 def _moves(name: str, a: dict, p: int, group) -> tuple:
@@ -635,28 +641,37 @@ def _check_sequence(name: str, a: dict, group) -> None:
         members, mine = seq.members[group]
         n = seq.count[group] = seq.count.get(group, 0) + 1
     p = len(members)
-    sig = torch.tensor(_signature(name, a, p, group), dtype=torch.int64)  # host memory: this mode runs on gloo
-    rows = [sig if r == mine else torch.empty_like(sig) for r in range(p)]
-    recvs = [(r, group.recv([rows[r]], r, _SIGNATURE_TAG)) for r in range(p) if r != mine]
-    sends = [group.send([sig], r, _SIGNATURE_TAG) for r in range(p) if r != mine]
+    mine_sig = _signature(name, a, p, group)
+    sig = torch.tensor(mine_sig, dtype=torch.int64)  # host memory: this mode runs on gloo
+    peers = [r for r in range(p) if r != mine]
+    posted = _POSTED.setdefault(group, {})
+    for r in peers:
+        if r not in posted:
+            posted[r] = _post(group, r, len(mine_sig))
+    sends = [group.send([sig], r, _SIGNATURE_TAG) for r in peers]
     deadline = time.monotonic() + _timeout()
-    missing = []
-    for r, work in recvs:
+    rows, missing = {mine: mine_sig}, []
+    for r in peers:
+        buffer, work = posted[r]
         try:
             work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
         except Exception:  # noqa: BLE001 - a timeout says who never came; any other error (a peer died) is gloo's
             if deadline - time.monotonic() > 1.0:
+                del posted[r]
                 raise
-            missing.append(members[r])
+            missing.append(members[r])  # (its receive stays posted: the peer may still send)
+            continue
+        rows[r] = buffer.tolist()
+        posted[r] = _post(group, r, len(mine_sig))
     if missing:
         raise NcclRuleError(
             f"rank {dist.get_rank()} issues collective #{n} of group {_group_label(group)} (ranks {members}), "
-            f"{_describe(sig.tolist(), members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue "
+            f"{_describe(mine_sig, members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue "
             "theirs — a collective only some ranks of the group issue, or ranks that wait for each other in different "
             f"groups: NCCL would hang here. This rank's point-to-point streams:\n{_engine().report()}")
     for work in sends:
         work.wait()
-    rows = [row.tolist() for row in rows]
+    rows = [rows[r] for r in range(p)]
     found = _mismatch(rows, members)
     if found is None:
         return
@@ -672,6 +687,12 @@ def _check_sequence(name: str, a: dict, group) -> None:
         "must issue the same collectives in the same order, with sizes that agree (an all-to-all's splits may be "
         "uneven, but rank i's input_split_sizes[j] must equal rank j's output_split_sizes[i]). Otherwise NCCL hangs "
         "or moves the wrong bytes; gloo aborts with an unrelated error, or runs.")
+
+
+def _post(group, peer: int, length: int) -> tuple:
+    """Post this rank's receive of the next signature of group rank ``peer`` in ``group``: (buffer, work)."""
+    buffer = torch.empty(length, dtype=torch.int64)
+    return buffer, group.recv([buffer], peer, _SIGNATURE_TAG)
 
 
 def _checked_collective(name, original):
@@ -714,6 +735,8 @@ def install() -> None:
     from torch.distributed import device_mesh
 
     _CREATIONS, _SEQUENCES = _Creations(), _Sequences()
+    for group in [g for g in _POSTED if g not in c10d._world.pg_map]:  # destroyed since: their receives went too
+        del _POSTED[group]
     replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv, "batch_isend_irecv": batch_isend_irecv,
                     "new_group": _checked_new_group(c10d.new_group, split_on_gpus=False)}
     _ORIGINAL["device_mesh.new_group"] = device_mesh.new_group  # imported by name there: replaced there too
