@@ -1,9 +1,10 @@
-"""NCCL's point-to-point rules, enforced on gloo: a test mode that makes CPU runs fail where GPU runs would hang.
+"""NCCL's ordering rules, enforced on gloo: a test mode that makes CPU runs fail where GPU runs would hang.
 
 Gloo forgives orders of sends and receives that NCCL does not. A program that passes on
 CPU can therefore hang on GPUs. Under ``LLMSYS_NCCL_RULES=1`` (set by the tests whose names
 hold ``rendezvous``; :func:`course.launch.launch` installs this module in every rank), each
-rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
+rank's point-to-point traffic goes through an emulator that behaves as NCCL may (rules 1-4), the
+making of groups is checked (rule 5), and so is every collective (rule 6):
 
 1. **One ordered stream per process group.** The operations a rank issues in one group run in
    the order they were issued, one after the other (``"group"``, the default: what PyTorch does
@@ -36,6 +37,27 @@ rank's point-to-point traffic goes through an emulator that behaves as NCCL may:
    (gloo on CPU builds ``init_device_mesh``'s groups with ``new_group`` and names them from the global
    count, which hides the last case there).
 
+6. **Every rank of a group issues the same collectives, in the same order, with sizes that agree.** NCCL
+   matches a group's collectives by the order each rank issues them, and each call has one count and one
+   datatype: the k-th collective of a group on one rank meets the k-th on every other. Ranks that issue two
+   collectives in different orders, or the same one with different dtypes, roots, reduce ops or element counts,
+   hang or move the wrong bytes on GPUs (gloo, which matches them the same way, aborts with an unrelated error
+   or runs). An all-to-all is a group of sends and receives on NCCL, so its splits may be uneven — MoE dispatch's
+   differ between ranks by design — but every pair must agree: rank i's ``input_split_sizes[j]`` (rows of i's
+   input) must be rank j's ``output_split_sizes[i]`` (in elements: rows times the row's elements). Before each
+   collective of ``torch.distributed`` (``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``,
+   ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all``,
+   ``all_to_all_single``, ``gather``, ``scatter``, ``barrier``, ``all_gather_object``,
+   ``broadcast_object_list``; an object collective counts once, its inner collectives are part of it) a rank
+   sends the other members of the group a *signature* of its call — the collective, its dtype, root, reduce op,
+   the tensor's shape, and the elements it puts in for each group rank and expects from each — and compares all
+   of them: ``input i -> j`` against ``output j <- i`` for every pair, which covers the all-to-alls' uneven
+   splits, the list forms of all-gather and reduce-scatter, and the equal counts of the others. A mismatch
+   raises :class:`NcclRuleError` on every member (before any of them issues the collective, so a caller that
+   catches it stays in step) naming the two ranks, the group, the collective's place in the group's sequence
+   (``collective #n``, counted from :func:`install`) and both calls; a member that does not issue its
+   collective within ``LLMSYS_NCCL_RULES_TIMEOUT`` raises naming the ranks it waited for.
+
 A wait that does not finish within ``LLMSYS_NCCL_RULES_TIMEOUT`` seconds (default 60)
 raises with what this rank waits for and what each of its streams holds: the deadlock NCCL
 would have, found on a laptop. Two ranks that each send to the other before receiving are
@@ -45,21 +67,28 @@ How it is emulated: each rank's operations are queued per stream; an operation (
 starts when it is first in every stream it uses. A starting receive sends a small *ready*
 token (its size and dtype) to its source; a send waits for that token before it moves the
 data, and compares the sizes. Tokens and data travel over the same gloo group with tags of
-their own, so they are matched by order too.
+their own, so they are matched by order too; so do the collectives' signatures (a third tag, one
+small int64 message from each member to each other per collective, into a receive each rank keeps
+posted for its peer's next signature, so that it crosses in one hop: about one message latency added
+to each collective, and nothing the flight recorder or the communication counters see).
 
 Installed by :func:`install` (it replaces ``torch.distributed``'s ``isend``, ``irecv``,
 ``send``, ``recv``, ``batch_isend_irecv`` and ``new_group`` — also the one ``init_device_mesh``
-calls — and makes its collectives wait for the group's pending point-to-point operations first),
-so student code that calls ``torch.distributed`` directly is held to the same rules.
+calls — and makes its collectives wait for the group's pending point-to-point operations first, then
+check rule 6), so student code that calls ``torch.distributed`` directly is held to the same rules.
 
 Sources: NCCL documentation, "Point-to-point communication" and "Group calls"; PyTorch
 ``ProcessGroupNCCL`` (eager initialisation reuses the group's communicator for
 point-to-point, pytorch/pytorch#129140, #132900); ``torch.distributed.distributed_c10d``'s
 ``new_group``, ``split_group`` and ``_process_group_name`` (group names) and ``_new_process_group_helper``
-(the no-colour split of non-members).
+(the no-colour split of non-members); for rule 6, NCCL documentation, "Collective Operations" and "NCCL and
+MPI" (one count and one datatype per call, on every rank) and "Point-to-point communication: All-to-all"
+(an all-to-all as a group of sends and receives), and ``ProcessGroupNCCL::alltoall_base`` (the split sizes
+become per-peer sends and receives).
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
 import threading
@@ -88,7 +117,8 @@ def _timeout() -> float:
 
 
 class NcclRuleError(RuntimeError):
-    """A point-to-point program that NCCL would not run: a deadlock, or messages matched wrongly."""
+    """A program that NCCL would not run: a deadlock, messages matched wrongly, groups made differently, or
+    collectives that differ between the ranks of a group."""
 
 
 class _Op:
@@ -345,8 +375,6 @@ def _meet(key: str, members: list[int], value: str, what: str) -> dict[int, str]
     """Post ``value`` under ``key`` for this rank, wait for every rank of ``members`` to post theirs, and return
     them all (``what``: this rank's creation, for the message). Raises NcclRuleError naming the ranks that do not
     arrive within the rules' timeout."""
-    import datetime
-
     store = c10d._world.pg_map[c10d._get_default_group()][1]
     rank = dist.get_rank()
     keys = [f"{key}/{r}" for r in members]
@@ -440,13 +468,257 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sc
 _ORIGINAL: dict = {}
 
 
-def _after_pending_p2p(name, original):
+# ---- collectives: the same sequence on every rank of a group (rule 6) ---------------------------------------
+
+_SIGNATURE_TAG = 0x4C4C5903  # the gloo tag of the signatures the members of a group exchange before a collective
+# A signature: _HEADER int64 fields, then what the call moves to each group rank and from each (elements):
+_VALID, _OP, _DTYPE, _ROOT, _REDUCE, _IN_UNIT, _OUT_UNIT, _NDIM = range(8)
+_MAX_DIMS = 8  # dimensions of the call's tensor kept for the message
+_HEADER = 8 + _MAX_DIMS
+_ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)  # same in every rank
+_REDUCE_OPS = {int(v): k for k, v in dist.ReduceOp.RedOpType.__members__.items()}
+_OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list")
+
+
+class _Sequences:
+    """This rank's count of the collectives it issued in each group since :func:`install`, the groups' members,
+    and the calls in progress on this thread (an object collective's inner ones are part of it, not counted)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.count: dict = {}  # group -> collectives issued
+        self.members: dict = {}  # group -> (global ranks in group-rank order, this rank's group rank)
+        self.local = threading.local()
+
+
+_SEQUENCES = _Sequences()
+# group -> {peer's group rank: (buffer, work)}: the receive this rank keeps posted for each peer's next signature.
+# Posted ahead, a signature crosses in one hop (gloo's receiver otherwise first tells the sender it is ready).
+# Kept across install/uninstall: a pooled rank's world group outlives a run, and every member of a group that
+# ran through consumed as many signatures in it as the others; the entries of destroyed groups go at install.
+_POSTED: dict = {}
+
+
+def _moves(name: str, a: dict, p: int, group) -> tuple:
+    """What the call ``name`` with bound arguments ``a`` moves in a group of ``p``: ``(tensor, root, reduce op,
+    to[p], from[p], to_unit, from_unit)`` — the call's main tensor (for its dtype and shape), the root's group
+    rank (-1: none), the reduce op's code (-1: none), the elements it puts in for each group rank and expects
+    from each, and the elements per split unit (an all-to-all's rows) for the message. Raises on arguments torch
+    would refuse (the caller lets torch say so)."""
+    def root(key):
+        given, group_given = a.get(key), a.get(f"group_{key}")
+        return c10d._canonicalize_group_rank(group, given, group_given, return_global=False)
+
+    def reduce_op():
+        op = a.get("op")
+        return int(op) if isinstance(op, dist.ReduceOp.RedOpType) else -2  # -2: a ReduceOp object (premul_sum)
+
+    zeros = [0] * p
+    if name in ("all_reduce", "broadcast", "reduce"):
+        t = a["tensor"]
+        n = t.numel()
+        if name == "all_reduce":
+            return t, -1, reduce_op(), [n] * p, [n] * p, 1, 1
+        r = root("src" if name == "broadcast" else "dst")
+        at_root = [n] * p if dist.get_group_rank(group, dist.get_rank()) == r else zeros
+        one = [n if i == r else 0 for i in range(p)]  # the root sends to (broadcast) or receives from every rank
+        return (t, r, -1, at_root, one, 1, 1) if name == "broadcast" else (t, r, reduce_op(), one, at_root, 1, 1)
+    if name == "all_gather":
+        t = a["tensor"]
+        return t, -1, -1, [t.numel()] * p, [x.numel() for x in a["tensor_list"]], 1, 1
+    if name == "all_gather_into_tensor":
+        t = a["input_tensor"]
+        return t, -1, -1, [t.numel()] * p, [a["output_tensor"].numel() // p] * p, 1, 1
+    if name == "reduce_scatter":
+        t = a["output"]
+        return t, -1, reduce_op(), [x.numel() for x in a["input_list"]], [t.numel()] * p, 1, 1
+    if name == "reduce_scatter_tensor":
+        t = a["input"]
+        return t, -1, reduce_op(), [t.numel() // p] * p, [a["output"].numel()] * p, 1, 1
+    if name == "all_to_all_single":
+        t, out = a["input"], a["output"]
+        units = [int(torch.Size(x.shape[1:]).numel()) for x in (t, out)]
+        splits = [list(s) if s else [x.shape[0] // p] * p
+                  for s, x in ((a["input_split_sizes"], t), (a["output_split_sizes"], out))]
+        return (t, -1, -1, [int(s) * units[0] for s in splits[0]], [int(s) * units[1] for s in splits[1]],
+                units[0], units[1])
+    if name == "all_to_all":
+        ins, outs = a["input_tensor_list"], a["output_tensor_list"]
+        return ins[0] if ins else None, -1, -1, [x.numel() for x in ins], [x.numel() for x in outs], 1, 1
+    if name in ("gather", "scatter"):
+        t, r = a["tensor"], root("dst" if name == "gather" else "src")
+        mine = dist.get_group_rank(group, dist.get_rank())
+        lst = a["gather_list" if name == "gather" else "scatter_list"]
+        at_root = [x.numel() for x in lst] if mine == r else zeros
+        one = [t.numel() if i == r else 0 for i in range(p)]
+        return (t, r, -1, one, at_root, 1, 1) if name == "gather" else (t, r, -1, at_root, one, 1, 1)
+    if name == "broadcast_object_list":
+        return None, root("src"), -1, zeros, zeros, 1, 1
+    return None, -1, -1, zeros, zeros, 1, 1  # barrier, all_gather_object: nothing to compare but the call
+
+
+def _signature(name: str, a: dict, p: int, group) -> list[int]:
+    """The signature of one collective call, ``_HEADER + 2 p`` ints (see the field names above); a call whose
+    arguments cannot be read (torch will refuse them) gets ``_VALID = 0`` and is not compared."""
+    sig = [0] * (_HEADER + 2 * p)
+    sig[_OP] = _COLLECTIVES.index(name)
+    sig[_DTYPE] = sig[_ROOT] = sig[_REDUCE] = sig[_NDIM] = -1
+    try:
+        t, root, reduce, to, came, to_unit, from_unit = _moves(name, a, p, group)
+        if len(to) != p or len(came) != p:
+            return sig
+    except Exception:  # noqa: BLE001 - torch raises its own error on these arguments
+        return sig
+    sig[_VALID], sig[_ROOT], sig[_REDUCE], sig[_IN_UNIT], sig[_OUT_UNIT] = 1, root, reduce, to_unit, from_unit
+    if t is not None and name not in _OBJECT_COLLECTIVES:
+        sig[_DTYPE], sig[_NDIM] = _ALL_DTYPES.index(t.dtype), t.dim()
+        dims = list(t.shape)[:_MAX_DIMS]
+        sig[8:8 + len(dims)] = dims
+    sig[_HEADER:] = [int(x) for x in (*to, *came)]
+    return sig
+
+
+def _describe(sig: list[int], members: list[int]) -> str:
+    """One collective call in words, from its signature (ranks are global)."""
+    p = len(members)
+    name = _COLLECTIVES[sig[_OP]]
+    if not sig[_VALID]:
+        return f"{name} (arguments torch refuses)"
+    words = name
+    if sig[_REDUCE] != -1:
+        words += f"({_REDUCE_OPS.get(sig[_REDUCE], 'a ReduceOp object')})"
+    if sig[_ROOT] != -1:
+        words += f", root rank {members[sig[_ROOT]]}"
+    if sig[_DTYPE] != -1:
+        ndim = sig[_NDIM]
+        shape = sig[8:8 + min(ndim, _MAX_DIMS)] + (["..."] if ndim > _MAX_DIMS else [])
+        words += f", {str(_ALL_DTYPES[sig[_DTYPE]]).removeprefix('torch.')} [{', '.join(map(str, shape))}]"
+    to, came = sig[_HEADER:_HEADER + p], sig[_HEADER + p:]
+    if name == "all_to_all_single":
+        to_unit, from_unit = max(sig[_IN_UNIT], 1), max(sig[_OUT_UNIT], 1)
+        rows = f"{to_unit}" if to_unit == from_unit else f"{to_unit} and {from_unit}"
+        words += (f", input_split_sizes {[x // to_unit for x in to]}, output_split_sizes "
+                  f"{[x // from_unit for x in came]} (rows of {rows} elements)")
+    elif name in ("all_to_all", "all_gather", "reduce_scatter", "gather", "scatter"):  # lists: sizes per rank
+        words += f", elements to each group rank {to}, from each {came}"
+    return words
+
+
+def _mismatch(sigs: list[list[int]], members: list[int]) -> tuple[int, int, str] | None:
+    """The first disagreement between the signatures ``sigs`` (one per group rank) of one collective:
+    ``(group rank a, group rank b, what differs)``, or None when they match (or one rank's arguments are refused
+    by torch, which then says so itself)."""
+    if not all(sig[_VALID] for sig in sigs):
+        return None
+    for field, what in ((_OP, "they issue different collectives"), (_DTYPE, "the dtypes differ"),
+                        (_ROOT, "the roots differ"), (_REDUCE, "the reduce ops differ")):
+        for b, sig in enumerate(sigs):
+            if sig[field] != sigs[0][field]:
+                return 0, b, what
+    p = len(members)
+    for i, j in itertools.product(range(p), range(p)):
+        sent, expected = sigs[i][_HEADER + j], sigs[j][_HEADER + p + i]  # what i puts in for j, what j expects from i
+        if sent == expected:
+            continue
+        if sigs[0][_OP] == _COLLECTIVES.index("all_to_all_single"):
+            to_unit, from_unit = max(sigs[i][_IN_UNIT], 1), max(sigs[j][_OUT_UNIT], 1)
+            return i, j, (f"rank {members[i]}'s input_split_sizes[{j}] is {sent // to_unit} rows ({sent} elements), "
+                          f"rank {members[j]}'s output_split_sizes[{i}] {expected // from_unit} rows ({expected} "
+                          "elements)")
+        return i, j, (f"rank {members[i]} puts in {sent} elements for rank {members[j]}, whose call expects "
+                      f"{expected} from rank {members[i]}")
+    return None
+
+
+def _check_sequence(name: str, a: dict, group) -> None:
+    """Rule 6 for one collective call on ``group`` (a member): exchange its signature with the other members over
+    gloo (a tag of its own, matched by order like the emulator's other messages) and compare them all."""
+    seq = _SEQUENCES
+    with seq.lock:
+        if group not in seq.members:
+            ranks = dist.get_process_group_ranks(group)
+            seq.members[group] = (ranks, ranks.index(dist.get_rank()))
+        members, mine = seq.members[group]
+        n = seq.count[group] = seq.count.get(group, 0) + 1
+    p = len(members)
+    mine_sig = _signature(name, a, p, group)
+    sig = torch.tensor(mine_sig, dtype=torch.int64)  # host memory: this mode runs on gloo
+    peers = [r for r in range(p) if r != mine]
+    posted = _POSTED.setdefault(group, {})
+    for r in peers:
+        if r not in posted:
+            posted[r] = _post(group, r, len(mine_sig))
+    sends = [group.send([sig], r, _SIGNATURE_TAG) for r in peers]
+    deadline = time.monotonic() + _timeout()
+    rows, missing = {mine: mine_sig}, []
+    for r in peers:
+        buffer, work = posted[r]
+        try:
+            work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except Exception:  # noqa: BLE001 - a timeout says who never came; any other error (a peer died) is gloo's
+            if deadline - time.monotonic() > 1.0:
+                del posted[r]
+                raise
+            missing.append(members[r])  # (its receive stays posted: the peer may still send)
+            continue
+        rows[r] = buffer.tolist()
+        posted[r] = _post(group, r, len(mine_sig))
+    if missing:
+        raise NcclRuleError(
+            f"rank {dist.get_rank()} issues collective #{n} of group {_group_label(group)} (ranks {members}), "
+            f"{_describe(mine_sig, members)}, and waited {_timeout():.0f} s for rank(s) {missing} to issue "
+            "theirs — a collective only some ranks of the group issue, or ranks that wait for each other in different "
+            f"groups: NCCL would hang here. This rank's point-to-point streams:\n{_engine().report()}")
+    for work in sends:
+        work.wait()
+    rows = [rows[r] for r in range(p)]
+    found = _mismatch(rows, members)
+    if found is None:
+        return
+    i, j, what = found
+    i, j = min(i, j), max(i, j)
+    everyone = "".join(f"  rank {members[r]}: {_describe(rows[r], members)}\n" for r in range(p))
+    everyone = f"Every rank of the group:\n{everyone}" if p > 2 else ""
+    raise NcclRuleError(
+        f"collective #{n} of group {_group_label(group)} (ranks {members}) does not match between rank {members[i]} "
+        f"and rank {members[j]}: {what}.\n  rank {members[i]}: {_describe(rows[i], members)}\n  rank {members[j]}: "
+        f"{_describe(rows[j], members)}\n{everyone}"
+        "NCCL matches a group's collectives by the order each rank issues them, nothing else: every rank of the group "
+        "must issue the same collectives in the same order, with sizes that agree (an all-to-all's splits may be "
+        "uneven, but rank i's input_split_sizes[j] must equal rank j's output_split_sizes[i]). Otherwise NCCL hangs "
+        "or moves the wrong bytes; gloo aborts with an unrelated error, or runs.")
+
+
+def _post(group, peer: int, length: int) -> tuple:
+    """Post this rank's receive of the next signature of group rank ``peer`` in ``group``: (buffer, work)."""
+    buffer = torch.empty(length, dtype=torch.int64)
+    return buffer, group.recv([buffer], peer, _SIGNATURE_TAG)
+
+
+def _checked_collective(name, original):
+    """``original`` (a collective of ``torch.distributed``) that first waits for the group's pending point-to-point
+    operations (rule 1) and checks that every member issues the same call at the same place of the group's
+    sequence (rule 6)."""
+    import inspect
+
+    signature = inspect.signature(original)
+
     def wrapper(*args, **kwargs):
-        group = kwargs.get("group")
-        if group is None:  # the group is a keyword in the course's code; positional use is rare
-            group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
-        _engine().drain(_group(group))
-        return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        group = _group(a.get("group"))
+        local = _SEQUENCES.local
+        outermost = not getattr(local, "inside", False)
+        if outermost:
+            _engine().drain(group)
+            if not c10d._rank_not_in_group(group) and group.size() > 1:
+                _check_sequence(name, a, group)
+        local.inside = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            local.inside = not outermost
 
     wrapper.__name__ = name
     wrapper.__wrapped__ = original
@@ -459,16 +731,18 @@ def install() -> None:
     Called by :mod:`course.launch` in every rank when ``LLMSYS_NCCL_RULES=1``."""
     if _ORIGINAL:
         return
-    global _CREATIONS
+    global _CREATIONS, _SEQUENCES
     from torch.distributed import device_mesh
 
-    _CREATIONS = _Creations()
+    _CREATIONS, _SEQUENCES = _Creations(), _Sequences()
+    for group in [g for g in _POSTED if g not in c10d._world.pg_map]:  # destroyed since: their receives went too
+        del _POSTED[group]
     replacements = {"isend": isend, "irecv": irecv, "send": send, "recv": recv, "batch_isend_irecv": batch_isend_irecv,
                     "new_group": _checked_new_group(c10d.new_group, split_on_gpus=False)}
     _ORIGINAL["device_mesh.new_group"] = device_mesh.new_group  # imported by name there: replaced there too
     device_mesh.new_group = _checked_new_group(c10d.new_group, split_on_gpus=True)
     for name in _COLLECTIVES:
-        replacements[name] = _after_pending_p2p(name, getattr(c10d, name))
+        replacements[name] = _checked_collective(name, getattr(c10d, name))
     for name, function in replacements.items():
         _ORIGINAL[name] = getattr(c10d, name)
         setattr(c10d, name, function)
@@ -486,7 +760,7 @@ def install() -> None:
 
 def uninstall() -> None:
     """Put ``torch.distributed`` back as it was (tests)."""
-    global _ENGINE
+    global _ENGINE, _SEQUENCES
     mesh_new_group = _ORIGINAL.pop("device_mesh.new_group", None)
     if mesh_new_group is not None:
         from torch.distributed import device_mesh
@@ -497,7 +771,7 @@ def uninstall() -> None:
         if hasattr(dist, name) and not name.startswith("_"):
             setattr(dist, name, function)
     _ORIGINAL.clear()
-    _ENGINE = None
+    _ENGINE, _SEQUENCES = None, _Sequences()  # (it holds the run's groups)
 
 
 def wait_all(timeout: float | None = None) -> None:

@@ -19,7 +19,12 @@ operations of one ``batch_isend_irecv`` start together. Under it:
   ranks (which plain gloo allows) and groups made in different orders are refused; two meshes in one
   process — a pipeline of 4 stages, whose middle stages are in no embedding group, then a (1, 2, 2)
   mesh — and the async-checkpoint group after a group that left a rank out are made with names that
-  meet on every rank, and the planted wrong ways of making them are caught (issue 38, items 1, 2, 9).
+  meet on every rank, and the planted wrong ways of making them are caught (issue 38, items 1, 2, 9);
+* every rank of a group issues the same collectives in the same order with sizes that agree: two ranks issuing
+  two collectives in opposite orders, an all-to-all whose splits disagree between a pair, different dtypes,
+  roots and reduce-scatter sizes are refused naming both ranks, the group, the place and both calls, while
+  uneven splits that agree run; a collective only one rank of a group issues is named after the rules' timeout
+  (issue 53, item 5).
 """
 from __future__ import annotations
 
@@ -162,3 +167,66 @@ def test_planted_names_that_do_not_meet_are_caught_rendezvous(nccl_rules, plante
     fewer after the group that left it out: the hang of issue 38, item 1)."""
     with pytest.raises(RankFailure, match="would get a different name on each rank"):
         launch(support.meshes_and_checkpoint_group_worker, 4, MESHES, planted, device="cpu", timeout=120)
+
+
+# ---- collectives: the same sequence, with sizes that agree, on every rank of a group (rule 6) -------------------
+
+
+def test_collectives_in_different_orders_and_splits_that_disagree_are_caught_rendezvous(nccl_rules):
+    """Two ranks posting two collectives in different orders, an all-to-all whose splits disagree between a pair,
+    dtypes, roots and reduce-scatter sizes that differ: each refused on both ranks, naming both ranks, the group, the
+    place in its sequence and both calls — while uneven splits that agree run, and the ranks stay in step."""
+    out = launch(support.planted_collectives_worker, 2, device="cpu", timeout=60)
+    for rank in (0, 1):
+        got = out[rank]
+        for name in ("orders", "splits", "dtypes", "roots", "reduce_scatter"):
+            assert isinstance(got[name], str) and got[name].startswith("refused: "), f"rank {rank}: {name}: {got[name]}"
+            assert "between rank 0 and rank 1" in got[name] and "of group planted (ranks [0, 1])" in got[name], got[name]
+        assert "collective #2 of group planted" in got["orders"] and "they issue different collectives" in got["orders"]
+        assert "rank 0: all_reduce(SUM), float32 [6]" in got["orders"], got["orders"]
+        assert "rank 1: all_gather_into_tensor, float32 [2]" in got["orders"], got["orders"]
+        assert "collective #3 of group planted" in got["splits"], got["splits"]
+        assert "rank 0's input_split_sizes[1] is 3 rows (6 elements), rank 1's output_split_sizes[0] 2 rows" \
+            in got["splits"], got["splits"]
+        assert "input_split_sizes [2, 2], output_split_sizes [2, 3]" in got["splits"], got["splits"]
+        assert "the dtypes differ" in got["dtypes"] and "float64 [4]" in got["dtypes"], got["dtypes"]
+        assert "the roots differ" in got["roots"] and "root rank 1" in got["roots"], got["roots"]
+        assert "puts in 2 elements for rank 1, whose call expects 3" in got["reduce_scatter"], got["reduce_scatter"]
+        assert torch.equal(got["after"], torch.full((2,), 3.0)), f"rank {rank}: the ranks fell out of step: {got}"
+    # uneven splits that agree: rank 0 keeps its row 0 and gets rank 1's rows 0-1; rank 1 gets rank 0's rows 1-3
+    # and keeps its own rows 2-3
+    rows = {r: torch.arange(8, dtype=torch.float32).view(4, 2) + 100 * r for r in (0, 1)}
+    assert torch.equal(out[0]["uneven"], torch.cat([rows[0][:1], rows[1][:2]]))
+    assert torch.equal(out[1]["uneven"], torch.cat([rows[0][1:], rows[1][2:]]))
+
+
+def test_a_collective_only_some_ranks_issue_is_named_rendezvous(nccl_rules, monkeypatch):
+    """Rank 0 issues an all-reduce its group's other rank never issues (NCCL would wait forever): after the rules'
+    2 s, rank 0 says which collective of which group it waited in, and for whom."""
+    monkeypatch.setenv(TIMEOUT_ENV, "2")
+    out = launch(support.collective_of_one_rank_worker, 2, device="cpu", timeout=60)
+    assert out[1] is None
+    assert out[0].startswith("rank 0 issues collective #1 of group planted (ranks [0, 1]), all_reduce(SUM), "
+                             "float32 [5], and waited 2 s for rank(s) [1] to issue theirs"), out[0]
+
+
+def test_all_to_all_splits_are_compared_across_the_pair():
+    """The rule for uneven splits at p = 3, on signatures alone (no processes): rank i's input split j against
+    rank j's output split i. A legitimate non-symmetric exchange passes; the same splits with one pair's two
+    sides swapped (sums kept, so a check of totals would pass) is refused naming that pair."""
+    from course.nccl_rules import _mismatch, _signature
+
+    def signatures(sends):  # sends[i][j]: rows rank i sends to rank j (3 elements each)
+        rows = []
+        for i in range(3):
+            inputs, outputs = sends[i], [sends[k][i] for k in range(3)]
+            a = dict(input=torch.empty(sum(inputs), 3), output=torch.empty(sum(outputs), 3),
+                     input_split_sizes=inputs, output_split_sizes=outputs)
+            rows.append(_signature("all_to_all_single", a, 3, None))
+        return rows
+
+    sends = [[0, 5, 1], [2, 0, 0], [4, 3, 7]]
+    assert _mismatch(signatures(sends), [0, 1, 2]) is None
+    wrong = signatures(sends)
+    wrong[1][-3:] = [3 * 3, 0, 5 * 3]  # rank 1 expects 3 rows from rank 0 and 5 from rank 2: the two swapped
+    assert _mismatch(wrong, [0, 1, 2])[:2] == (0, 1)

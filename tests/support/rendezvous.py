@@ -229,3 +229,86 @@ def schedule_cases_worker(rank: int, world_size: int, cases: list, n_layer: int,
         return [pipeline.gpt2_schedule_worker(rank, world_size, schedule, chunks) for schedule, chunks in cases]
     finally:
         pipeline.N_LAYER, pipeline.MICRO_SIZES = saved
+
+
+# ---- collectives: the same sequence on every rank of a group (course.nccl_rules, rule 6) ----------------------
+
+UNEVEN_SPLITS = {0: ([1, 3], [1, 2]), 1: ([2, 2], [3, 2])}  # rank: (input_split_sizes, output_split_sizes), rows
+
+
+def planted_collectives_worker(rank: int, world_size: int) -> dict:
+    """Collectives in a group of the two ranks (``group_desc="planted"``), each case after the one before; a case
+    the rules refuse (:class:`course.nccl_rules.NcclRuleError`, raised on every rank before any rank issues the
+    collective, so the ranks stay in step) gives its message, a case that runs its result:
+
+    * ``"orders"``: rank 0 issues an all-reduce then an all-gather, rank 1 the two in the other order;
+    * ``"splits"``: an all-to-all with uneven splits where rank 1 expects 2 rows from rank 0, which sends it 3
+      (every rank's buffers hold the rows its own splits say: only the pair's agreement is wrong);
+    * ``"uneven"``: the same all-to-all with splits that agree (rank i's input split j = rank j's output split i);
+    * ``"dtypes"``: an all-reduce of 4 float32 on rank 0, of 4 float64 on rank 1;
+    * ``"roots"``: a broadcast from rank 0 on rank 0, from rank 1 on rank 1;
+    * ``"reduce_scatter"``: ``reduce_scatter_tensor`` keeping 2 elements on rank 0, 3 on rank 1;
+    * ``"after"``: an all-reduce after all of them (the ranks are still in step)."""
+    from course.nccl_rules import NcclRuleError
+
+    group = dist.new_group([0, 1], group_desc="planted")
+    out = {}
+
+    def case(name, call):
+        try:
+            out[name] = call()
+        except NcclRuleError as exc:
+            out[name] = f"refused: {exc}"
+
+    def all_reduce(x):
+        dist.all_reduce(x, group=group)
+        return x
+
+    def orders():
+        gathered = torch.empty(4)
+        calls = [lambda: all_reduce(torch.ones(6)),
+                 lambda: dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)), group=group)]
+        for call in calls if rank == 0 else calls[::-1]:
+            call()
+
+    def all_to_all(output_splits):
+        inputs, _ = UNEVEN_SPLITS[rank]
+        x = torch.arange(4 * 2, dtype=torch.float32).view(4, 2) + 100 * rank
+        received = torch.empty(sum(output_splits), 2)
+        dist.all_to_all_single(received, x, output_splits, inputs, group=group)
+        return received
+
+    case("first", lambda: all_reduce(torch.ones(3)))  # the group's collective #1: "orders" is #2
+    case("orders", orders)
+    case("splits", lambda: all_to_all([1, 2] if rank == 0 else [2, 3]))
+    case("uneven", lambda: all_to_all(UNEVEN_SPLITS[rank][1]))
+    case("dtypes", lambda: all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)))
+    case("roots", lambda: dist.broadcast(torch.ones(2), src=rank, group=group))
+    kept = 2 + rank
+    case("reduce_scatter", lambda: dist.reduce_scatter_tensor(torch.empty(kept), torch.ones(2 * kept), group=group))
+    case("after", lambda: all_reduce(torch.full((2,), float(rank + 1))))
+    return out
+
+
+def collective_of_one_rank_worker(rank: int, world_size: int) -> str | None:
+    """Rank 0 issues an all-reduce in a group of both ranks that rank 1 never issues: rank 0 returns the rules'
+    message (after ``LLMSYS_NCCL_RULES_TIMEOUT``), rank 1 None. Rank 1 stays in the group until rank 0 is done
+    (a peer that left would end rank 0's wait with gloo's lost connection instead); the group goes when the run
+    ends, and with it the signature rank 0 still waits for."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from course.nccl_rules import NcclRuleError
+
+    group = dist.new_group([0, 1], group_desc="planted")
+    store, key = c10d._get_default_store(), "llmsys_test_collective_of_one_rank"
+    if rank == 1:
+        store.wait([key])
+        store.delete_key(key)
+        return None
+    try:
+        dist.all_reduce(torch.ones(5), group=group)
+        return "ran"
+    except NcclRuleError as exc:
+        return str(exc)
+    finally:
+        store.set(key, "done")
