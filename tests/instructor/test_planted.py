@@ -59,8 +59,8 @@ def deepseek_failures(modeling) -> dict[str, str]:
 
     calls = {f"router {c}": (lambda c=c: graded.test_routing_equals_the_deepseek_v3_router(modeling, c))
              for c in graded.ROUTER_CASES}
-    calls.update({f"block {a}": (lambda a=a: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, *a))
-                  for a in [(1, 1, 1), (2, 4, 2)]})
+    calls.update({f"block {c}": (lambda c=c: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, c))
+                  for c in graded.LAYER_CASES})
     for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
                  "test_group_limited_routing_stays_in_the_chosen_groups",
                  "test_bias_update_on_a_hand_worked_case", "test_shared_experts_output_is_added"):

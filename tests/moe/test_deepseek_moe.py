@@ -96,23 +96,35 @@ def test_routing_equals_the_deepseek_v3_router(deepseek, case):
     assert not torch.equal(unbiased, want_experts) or n_group > 1, "the case must let the bias change a choice"
 
 
-@pytest.mark.parametrize("shared,n_group,topk_group", [(1, 1, 1), (2, 4, 2)])
-def test_layer_equals_the_deepseek_v3_moe_block(deepseek, shared, n_group, topk_group):
+# (shared experts, n_group, topk_group, --routed_scaling_factor as given (None: left out), the factor it means)
+LAYER_CASES = [(1, 1, 1, None, 2.5), (2, 4, 2, 1.5, 1.5)]
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: "shared{}-g{}-tg{}-factor{}".format(*c))
+def test_layer_equals_the_deepseek_v3_moe_block(deepseek, case):
+    """The layer of ``project/run_moe.py --router deepseek`` (its options through ``MoEConfig.of_run``) against
+    ``DeepseekV3MoE`` with the same routed scaling factor: left out, DeepSeek-V3's 2.5; given, the value given."""
     from moe.config import MoEConfig
     from moe.experts import GatedExperts
     from moe.layer import MoELayer
+    from project.options.run_moe import MoERunConfig
 
+    shared, n_group, topk_group, option, factor = case
     config_cls, modeling = deepseek
     hidden, inner, experts, k = 16, 8, 8, 2
-    block = modeling.DeepseekV3MoE(hf_config(config_cls, hidden, experts, k, n_group, topk_group, True, 2.5, shared,
-                                             inner))
+    block = modeling.DeepseekV3MoE(hf_config(config_cls, hidden, experts, k, n_group, topk_group, True, factor,
+                                             shared, inner))
     torch.manual_seed(shared + n_group)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0.0, 0.3)
         block.gate.e_score_correction_bias.copy_(draw((experts,), 5, 0.2))
-    config = MoEConfig(experts, k, router="deepseek", shared_experts=shared, n_group=n_group, topk_group=topk_group,
-                       routed_scaling_factor=2.5, aux_loss_coef=0.0)
+    run = MoERunConfig.for_test(dp=2, ep=2, num_experts=experts, top_k=k, router="deepseek", shared_experts=shared,
+                                n_group=n_group, topk_group=topk_group, aux_loss_coef=0.0,
+                                routed_scaling_factor=option)
+    config = MoEConfig.of_run(run)
+    assert config.routed_scaling_factor == factor, (
+        f"--routed_scaling_factor {option}: the layers get {config.routed_scaling_factor}, not {factor}")
     layer = MoELayer(hidden, config, GatedExperts(experts, hidden, inner),
                      shared=GatedExperts(1, hidden, inner * shared))
     se = block.shared_experts
