@@ -121,13 +121,19 @@ def _gradients_over_world_size(original):
 
 # ---- a5_8_4: the DeepSeek-style layer -------------------------------------------------------------------------
 
-def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, group_max=False, scale=True):
-    """The reference routing with one thing changed."""
+def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, group_max=False, scale=True,
+                    precision="float32"):
+    """The reference routing with one thing changed; ``precision``: the scores' sigmoid taken in float32, in the
+    logits' own dtype (``"logits"``), or in it and then cast to float32 (``"cast"``)."""
     def make(original):
         from moe.router import Routing
 
         def deepseek_route(logits, bias, top_k, n_group=1, topk_group=1, routed_scaling_factor=1.0, normalize=True):
-            scores = torch.softmax(logits.float(), -1) if softmax else torch.sigmoid(logits.float())
+            if precision == "float32":
+                scores = torch.softmax(logits.float(), -1) if softmax else torch.sigmoid(logits.float())
+            else:
+                scores = torch.sigmoid(logits)
+                scores = scores.float() if precision == "cast" else scores
             choice = scores.detach() + bias.float()
             if n_group > 1:
                 t, e = choice.shape
@@ -149,6 +155,13 @@ def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, gro
             return Routing(logits, scores, gates, experts)
         return deepseek_route
     return make
+
+
+def _bias_update_on_load_fractions(original):
+    def updated_bias(bias, load, gamma):
+        share = load.double() / load.sum()  # 0 / 0 with no load: NaN, and torch.sign(NaN) is 0 (no move)
+        return bias.float() + gamma * torch.sign(share.mean() - share).float()
+    return updated_bias
 
 
 def _bias_update_sign_flipped(original):
@@ -268,6 +281,35 @@ def _quantized_values_summed(original):
         summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
         return zpp.dequantize_blockwise(summed, scales.mean(dim=0), block) * p
     return quantized_reduce_scatter
+
+
+def _one_message(original):
+    """qwZ's all-gather or qgZ's all-to-all (whichever ``original`` is) sending each block's int8 values and its
+    fp32 scales' bytes in one message instead of two: the same bytes, one call fewer."""
+    def quantized_all_gather(shard, block, group=None):
+        import memory.zeropp as zpp
+
+        p = zpp.collectives.group_size(group)
+        values, scales = zpp.quantize_blockwise(shard, block)
+        n = values.numel()
+        gathered = zpp.collectives.all_gather(torch.cat([values, scales.view(torch.int8)]), 0, group=group)
+        return torch.cat([zpp.dequantize_blockwise(m[:n], m[n:].clone().view(torch.float32), block)
+                          for m in gathered.view(p, -1)])
+
+    def quantized_reduce_scatter(x, block, group=None):
+        import memory.zeropp as zpp
+
+        p = zpp.collectives.group_size(group)
+        if p == 1:
+            return x.clone()
+        messages = [torch.cat([v, s.view(torch.int8)]) for v, s in
+                    (zpp.quantize_blockwise(c, block) for c in x.view(p, -1))]
+        n = x.numel() // p
+        received = zpp.collectives.all_to_all_single(torch.cat(messages), group=group).view(p, -1)
+        return sum(zpp.dequantize_blockwise(m[:n], m[n:].clone().view(torch.float32), block) for m in received)
+
+    return {"quantized_all_gather": quantized_all_gather,
+            "quantized_reduce_scatter": quantized_reduce_scatter}[original.__name__]
 
 
 # ---- a5_2_7: the V-shaped schedules ----------------------------------------------------------------------------
@@ -506,6 +548,12 @@ PLANTED: dict[str, Planted] = {
     "deepseek routed scaling factor omitted": Planted(
         "a5_8_4", "the gates not multiplied by the routed scaling factor", ("moe.deepseek_router:deepseek_route",),
         _deepseek_route(scale=False)),
+    "deepseek sigmoid in the logits' dtype": Planted(
+        "a5_8_4", "the sigmoid affinities taken in the logits' own dtype (bf16 / fp16 affinities, gates and balance "
+                  "statistics)", ("moe.deepseek_router:deepseek_route",), _deepseek_route(precision="logits")),
+    "deepseek sigmoid cast afterwards": Planted(
+        "a5_8_4", "the sigmoid taken in the logits' dtype, then cast to float32",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(precision="cast")),
     "deepseek bias update sign flipped": Planted(
         "a5_8_4", "the bias of overloaded experts raised, of underloaded ones lowered",
         ("moe.deepseek_router:updated_bias",), _bias_update_sign_flipped),
@@ -544,14 +592,28 @@ PLANTED: dict[str, Planted] = {
 }
 
 
+# Correct solutions written otherwise than the reference: each key's tests must pass with them planted
+# (tests/instructor/test_planted.py::test_each_correct_alternative_passes_its_keys_tests).
+ALTERNATIVES: dict[str, Planted] = {
+    "zeropp one message of values and scales": Planted(
+        "a5_5_5", "qwZ's all-gather and qgZ's all-to-all each send the int8 values and the fp32 scales' bytes in one "
+                  "message (the same bytes, half the calls)",
+        ("memory.zeropp:quantized_all_gather", "memory.zeropp:quantized_reduce_scatter"), _one_message),
+    "deepseek bias update on load fractions": Planted(
+        "a5_8_4", "the bias moved by the sign of each expert's share of the load against the mean share",
+        ("moe.deepseek_router:updated_bias",), _bias_update_on_load_fractions),
+}
+
+
 @contextlib.contextmanager
 def plant(name: str):
-    """Replace the targets of :data:`PLANTED` ``[name]`` in this process for the block, then restore them.
+    """Replace the targets of :data:`PLANTED` or :data:`ALTERNATIVES` ``[name]`` in this process for the block,
+    then restore them.
 
     Raises:
         KeyError: no planted solution of that name.
     """
-    planted = PLANTED[name]
+    planted = PLANTED[name] if name in PLANTED else ALTERNATIVES[name]
     with contextlib.ExitStack() as stack:
         for target in planted.targets:
             module, _, path = target.partition(":")

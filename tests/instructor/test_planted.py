@@ -6,11 +6,14 @@ let the wrong solution through, it is run too and seen to pass, so the new check
 """
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 
 from course.launch import RankFailure, launch
-from tests.instructor.planted import PLANTED, plant
+from tests.instructor.planted import ALTERNATIVES, PLANTED, plant
 
 
 def planted_for(key: str) -> list[str]:
@@ -53,18 +56,8 @@ def test_wrong_split_sizes_fail_on_the_counts_before_the_collective(name):
         launch(expert_parallel_worker, 4, torch.float32, name, timeout=120, collective_timeout=60)
 
 
-def deepseek_failures(modeling) -> dict[str, str]:
-    """Run the DeepSeek layer's single-process graded checks in this process: {test: first line of its failure}."""
-    from tests.moe import test_deepseek_moe as graded
-
-    calls = {f"router {c}": (lambda c=c: graded.test_routing_equals_the_deepseek_v3_router(modeling, c))
-             for c in graded.ROUTER_CASES}
-    calls.update({f"block {c}": (lambda c=c: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, c))
-                  for c in graded.LAYER_CASES})
-    for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
-                 "test_group_limited_routing_stays_in_the_chosen_groups",
-                 "test_bias_update_on_a_hand_worked_case", "test_shared_experts_output_is_added"):
-        calls[name] = getattr(graded, name)
+def failures_of(calls: dict) -> dict[str, str]:
+    """Run each of ``calls`` ({test: function}): {test: first line of its failure} for those that fail."""
     failures = {}
     for name, call in calls.items():
         try:
@@ -74,6 +67,25 @@ def deepseek_failures(modeling) -> dict[str, str]:
     return failures
 
 
+def deepseek_failures(modeling) -> dict[str, str]:
+    """Run the DeepSeek layer's single-process graded checks in this process: {test: first line of its failure}."""
+    from tests.moe import test_deepseek_moe as graded
+
+    calls = {f"router {c}": (lambda c=c: graded.test_routing_equals_the_deepseek_v3_router(modeling, c))
+             for c in graded.ROUTER_CASES}
+    calls.update({f"block {c}": (lambda c=c: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, c))
+                  for c in graded.LAYER_CASES})
+    calls.update({f"test_sigmoid_of_low_precision_logits_is_taken_in_float32 {d} {g}":
+                  (lambda d=d, g=g: graded.test_sigmoid_of_low_precision_logits_is_taken_in_float32(d, *g))
+                  for d in (torch.bfloat16, torch.float16) for g in [(1, 1, True), (4, 2, False)]})
+    for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
+                 "test_group_limited_routing_stays_in_the_chosen_groups",
+                 "test_bias_update_on_a_hand_worked_case", "test_bias_update_with_no_load_keeps_every_bias",
+                 "test_bias_update_when_one_expert_takes_every_token", "test_shared_experts_output_is_added"):
+        calls[name] = getattr(graded, name)
+    return failures_of(calls)
+
+
 @pytest.mark.parametrize("name, caught_by", [
     ("deepseek softmax scores", "router"),
     ("deepseek bias in the gates", "test_the_bias_chooses_and_the_gates_ignore_it"),
@@ -81,6 +93,8 @@ def deepseek_failures(modeling) -> dict[str, str]:
     ("deepseek group score from the max", "test_group_limited_routing_stays_in_the_chosen_groups"),
     ("deepseek routed scaling factor omitted", "block"),
     ("deepseek bias update sign flipped", "test_bias_update_on_a_hand_worked_case"),
+    ("deepseek sigmoid in the logits' dtype", "test_sigmoid_of_low_precision_logits_is_taken_in_float32"),
+    ("deepseek sigmoid cast afterwards", "test_sigmoid_of_low_precision_logits_is_taken_in_float32"),
     ("deepseek shared experts omitted", "test_shared_experts_output_is_added"),
 ])
 def test_wrong_deepseek_layers_are_rejected(name, caught_by):
@@ -134,8 +148,8 @@ def test_wrong_blockwise_quantizers_are_rejected(name):
     from tests.memory import test_quantized_sharding as graded
 
     with plant(name), pytest.raises(AssertionError, match="scales differ|exceeds half its block's step"):
-        for n, block in [(640, 64), (1000, 64), (37, 8), (5, 16)]:
-            graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n, block)
+        for case in graded.QUANTIZATION_CASES:
+            graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(*case)
 
 
 @pytest.mark.timeout(300)
@@ -160,14 +174,7 @@ def hang_analysis_failures() -> dict[str, str]:
     """Run the graded checks of the hang analysis in this process: {test: first line of its failure}."""
     from tests.communication import test_hang_analysis as graded
 
-    failures = {}
-    for name in dir(graded):
-        if name.startswith("test_"):
-            try:
-                getattr(graded, name)()
-            except AssertionError as exc:
-                failures[name] = str(exc).splitlines()[0]
-    return failures
+    return failures_of({name: getattr(graded, name) for name in dir(graded) if name.startswith("test_")})
 
 
 @pytest.mark.parametrize("name, caught_by", [
@@ -184,6 +191,45 @@ def test_wrong_hang_analyses_are_rejected(name, caught_by):
     with plant(name):
         failures = hang_analysis_failures()
     assert caught_by in failures, f"{name} passed {caught_by}: failures {failures}"
+
+
+def zeropp_failures(name: str | None) -> dict[str, str]:
+    """Every a5_5_5 check with ``name`` planted (None: the reference) — in this process and in the ranks (one launch
+    per layout, kept by the graded module's cache): {test: first line of its failure}."""
+    from tests.memory import test_quantized_sharding as graded
+
+    calls = {f"quantization {c}": (lambda c=c: graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(*c))
+             for c in graded.QUANTIZATION_CASES}
+    calls["all-zero block"] = graded.test_an_all_zero_block_dequantizes_to_zero
+    for layout in graded.LAYOUTS:
+        calls[f"training {layout}"] = (lambda layout=layout: graded.test_training_stays_within_the_quantization_tolerance_of_zero3_and_of_no_sharding(layout))
+        calls[f"wire {layout}"] = (lambda layout=layout: graded.test_int8_on_the_wire_and_the_backward_all_gather_inside_the_node(layout))
+    cached = graded.run
+    with plant(name) if name else contextlib.nullcontext(), \
+            mock.patch.object(graded, "run", lambda world_size, node: cached(world_size, node, name)):
+        return failures_of(calls)
+
+
+def deepseek_failures_with(name: str) -> dict[str, str]:
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3
+
+    with plant(name):
+        return deepseek_failures((DeepseekV3Config, modeling_deepseek_v3))
+
+
+# A key's checks run with one solution planted: {test: first line of its failure}.
+KEY_CHECKS = {"a5_5_5": zeropp_failures, "a5_8_4": deepseek_failures_with}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(ALTERNATIVES))
+def test_each_correct_alternative_passes_its_keys_tests(name):
+    """A correct solution written otherwise than the reference (tests/instructor/planted.py, ``ALTERNATIVES``)
+    passes every check of its key."""
+    key = ALTERNATIVES[name].key
+    failures = KEY_CHECKS[key](name)
+    assert not failures, f"{name}, a correct {key} solution, fails {failures}"
 
 
 def test_every_planted_solution_is_run_here():
