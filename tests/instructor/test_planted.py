@@ -56,17 +56,6 @@ def test_wrong_split_sizes_fail_on_the_counts_before_the_collective(name):
         launch(expert_parallel_worker, 4, torch.float32, name, timeout=120, collective_timeout=60)
 
 
-def failures_of(calls: dict) -> dict[str, str]:
-    """Run each of ``calls`` ({test: function}): {test: first line of its failure} for those that fail."""
-    failures = {}
-    for name, call in calls.items():
-        try:
-            call()
-        except AssertionError as exc:
-            failures[name] = str(exc).splitlines()[0]
-    return failures
-
-
 def deepseek_failures(modeling) -> dict[str, str]:
     """Run the DeepSeek layer's single-process graded checks in this process: {test: first line of its failure}."""
     from tests.moe import test_deepseek_moe as graded
@@ -83,7 +72,13 @@ def deepseek_failures(modeling) -> dict[str, str]:
                  "test_bias_update_on_a_hand_worked_case", "test_bias_update_with_no_load_keeps_every_bias",
                  "test_bias_update_when_one_expert_takes_every_token", "test_shared_experts_output_is_added"):
         calls[name] = getattr(graded, name)
-    return failures_of(calls)
+    failures = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except AssertionError as exc:
+            failures[name] = str(exc).splitlines()[0]
+    return failures
 
 
 @pytest.mark.parametrize("name, caught_by", [
@@ -174,7 +169,14 @@ def hang_analysis_failures() -> dict[str, str]:
     """Run the graded checks of the hang analysis in this process: {test: first line of its failure}."""
     from tests.communication import test_hang_analysis as graded
 
-    return failures_of({name: getattr(graded, name) for name in dir(graded) if name.startswith("test_")})
+    failures = {}
+    for name in dir(graded):
+        if name.startswith("test_"):
+            try:
+                getattr(graded, name)()
+            except AssertionError as exc:
+                failures[name] = str(exc).splitlines()[0]
+    return failures
 
 
 @pytest.mark.parametrize("name, caught_by", [
@@ -193,33 +195,85 @@ def test_wrong_hang_analyses_are_rejected(name, caught_by):
     assert caught_by in failures, f"{name} passed {caught_by}: failures {failures}"
 
 
-def zeropp_failures(name: str | None) -> dict[str, str]:
-    """Every a5_5_5 check with ``name`` planted (None: the reference) — in this process and in the ranks (one launch
-    per layout, kept by the graded module's cache): {test: first line of its failure}."""
-    from tests.memory import test_quantized_sharding as graded
-
-    calls = {f"quantization {c}": (lambda c=c: graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(*c))
-             for c in graded.QUANTIZATION_CASES}
-    calls["all-zero block"] = graded.test_an_all_zero_block_dequantizes_to_zero
-    for layout in graded.LAYOUTS:
-        calls[f"training {layout}"] = (lambda layout=layout: graded.test_training_stays_within_the_quantization_tolerance_of_zero3_and_of_no_sharding(layout))
-        calls[f"wire {layout}"] = (lambda layout=layout: graded.test_int8_on_the_wire_and_the_backward_all_gather_inside_the_node(layout))
-    cached = graded.run
-    with plant(name) if name else contextlib.nullcontext(), \
-            mock.patch.object(graded, "run", lambda world_size, node: cached(world_size, node, name)):
-        return failures_of(calls)
+# The graded test modules of the keys :func:`key_failures` runs, each with its cached launch (a function of the
+# module taking ``planted``, which it passes to the ranks; None: the module starts no ranks).
+GRADED = {
+    "a5_5_1": {"tests.memory.test_zero1_zero2": "run"},
+    "a5_5_2": {"tests.memory.test_zero1_zero2": "run"},
+    "a5_5_3": {"tests.memory.test_fsdp": "run"},
+    "a5_5_4": {"tests.memory.test_activation_checkpointing": None, "tests.memory.test_checkpointing_replay": None},
+    "a5_5_5": {"tests.memory.test_quantized_sharding": "run"},
+    "a5_8_1": {"tests.moe.test_router_and_losses": None, "tests.moe.test_layer": None},
+    "a5_8_2": {"tests.moe.test_expert_parallel": "runs"},
+    "a5_8_3": {"tests.moe.test_ep_dp": "sync_runs"},
+    "a5_8_4": {"tests.moe.test_deepseek_moe": "parallel_runs"},
+}
 
 
-def deepseek_failures_with(name: str) -> dict[str, str]:
-    from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3
-
-    with plant(name):
-        return deepseek_failures((DeepseekV3Config, modeling_deepseek_v3))
+def _marks(obj) -> list:
+    marks = getattr(obj, "pytestmark", [])
+    return list(marks) if isinstance(marks, (list, tuple)) else [marks]
 
 
-# A key's checks run with one solution planted: {test: first line of its failure}.
-KEY_CHECKS = {"a5_5_5": zeropp_failures, "a5_8_4": deepseek_failures_with}
+def graded_calls(key: str, module) -> dict:
+    """Every test of ``module`` marked ``key``, once per parametrization: {test id: call}. Fixtures: the module's
+    own (their functions called once) and ``monkeypatch``; a test taking ``tmp_path`` (a whole training command)
+    is left out."""
+    import inspect
+
+    fixtures, calls = {}, {}
+    module_marks = [m.name for m in _marks(module)]
+    for name in dir(module):
+        fn = getattr(module, name)
+        if not name.startswith("test_") or key not in module_marks + [m.name for m in _marks(fn)]:
+            continue
+        wanted = inspect.signature(fn).parameters
+        if "tmp_path" in wanted:
+            continue
+        combos = [{}]
+        for mark in (m for m in _marks(fn) if m.name == "parametrize"):
+            names = [n.strip() for n in mark.args[0].split(",")]
+            rows = [dict(zip(names, v if len(names) > 1 else (v,))) for v in mark.args[1]]
+            combos = [{**c, **r} for c in combos for r in rows]
+        for combo in combos:
+            for f in wanted:
+                if f not in combo and f != "monkeypatch" and f not in fixtures:
+                    fixtures[f] = getattr(module, f).__wrapped__()
+
+            def call(fn=fn, combo=combo, wanted=wanted):
+                with pytest.MonkeyPatch.context() as monkeypatch:
+                    values = {**fixtures, "monkeypatch": monkeypatch, **combo}
+                    fn(**{f: values[f] for f in wanted})
+            calls[f"{name}{list(combo.values()) if combo else ''}"] = call
+    return calls
+
+
+def key_failures(key: str, name: str | None, first: bool = False) -> dict[str, str]:
+    """Every graded check of ``key`` (:data:`GRADED`) with ``name`` planted — of :data:`PLANTED` or
+    ``ALTERNATIVES`` (None: the reference) — in this process and, through each module's cached launch, in the
+    ranks: {test id: first line of its failure}; with ``first``, up to the first failure (the modules that start
+    no ranks first)."""
+    import importlib
+    import inspect
+
+    failures = {}
+    modules = sorted(GRADED[key].items(), key=lambda item: item[1] is not None)
+    with plant(name) if name else contextlib.nullcontext(), contextlib.ExitStack() as stack:
+        for module_name, launcher in modules:
+            module = importlib.import_module(module_name)
+            if launcher is not None:
+                original = getattr(module, launcher)
+                fixed = list(inspect.signature(original).parameters).index("planted")
+                stack.enter_context(mock.patch.object(
+                    module, launcher, lambda *a, _o=original, _n=fixed, **k: _o(*a[:_n], planted=name)))
+            for test, call in graded_calls(key, module).items():
+                try:
+                    call()
+                except (Exception, pytest.fail.Exception) as exc:
+                    failures[test] = (str(exc).splitlines() or [type(exc).__name__])[0]
+                    if first:
+                        return failures
+    return failures
 
 
 @pytest.mark.timeout(300)
@@ -228,7 +282,7 @@ def test_each_correct_alternative_passes_its_keys_tests(name):
     """A correct solution written otherwise than the reference (tests/instructor/planted.py, ``ALTERNATIVES``)
     passes every check of its key."""
     key = ALTERNATIVES[name].key
-    failures = KEY_CHECKS[key](name)
+    failures = key_failures(key, name)
     assert not failures, f"{name}, a correct {key} solution, fails {failures}"
 
 

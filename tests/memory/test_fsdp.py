@@ -23,8 +23,8 @@ STEPS = 3
 
 
 @functools.lru_cache(maxsize=None)
-def run(world_size, with_fsdp2):
-    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150)
+def run(world_size, with_fsdp2, planted=None):
+    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, planted, timeout=150)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

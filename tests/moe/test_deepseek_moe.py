@@ -305,10 +305,10 @@ def test_shared_experts_output_is_added():
 
 
 @functools.lru_cache(maxsize=None)
-def parallel_runs():
+def parallel_runs(planted=None):
     from course.launch import launch
 
-    return launch(deepseek_parallel_worker, 2, timeout=90, collective_timeout=60)
+    return launch(deepseek_parallel_worker, 2, planted, timeout=90, collective_timeout=60)
 
 
 @pytest.mark.timeout(150)

@@ -148,11 +148,19 @@ def _zero_steps(rank, world_size, stage, steps):
     return out
 
 
-def fsdp_worker(rank, world_size, steps, with_fsdp2):
+def fsdp_worker(rank, world_size, steps, with_fsdp2, planted=None):
     """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
     (gathered), the full-parameter bytes held after the step and the most held at once during it, the
     size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it, and
-    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch."""
+    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch. ``planted``: with a
+    planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _fsdp_steps(rank, world_size, steps, with_fsdp2)
+
+
+def _fsdp_steps(rank, world_size, steps, with_fsdp2):
     from memory.fsdp import FullyShardedModel
 
     model = make_model()
