@@ -413,21 +413,6 @@ def _gathered_dequantized(original):
     return quantized_all_gather
 
 
-def _received_scales_transposed(original):
-    def quantized_reduce_scatter(x, block, group=None):
-        import memory.zeropp as zpp
-
-        p = zpp.collectives.group_size(group)
-        if p == 1:
-            return x.clone()
-        quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
-        values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
-        scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group)
-        scales = scales.view(-1, p).t()  # [block][rank] read as [rank][block]: chunks with another's scales
-        return sum(zpp.dequantize_blockwise(v, s.contiguous(), block) for v, s in zip(values, scales))
-    return quantized_reduce_scatter
-
-
 def _secondary_slice_by_dp_rank(original):
     def post_forward(self, module, args, output):
         import memory.zeropp as zpp
@@ -446,20 +431,37 @@ def _dequantized_in_whole_blocks(original):
     return dequantize_blockwise
 
 
-def _quantized_values_summed(original):
-    def quantized_reduce_scatter(x, block, group=None):
-        import memory.zeropp as zpp
+def _qgz(combine):
+    """qgZ's reduce-scatter exchanging what the reference exchanges (each chunk's int8 values, then its scales, by
+    all-to-all) and then ``combine(values [p, L] int8, scales as received [p * blocks], p, block)``."""
+    def make(original):
+        def quantized_reduce_scatter(x, block, group=None):
+            import memory.zeropp as zpp
 
-        p = zpp.collectives.group_size(group)
-        if p == 1:
-            return x.clone()
-        quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
-        values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
-        scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group).view(p, -1)
-        # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
-        summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
-        return zpp.dequantize_blockwise(summed, scales.mean(dim=0), block) * p
-    return quantized_reduce_scatter
+            p = zpp.collectives.group_size(group)
+            if p == 1:
+                return x.clone()
+            quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
+            values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
+            scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group)
+            return combine(values, scales, p, block)
+        return quantized_reduce_scatter
+    return make
+
+
+def _levels_summed(values, scales, p, block):
+    from memory.zeropp import dequantize_blockwise
+
+    # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
+    summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
+    return dequantize_blockwise(summed, scales.view(p, -1).mean(dim=0), block) * p
+
+
+def _scales_transposed(values, scales, p, block):
+    from memory.zeropp import dequantize_blockwise
+
+    scales = scales.view(-1, p).t()  # [block][rank] read as [rank][block]: chunks with another's scales
+    return sum(dequantize_blockwise(v, s.contiguous(), block) for v, s in zip(values, scales))
 
 
 def _one_message(original):
@@ -790,14 +792,13 @@ PLANTED: dict[str, Planted] = {
         ("memory.zeropp:ZeroPPUnit.gather",), _backward_gather_in_the_dp_group),
     "qgz sums quantized values": Planted(
         "a5_5_5", "qgZ sums the received int8 levels before dequantizing them",
-        ("memory.zeropp:quantized_reduce_scatter",),
-        _quantized_values_summed),
+        ("memory.zeropp:quantized_reduce_scatter",), _qgz(_levels_summed)),
     "qwz gathers fp32 values": Planted(
         "a5_5_5", "qwZ quantizes and dequantizes locally, then all-gathers the fp32 slices (the same numbers, 4 "
                   "bytes each on the wire)", ("memory.zeropp:quantized_all_gather",), _gathered_dequantized),
     "qgz scales read transposed": Planted(
         "a5_5_5", "qgZ's received scales read as [block][rank]: each chunk dequantized with other ranks' scales",
-        ("memory.zeropp:quantized_reduce_scatter",), _received_scales_transposed),
+        ("memory.zeropp:quantized_reduce_scatter",), _qgz(_scales_transposed)),
     "hpz secondary slice by the dp rank": Planted(
         "a5_5_5", "hpZ's secondary slice indexed by the rank in the dp group, not in the node-sized group",
         ("memory.zeropp:ZeroPPUnit.post_forward",), _secondary_slice_by_dp_rank),

@@ -276,6 +276,48 @@ def key_failures(key: str, name: str | None, first: bool = False) -> dict[str, s
     return failures
 
 
+# One wrong solution of each class a key's checks could miss, where the class applies (docs/grading.md): a row or
+# message not matched to its owner ("unmatched"), a tensor in another dtype ("mistyped"), a rank or expert left out
+# or ranks outside the group taken in ("missing"), sizes that legitimately differ ("uneven").
+CLASSES = [
+    ("a5_8_1", "mistyped", "router z-loss in the logits' dtype"),
+    ("a5_8_1", "unmatched", "unpermute gates read token-major"),
+    ("a5_8_1", "missing", "counts without the idle last experts"),
+    ("a5_8_1", "uneven", "capacity rounded down"),
+    ("a5_8_4", "unmatched", "deepseek gates of the unbiased top-k"),
+    ("a5_8_4", "uneven", "deepseek bias moved by the relative imbalance"),
+    ("a5_5_4", "mistyped", "checkpoint without the forward's autocast"),
+    ("a5_5_4", "unmatched", "checkpoint without the CPU's random state"),
+    ("a5_5_1", "uneven", "shard range without padding"),
+    ("a5_5_5", "uneven", "dequantize in whole blocks"),
+    ("a5_8_2", "mistyped", "rows sent in float32"),
+    ("a5_8_2", "missing", "counts exchanged in the world"),
+    ("a5_8_2", "uneven", "splits assumed even"),
+    ("a5_8_3", "unmatched", "expert gradients reduced in the dp group"),
+    ("a5_8_3", "uneven", "expert gradients averaged over their replicas"),
+    ("a5_5_1", "unmatched", "zero1 grads all from the buffer's start"),
+    ("a5_5_1", "missing", "zero1 in the world, not its group"),
+    ("a5_5_2", "missing", "zero2 in the world, not its group"),
+    ("a5_5_3", "missing", "zero3 in the world, not its group"),
+    ("a5_5_5", "mistyped", "qwz gathers fp32 values"),
+    ("a5_5_5", "unmatched", "qgz scales read transposed"),
+    ("a5_5_5", "missing", "hpz secondary slice by the dp rank"),
+]
+# Planted before, run by the tests above: a5_8_2 unmatched (the four split-size errors), a5_8_3 missing (the world
+# size), a5_8_4 mistyped (the sigmoid in the logits' dtype), a5_5_4 missing (a GPU's generator left out). Classes that
+# do not apply: a5_8_4 missing (its blocks take no group; the loads' all-reduce is DeepSeekRouter.update_bias's);
+# a5_8_3, a5_5_1, a5_5_2, a5_5_3 mistyped (their blocks pick groups and divisors; the flat buffers are the
+# scaffolding's, fp32 or the gradients' own dtype); a5_5_2, a5_5_3 unmatched and uneven (a reduce-scatter's chunk r is
+# group rank r's by definition; the padding is the scaffolding's); a5_5_4 uneven (nothing is cut into parts).
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key, kind, name", CLASSES)
+def test_each_class_of_wrong_solution_fails_its_keys_tests(key, kind, name):
+    assert PLANTED[name].key == key
+    assert key_failures(key, name, first=True), f"{name} ({kind}) passes every check of {key}"
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(ALTERNATIVES))
 def test_each_correct_alternative_passes_its_keys_tests(name):
