@@ -7,7 +7,8 @@ with the key, what is wrong, and the names it replaces (``"module:attribute"``, 
 runs it — a test's own process, or a rank, through a worker's ``planted`` argument
 (:mod:`tests.support.planting`). ``tests/instructor/test_planted.py`` runs each key's checks with each
 of them and sees them fail. They stay out of the student release: several are the reference with one
-line changed.
+line changed. :data:`ALTERNATIVES` holds correct solutions written otherwise than the reference, planted the
+same way: the key's tests must pass on each (docs/grading.md, "Correct solutions the tests accept").
 """
 from __future__ import annotations
 
@@ -839,8 +840,8 @@ PLANTED: dict[str, Planted] = {
 }
 
 
-# Correct solutions written otherwise than the reference: each key's tests must pass with them planted
-# (tests/instructor/test_planted.py::test_each_correct_alternative_passes_its_keys_tests).
+# Correct solutions written otherwise than the reference: the key's tests must pass on each (a test that fails on one
+# checks the text of the reference, not what it does). Planted like the wrong ones, by tests/instructor/test_planted.py.
 ALTERNATIVES: dict[str, Planted] = {
     "zeropp one message of values and scales": Planted(
         "a5_5_5", "qwZ's all-gather and qgZ's all-to-all each send the int8 values and the fp32 scales' bytes in one "
@@ -854,8 +855,8 @@ ALTERNATIVES: dict[str, Planted] = {
 
 @contextlib.contextmanager
 def plant(name: str):
-    """Replace the targets of :data:`PLANTED` or :data:`ALTERNATIVES` ``[name]`` in this process for the block,
-    then restore them.
+    """Replace the targets of :data:`PLANTED` ``[name]`` (or :data:`ALTERNATIVES` ``[name]``) in this process for the
+    block, then restore them.
 
     Raises:
         KeyError: no planted solution of that name.

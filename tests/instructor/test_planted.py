@@ -319,7 +319,7 @@ def test_each_class_of_wrong_solution_fails_its_keys_tests(key, kind, name):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", sorted(ALTERNATIVES))
+@pytest.mark.parametrize("name", [name for name, p in ALTERNATIVES.items() if p.key == "a5_5_5" or p.key == "a5_8_4"])
 def test_each_correct_alternative_passes_its_keys_tests(name):
     """A correct solution written otherwise than the reference (tests/instructor/planted.py, ``ALTERNATIVES``)
     passes every check of its key."""
@@ -332,6 +332,9 @@ def test_every_planted_solution_is_run_here():
     text = open(__file__, encoding="utf-8").read()
     for name, planted in PLANTED.items():
         assert f'"{name}"' in text or f'planted_for("{planted.key}")' in text, f"{name} is planted but never run"
+    assert not set(PLANTED) & set(ALTERNATIVES), "a name is planted as wrong and as correct"
+    for name, alternative in ALTERNATIVES.items():
+        assert f'p.key == "{alternative.key}"' in text, f"{name} is a correct alternative but never run"
 
 
 def _fails(call) -> bool:
