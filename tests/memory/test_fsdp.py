@@ -4,10 +4,10 @@ Real 2- and 4-process gloo runs of the tiny language model (each block a unit, t
 embedding / head, final LayerNorm and ``scale`` the root). After every step the gathered
 mean gradients and parameters must equal one process doing data parallelism with
 ``torch.optim.Adam``, and (2 ranks) torch's FSDP2 (``torch.distributed.fsdp.fully_shard``)
-on the same model, data and optimizer; the 4-process run also as two dp groups of 2, each equal to the
-data parallelism of its own ranks (collectives over the unit's group, not the world). Memory: after the backward pass no full parameter
-or gradient may be held, and during the step at most the root and one block are gathered
-at once. Gradient accumulation: two micro-steps (a backward pass on each half of a rank's
+on the same model, data and optimizer; the 4-process run also as two dp groups of 2, each equal to
+the data parallelism of its own ranks (collectives over the unit's group, not the world). Memory:
+after the backward pass no full parameter or gradient may be held, and during the step at most the
+root and one block are gathered at once. Gradient accumulation: two micro-steps (a backward pass on each half of a rank's
 batch, each reduced) then one optimizer step equal one step on the joined batch.
 """
 import functools

@@ -1,9 +1,9 @@
 """Assignments 5.5.1 (ZeRO-1) and 5.5.2 (ZeRO-2), graded.
 
 Real 2- and 4-process gloo runs of a tiny language model with 2347 parameters (no dp size
-> 1 divides it, so the flat buffer is padded); the 4-process run also as two dp groups of 2, each of which
-must equal the data parallelism of its own ranks (collectives over the optimizer's group, not the world). After every step each rank's slice gradient
-must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
+> 1 divides it, so the flat buffer is padded); the 4-process run also as two dp groups of 2, each of
+which must equal the data parallelism of its own ranks (collectives over the optimizer's group, not the
+world). After every step each rank's slice gradient must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
 those of one process stepping ``torch.optim.Adam`` on the mean loss (and, for ZeRO-1,
 those of ``torch.distributed.optim.ZeroRedundancyOptimizer``) and be bit-for-bit the same on
 every rank, and a rank must hold Adam state for its slice only. ZeRO-2: after the reduction a

@@ -78,7 +78,8 @@ def test_bf16_rows_travel_and_return_as_bf16(ep):
         got = runs()[rank][(ep, "bf16")]
         where = f"ep {ep}, rank {rank}, bf16 tokens"
         assert got["out"].dtype == torch.bfloat16 and got["x_grad"].dtype == torch.bfloat16, (
-            f"{where}: output {got['out'].dtype}, input gradient {got['x_grad'].dtype}; the layer keeps the tokens' dtype")
+            f"{where}: output {got['out'].dtype}, input gradient {got['x_grad'].dtype}; the layer keeps the tokens' "
+            "dtype")
         assert got["row_element_bytes"] == [2], (
             f"{where}: the token rows crossed the all-to-all with {got['row_element_bytes']} bytes an element; bf16 "
             "rows travel as bf16 (2 bytes), not cast to float32")
