@@ -311,7 +311,7 @@ CLASSES = [
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("key, kind, name", CLASSES)
+@pytest.mark.parametrize("key, kind, name", CLASSES, ids=[f"{kind}-{name}" for _, kind, name in CLASSES])  # no key
 def test_each_class_of_wrong_solution_fails_its_keys_tests(key, kind, name):
     assert PLANTED[name].key == key
     assert key_failures(key, name, first=True), f"{name} ({kind}) passes every check of {key}"
