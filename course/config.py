@@ -223,6 +223,10 @@ class RunConfig:
     n_group: int = option(1, "--router deepseek: the experts form this many groups (nodes)", group="mixture of experts")
     topk_group: int = option(1, "--router deepseek: groups each token may route to (node-limited routing)",
                              group="mixture of experts")
+    routed_scaling_factor: float | None = option(None, "--router deepseek: the routed experts' gates are multiplied "
+                                                       "by it (default: 2.5 with --router deepseek, DeepSeek-V3's "
+                                                       "released configuration; 1 with softmax)",
+                                                 group="mixture of experts")
     moe_every: int = option(2, "one MoE block in this many (blocks 1, 3, ... for 2)", group="mixture of experts")
     dense: bool = option(False, "train the dense GPT-2 of the same active parameters per token instead (same batches)",
                          group="mixture of experts")

@@ -48,8 +48,12 @@ OPTIONS = ZEROPP  # --zeropp's parts (the option table's, course.config)
 def quantize_blockwise(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 quantization of a 1-D tensor of ``n`` elements in blocks of ``block`` (the last block may
     be shorter): ``(values int8 [n], scales float32 [ceil(n / block)])`` with ``scales[b] = max|x in block b| / 127``
-    and ``values = round(x / scale)`` (to nearest; an all-zero block has scale 0 and values 0).
-    ZeRO++ Sec. 3.1 (blockwise quantization).
+    and ``values = round(x / scale)`` (to nearest). ZeRO++ Sec. 3.1 (blockwise quantization).
+
+    An all-zero block has scale 0 and values 0: guard the division (divide such a block by 1, not by its scale).
+    Unguarded, 0 / 0 is NaN, and a NaN cast to int8 is undefined behaviour in C++ — PyTorch happens to give 0 on
+    CPU and CUDA, so the dequantized block is 0 either way and no test of the outputs can tell a missing guard; the
+    result would rest on that accident.
 
     Raises:
         ValueError: ``x`` not 1-D, or ``block < 1``.
@@ -90,7 +94,9 @@ def dequantize_blockwise(values: torch.Tensor, scales: torch.Tensor, block: int)
 def quantized_all_gather(shard: torch.Tensor, block: int, group=None) -> torch.Tensor:
     """qwZ: the concatenation over ``group`` of every rank's 1-D fp32 ``shard`` (all the same length L), sent as
     blockwise int8 (blocks from each shard's start) plus fp32 scales and dequantized: float32 ``[p L]``.
-    Two counted all-gathers in ``group``: ``p L`` bytes of int8 and ``4 p ceil(L / block)`` bytes of scales."""
+    The counted all-gathers in ``group`` carry ``p L`` bytes of int8 and ``4 p ceil(L / block)`` bytes of scales,
+    in two messages here (values, then scales); one message holding both (the scales' bytes after the values)
+    is as right and saves a call."""
     p = collectives.group_size(group)
     # BEGIN ASSIGN5_5_5
     values, scales = quantize_blockwise(shard, block)
@@ -103,7 +109,8 @@ def quantized_all_gather(shard: torch.Tensor, block: int, group=None) -> torch.T
 def quantized_reduce_scatter(x: torch.Tensor, block: int, group=None) -> torch.Tensor:
     """qgZ: the SUM over ``group`` of every rank's 1-D fp32 ``x`` (length ``p L``), of which group rank r keeps
     chunk r (float32 ``[L]``), by an all-to-all of blockwise-int8 chunks (each chunk quantized from its own
-    start) and their scales, then dequantize and sum in fp32 (ZeRO++ Sec. 3.3; one hop here).
+    start) and their scales, then dequantize and sum in fp32 (ZeRO++ Sec. 3.3; one hop here). Two all-to-alls
+    here (values, then scales); one carrying both is as right.
 
     Raises:
         ValueError: ``x``'s length is not divisible by the group size.

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# DeepSeek-V3's routed scaling factor (its released configuration's ``routed_scaling_factor``; the report's
+# eq. 13 gates times it): the default of ``--routed_scaling_factor`` with ``--router deepseek``.
+DEEPSEEK_V3_ROUTED_SCALING_FACTOR = 2.5
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -38,7 +42,9 @@ class MoEConfig:
             bias stays zero). DeepSeek router only.
         n_group, topk_group: the experts form ``n_group`` equal groups (nodes) and each token picks
             its experts from its ``topk_group`` best groups (node-limited routing; 1, 1: no limit).
-        routed_scaling_factor: the routed experts' gates are multiplied by it (DeepSeek-V3: 2.5).
+        routed_scaling_factor: the routed experts' gates are multiplied by it (DeepSeek-V3: 2.5,
+            :data:`DEEPSEEK_V3_ROUTED_SCALING_FACTOR`; the default of ``--routed_scaling_factor`` with
+            ``--router deepseek``). DeepSeek router only.
 
     Raises:
         ValueError: at construction, naming the option: ``num_experts`` < 1, ``top_k`` not in
@@ -98,6 +104,16 @@ class MoEConfig:
         if self.topk_group * (self.num_experts // self.n_group) < self.top_k:
             raise ValueError(f"--topk_group {self.topk_group} groups of {self.num_experts // self.n_group} experts "
                              f"hold fewer than --top_k {self.top_k} experts; raise --topk_group")
+
+    @classmethod
+    def of_run(cls, config) -> "MoEConfig":
+        """The MoE layers' configuration of a run's options (a resolved ``project/run_moe.py`` configuration:
+        ``--num_experts``, ``--top_k``, ... ``--routed_scaling_factor``). Raises the ValueErrors above."""
+        return cls(num_experts=config.num_experts, top_k=config.top_k, capacity_factor=config.capacity_factor,
+                   normalize_gates=False if config.no_normalize_gates else None, aux_loss_coef=config.aux_loss_coef,
+                   z_loss_coef=config.z_loss_coef, router=config.router, shared_experts=config.shared_experts,
+                   router_bias_update=config.router_bias_update, n_group=config.n_group, topk_group=config.topk_group,
+                   routed_scaling_factor=config.routed_scaling_factor)
 
     def check(self, ep: int) -> "MoEConfig":
         """Check that the experts can be shared out over ``ep`` expert-parallel ranks.

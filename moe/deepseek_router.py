@@ -22,6 +22,13 @@ al. 2024) for the shared experts. For T tokens, E routed experts and k choices p
 * **Sequence-wise balance loss** (eq. 17-20), a small complement: ``sum_i f_i P_i`` with
   ``f_i = E / (k T) * #{t : i chosen by t}`` and ``P_i = (1/T) sum_t s_{t,i} / sum_j s_{t,j}``, over
   the tokens of one sequence, averaged over sequences (weighted by ``MoEConfig.aux_loss_coef``).
+  "Chosen" is the k experts a token is actually routed to, after the bias and the group limit. Eq. 18
+  read literally counts instead the k largest *unbiased* affinities over all experts
+  (``1(s_{i,t} in Topk({s_{j,t}}, K_r))``), as Megatron-Core's ``compute_routing_scores_for_aux_loss``
+  does; the two agree while the bias is zero and ``n_group = 1``. Counted as routed here because f_i
+  stands for expert i's share of the tokens — the load the loss balances, which ``updated_bias`` counts
+  and the all-to-all carries. f_i is a count (no gradient), so the choice moves which ``P_i`` the loss
+  pushes down, not its form.
 * **Shared experts** (DeepSeekMoE, eq. 3; DeepSeek-V3 eq. 12): every token also passes through the
   shared experts, whose output is added to the gate-weighted sum of its routed experts' outputs.
 
@@ -123,6 +130,9 @@ def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, sequence:
         experts: (T, k) int64 chosen experts.
         sequence: (T,) int64 the sequence (0 .. num_sequences - 1) of each token.
         num_sequences: S.
+
+    ``f_i`` counts the experts in ``experts`` (those the tokens were routed to, bias and group limit
+    included), not eq. 18's top-k of the unbiased scores: see the module docstring.
 
     Returns:
         A float32 scalar, ``(1/S') sum_seq sum_i f_i P_i`` over the S' sequences that hold tokens

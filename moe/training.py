@@ -32,21 +32,13 @@ from moe.gpt2 import DenseGPT2, MoEGPT2, parameter_counts
 from moe.gradients import sync_moe_gradients
 
 
-def moe_config(config) -> MoEConfig:
-    """The :class:`moe.config.MoEConfig` of the run's options (raises its ValueErrors)."""
-    return MoEConfig(num_experts=config.num_experts, top_k=config.top_k, capacity_factor=config.capacity_factor,
-                     normalize_gates=False if config.no_normalize_gates else None, aux_loss_coef=config.aux_loss_coef,
-                     z_loss_coef=config.z_loss_coef, router=config.router, shared_experts=config.shared_experts,
-                     router_bias_update=config.router_bias_update, n_group=config.n_group, topk_group=config.topk_group)
-
-
 def build_moe_model(config, vocab_size: int, group=None):
     """The run's model: :class:`moe.gpt2.MoEGPT2` over the ep ``group``, or with ``config.dense`` the
     :class:`moe.gpt2.DenseGPT2` of the same active parameters per token (same seed)."""
     hf = build_model(config, vocab_size)
     if config.dense:
         return DenseGPT2(hf, config.top_k, every=config.moe_every)
-    return MoEGPT2(hf, moe_config(config), group, seed=config.seed, every=config.moe_every)
+    return MoEGPT2(hf, MoEConfig.of_run(config), group, seed=config.seed, every=config.moe_every)
 
 
 def shard_batches(dataset, batch_size: int, rank: int, world: int, collate, seed: int,
@@ -180,7 +172,7 @@ class MoETraining(TrainingMode):
         return {**config.record(), "world_size": self.mesh.world_size, "mode": self.mode, "dp": dims.dp,
                 "ep": dims.ep, "dense": bool(config.dense), "num_experts": config.num_experts, "top_k": config.top_k,
                 "capacity_factor": config.capacity_factor,
-                "normalize_gates": bool(moe_config(config).normalize_gates),
+                "normalize_gates": bool(MoEConfig.of_run(config).normalize_gates),
                 "aux_loss_coef": config.aux_loss_coef, "z_loss_coef": config.z_loss_coef, "moe_every": config.moe_every,
                 "per_rank_batch_size": config.batch_size // dims.dp, "mesh": self.mesh.describe()}
 

@@ -21,9 +21,13 @@ class MoERunConfig(RunConfig):
     world_option = "dp"
 
     def resolve(self, devices: int | None = None, *, here: bool = True) -> None:
+        from moe.config import DEEPSEEK_V3_ROUTED_SCALING_FACTOR
+
         super().resolve(devices, here=here)
         if self.ep is None:
             self.ep = self.dp
+        if self.routed_scaling_factor is None:  # DeepSeek-V3's with its router; the softmax router takes none
+            self.routed_scaling_factor = DEEPSEEK_V3_ROUTED_SCALING_FACTOR if self.router == "deepseek" else 1.0
 
     def export_refusal(self) -> str | None:
         if self.dense and self.top_k == 1:
@@ -39,9 +43,7 @@ class MoERunConfig(RunConfig):
 
         super().check()
         try:
-            MoEConfig(self.num_experts, self.top_k, self.capacity_factor, None, self.aux_loss_coef, self.z_loss_coef,
-                      self.router, self.shared_experts, self.router_bias_update, self.n_group,
-                      self.topk_group).check(self.ep)
+            MoEConfig.of_run(self).check(self.ep)
         except ValueError as exc:
             fits = [e for e in range(1, self.dp * self.cp + 1) if (self.dp * self.cp) % e == 0 and
                     self.num_experts % e == 0]  # an --ep that shares out the experts and divides dp x cp

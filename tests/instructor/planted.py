@@ -54,6 +54,34 @@ def _route(probs_of):
     return make
 
 
+def _z_loss_in_the_logits_dtype(original):
+    def router_z_loss(logits):
+        return torch.logsumexp(logits, dim=-1).square().mean()  # bf16 logits: a bf16 z-loss
+    return router_z_loss
+
+
+def _unpermute_gates_token_major(original):
+    def unpermute(y, source, gates, num_tokens):
+        weights = gates.reshape(-1)[source].to(y.dtype)  # pair c * T + t read as t * k + c: another choice's gate
+        return y.new_zeros(num_tokens, y.shape[1]).index_add(0, source % num_tokens, y * weights[:, None])
+    return unpermute
+
+
+def _counts_without_minlength(original):
+    def permute(x, experts, kept, num_experts):
+        out = original(x, experts, kept, num_experts)
+        used = out.counts.nonzero()
+        last = int(used.max()) + 1 if used.numel() else 0
+        return out._replace(counts=out.counts[:last])  # bincount without minlength: trailing idle experts missing
+    return permute
+
+
+def _capacity_rounded_down(original):
+    def expert_capacity(num_tokens, num_experts, top_k, capacity_factor):
+        return None if capacity_factor is None else int(capacity_factor * num_tokens * top_k / num_experts)
+    return expert_capacity
+
+
 # ---- a5_8_2: expert parallelism --------------------------------------------------------------------------------
 # Each calls all_to_all_single through its module at call time, so the tests' split-size check sees it.
 
@@ -103,6 +131,31 @@ def _backward_splits_not_swapped(original):
     return staticmethod(backward)
 
 
+def _rows_sent_in_float32(original):
+    def dispatch(tokens, counts, group):
+        return original(tokens.float(), counts, group)  # bf16 rows cast up: twice the bytes, float32 rows back
+    return dispatch
+
+
+def _counts_exchanged_in_the_world(original):
+    def exchange_counts(counts, group):
+        import moe.expert_parallel as ep_module
+        from course.collectives import group_size
+
+        return ep_module.all_to_all_single(counts).view(group_size(group), -1)  # every rank, not the ep group's
+    return exchange_counts
+
+
+def _even_splits(original):
+    def all_to_all(x, output_splits, input_splits, group):
+        import moe.all_to_all as a2a
+
+        ep = len(input_splits)
+        even = [x.shape[0] // ep] * ep  # each rank assumed to send and receive the same number of rows
+        return a2a._AllToAll.apply(x, even, even, group)
+    return all_to_all
+
+
 # ---- a5_8_3: EP x DP gradients ---------------------------------------------------------------------------------
 
 def _gradients_over_world_size(original):
@@ -120,15 +173,41 @@ def _gradients_over_world_size(original):
     return sync_moe_gradients
 
 
+def _expert_gradients(group="edp", divisor="dp x cp"):
+    """sync_moe_gradients with the experts' all-reduce in another ``group`` (``"dp"``: the dense group, where other
+    experts' gradients are added) or divided by another ``divisor`` (``"edp"``: the replicas alone)."""
+    def make(original):
+        def sync_moe_gradients(model, dense_group, expert_group):
+            from course.collectives import group_size
+            from moe.gradients import _all_reduce_flat
+
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            ranks = group_size(dense_group)
+            _all_reduce_flat(model.dense_parameters(), dense_group, ranks)
+            _all_reduce_flat(model.expert_parameters(), dense_group if group == "dp" else expert_group,
+                             group_size(expert_group) if divisor == "edp" else ranks)
+        return sync_moe_gradients
+    return make
+
+
 # ---- a5_8_4: the DeepSeek-style layer -------------------------------------------------------------------------
 
-def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, group_max=False, scale=True):
-    """The reference routing with one thing changed."""
+def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, group_max=False, scale=True,
+                    precision="float32", unbiased_gates=False):
+    """The reference routing with one thing changed; ``precision``: the scores' sigmoid taken in float32, in the
+    logits' own dtype (``"logits"``), or in it and then cast to float32 (``"cast"``); ``unbiased_gates``: the gates
+    are the k largest unbiased scores, whichever experts the bias chose."""
     def make(original):
         from moe.router import Routing
 
         def deepseek_route(logits, bias, top_k, n_group=1, topk_group=1, routed_scaling_factor=1.0, normalize=True):
-            scores = torch.softmax(logits.float(), -1) if softmax else torch.sigmoid(logits.float())
+            if precision == "float32":
+                scores = torch.softmax(logits.float(), -1) if softmax else torch.sigmoid(logits.float())
+            else:
+                scores = torch.sigmoid(logits)
+                scores = scores.float() if precision == "cast" else scores
             choice = scores.detach() + bias.float()
             if n_group > 1:
                 t, e = choice.shape
@@ -142,7 +221,7 @@ def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, gro
                 choice = choice.masked_fill(~allowed.repeat_interleave(e // n_group, dim=1), float("-inf"))
             experts = choice.topk(top_k, dim=-1).indices
             gated = scores + bias.float() if bias_in_gates else scores
-            gates = gated.gather(1, experts)
+            gates = gated.topk(top_k, dim=-1).values if unbiased_gates else gated.gather(1, experts)
             if normalize:
                 gates = gates / (gated.sum(dim=-1, keepdim=True) if normalise_all else gates.sum(dim=-1, keepdim=True))
             if scale:
@@ -150,6 +229,20 @@ def _deepseek_route(softmax=False, bias_in_gates=False, normalise_all=False, gro
             return Routing(logits, scores, gates, experts)
         return deepseek_route
     return make
+
+
+def _bias_update_on_load_fractions(original):
+    def updated_bias(bias, load, gamma):
+        share = load.double() / load.sum()  # 0 / 0 with no load: NaN, and torch.sign(NaN) is 0 (no move)
+        return bias.float() + gamma * torch.sign(share.mean() - share).float()
+    return updated_bias
+
+
+def _bias_update_proportional(original):
+    def updated_bias(bias, load, gamma):
+        load = load.to(torch.float32)
+        return bias.float() + gamma * (load.mean() - load) / load.mean()  # moved by the relative imbalance
+    return updated_bias
 
 
 def _bias_update_sign_flipped(original):
@@ -177,11 +270,66 @@ def _zero1_slice_only(original):
     return _reduce_stage1
 
 
+def _shard_range_unpadded(original):
+    def shard_range(numel, dp, dp_rank):
+        size = -(-numel // dp)
+        return dp_rank * size, min((dp_rank + 1) * size, numel), numel  # the last slice shorter, no padding
+    return shard_range
+
+
+def _in_the_world(original):
+    """ZeRO's step (``_reduce_stage1``, ``_reduce_stage2``, ``ShardedUnit.reduce_gradients``; whichever ``original``
+    is) with its collective over every rank instead of ``self.group``: the same on a run whose group is the world."""
+    def _reduce_stage1(self):
+        from course import collectives
+
+        self.flat_grad = collectives.all_reduce(self._local_flat_grad()) / self.dp
+        offset = 0
+        for p, n in zip(self.params, self.numels):
+            p.grad = self.flat_grad[offset:offset + n].view_as(p)
+            offset += n
+        self.shard.grad = self.flat_grad[self.start:self.end]
+
+    def _reduce_stage2(self):
+        from course import collectives
+
+        local = self._local_flat_grad()
+        for p in self.params:
+            p.grad = None
+        self.shard.grad = collectives.reduce_scatter(local, 0) / self.dp
+
+    @torch.no_grad()
+    def reduce_gradients(self):
+        from course import collectives
+        from memory.zero import flatten_into
+
+        local = flatten_into([(p.grad, n) for p, n in zip(self.params, self.numels)], self.padded, self.shard.device)
+        for p in self.params:
+            p.grad = None
+        grad = collectives.reduce_scatter(local, 0) / self.dp
+        self.shard.grad = grad if self.shard.grad is None else self.shard.grad + grad
+        self.ready = 0
+
+    return {f.__name__: f for f in (_reduce_stage1, _reduce_stage2, reduce_gradients)}[original.__name__]
+
+
+def _zero1_grads_at_the_start(original):
+    def _reduce_stage1(self):
+        from course import collectives
+
+        self.flat_grad = collectives.all_reduce(self._local_flat_grad(), group=self.group) / self.dp
+        for p, n in zip(self.params, self.numels):
+            p.grad = self.flat_grad[:n].view_as(p)  # the offset never advances: every grad from the buffer's start
+        self.shard.grad = self.flat_grad[self.start:self.end]
+    return _reduce_stage1
+
+
 # ---- a5_5_4: activation checkpointing --------------------------------------------------------------------------
 
-def _checkpoint_function(save_gpu: bool, fork_gpu: bool):
-    """A CheckpointFunction that restores the CPU's random state (inside fork_rng) and, with ``save_gpu``, the
-    inputs' GPUs' — inside fork_rng only with ``fork_gpu``."""
+def _checkpoint_function(save_gpu: bool, fork_gpu: bool, restore_cpu: bool = True):
+    """A CheckpointFunction that restores the CPU's random state (inside fork_rng; not with ``restore_cpu``
+    False) and, with ``save_gpu``, the inputs' GPUs' — inside fork_rng only with ``fork_gpu``. It replays no
+    autocast state: the recomputation runs in whatever precision the backward pass runs in."""
     def make(original):
         class CheckpointFunction(torch.autograd.Function):
             @staticmethod
@@ -198,7 +346,8 @@ def _checkpoint_function(save_gpu: bool, fork_gpu: bool):
             def backward(ctx, *grad_outputs):
                 inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
                 with torch.random.fork_rng(devices=ctx.gpus if fork_gpu else []):
-                    torch.set_rng_state(ctx.cpu_rng)
+                    if restore_cpu:
+                        torch.set_rng_state(ctx.cpu_rng)
                     for gpu, state in zip(ctx.gpus, ctx.gpu_rng):
                         torch.cuda.set_rng_state(state, gpu)
                     with torch.enable_grad():
@@ -255,20 +404,94 @@ def _backward_gather_in_the_dp_group(original):
     return gather
 
 
-def _quantized_values_summed(original):
+def _gathered_dequantized(original):
+    def quantized_all_gather(shard, block, group=None):
+        import memory.zeropp as zpp
+
+        values, scales = zpp.quantize_blockwise(shard, block)
+        local = zpp.dequantize_blockwise(values, scales, block)  # the same numbers, sent as fp32: 4 bytes each
+        return zpp.collectives.all_gather(local, 0, group=group)
+    return quantized_all_gather
+
+
+def _secondary_slice_by_dp_rank(original):
+    def post_forward(self, module, args, output):
+        import memory.zeropp as zpp
+
+        if self.hpz_group is not None and torch.is_grad_enabled() and not self.is_root:
+            r = zpp.collectives.group_rank(self.group)  # the rank in the dp group, not in the node-sized group
+            size = self.padded // self.g
+            self.secondary = self.full[r * size:(r + 1) * size].clone()
+        return zpp.ShardedUnit.post_forward(self, module, args, output)
+    return post_forward
+
+
+def _dequantized_in_whole_blocks(original):
+    def dequantize_blockwise(values, scales, block):
+        return values.float() * scales.repeat_interleave(block)  # a short last block not cut
+    return dequantize_blockwise
+
+
+def _qgz(combine):
+    """qgZ's reduce-scatter exchanging what the reference exchanges (each chunk's int8 values, then its scales, by
+    all-to-all) and then ``combine(values [p, L] int8, scales as received [p * blocks], p, block)``."""
+    def make(original):
+        def quantized_reduce_scatter(x, block, group=None):
+            import memory.zeropp as zpp
+
+            p = zpp.collectives.group_size(group)
+            if p == 1:
+                return x.clone()
+            quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
+            values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
+            scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group)
+            return combine(values, scales, p, block)
+        return quantized_reduce_scatter
+    return make
+
+
+def _levels_summed(values, scales, p, block):
+    from memory.zeropp import dequantize_blockwise
+
+    # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
+    summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
+    return dequantize_blockwise(summed, scales.view(p, -1).mean(dim=0), block) * p
+
+
+def _scales_transposed(values, scales, p, block):
+    from memory.zeropp import dequantize_blockwise
+
+    scales = scales.view(-1, p).t()  # [block][rank] read as [rank][block]: chunks with another's scales
+    return sum(dequantize_blockwise(v, s.contiguous(), block) for v, s in zip(values, scales))
+
+
+def _one_message(original):
+    """qwZ's all-gather or qgZ's all-to-all (whichever ``original`` is) sending each block's int8 values and its
+    fp32 scales' bytes in one message instead of two: the same bytes, one call fewer."""
+    def quantized_all_gather(shard, block, group=None):
+        import memory.zeropp as zpp
+
+        p = zpp.collectives.group_size(group)
+        values, scales = zpp.quantize_blockwise(shard, block)
+        n = values.numel()
+        gathered = zpp.collectives.all_gather(torch.cat([values, scales.view(torch.int8)]), 0, group=group)
+        return torch.cat([zpp.dequantize_blockwise(m[:n], m[n:].clone().view(torch.float32), block)
+                          for m in gathered.view(p, -1)])
+
     def quantized_reduce_scatter(x, block, group=None):
         import memory.zeropp as zpp
 
         p = zpp.collectives.group_size(group)
         if p == 1:
             return x.clone()
-        quantized = [zpp.quantize_blockwise(c, block) for c in x.view(p, -1)]
-        values = zpp.collectives.all_to_all_single(torch.cat([v for v, _ in quantized]), group=group).view(p, -1)
-        scales = zpp.collectives.all_to_all_single(torch.cat([s for _, s in quantized]), group=group).view(p, -1)
-        # the int8 levels of the ranks summed as they are, then scaled once (by the ranks' mean scale)
-        summed = values.sum(dim=0).clamp(-127, 127).to(torch.int8)
-        return zpp.dequantize_blockwise(summed, scales.mean(dim=0), block) * p
-    return quantized_reduce_scatter
+        messages = [torch.cat([v, s.view(torch.int8)]) for v, s in
+                    (zpp.quantize_blockwise(c, block) for c in x.view(p, -1))]
+        n = x.numel() // p
+        received = zpp.collectives.all_to_all_single(torch.cat(messages), group=group).view(p, -1)
+        return sum(zpp.dequantize_blockwise(m[:n], m[n:].clone().view(torch.float32), block) for m in received)
+
+    return {"quantized_all_gather": quantized_all_gather,
+            "quantized_reduce_scatter": quantized_reduce_scatter}[original.__name__]
 
 
 # ---- a5_2_7: the V-shaped schedules ----------------------------------------------------------------------------
@@ -584,6 +807,18 @@ PLANTED: dict[str, Planted] = {
     "router softmax cast afterwards": Planted(
         "a5_8_1", "the router's softmax taken in the logits' dtype, then cast to float32",
         ("moe.router:route",), _route(lambda z: torch.softmax(z, dim=-1).float())),
+    "router z-loss in the logits' dtype": Planted(
+        "a5_8_1", "the z-loss's logsumexp taken in the logits' own dtype (a bf16 z-loss)",
+        ("moe.losses:router_z_loss", "moe.layer:router_z_loss"), _z_loss_in_the_logits_dtype),
+    "unpermute gates read token-major": Planted(
+        "a5_8_1", "the combine weights each row by the gate at t * k + c of the choice-major pair c * T + t",
+        ("moe.permutation:unpermute", "moe.layer:unpermute"), _unpermute_gates_token_major),
+    "counts without the idle last experts": Planted(
+        "a5_8_1", "the rows per expert counted without minlength: experts after the last one used are missing",
+        ("moe.permutation:permute", "moe.layer:permute"), _counts_without_minlength),
+    "capacity rounded down": Planted(
+        "a5_8_1", "the expert capacity rounded down (an uneven share loses its fraction)",
+        ("moe.capacity:expert_capacity", "moe.layer:expert_capacity"), _capacity_rounded_down),
     "counts not exchanged": Planted(
         "a5_8_2", "exchange_counts returns this rank's own counts", ("moe.expert_parallel:exchange_counts",),
         _counts_not_exchanged),
@@ -597,9 +832,24 @@ PLANTED: dict[str, Planted] = {
     "backward splits not swapped": Planted(
         "a5_8_2", "the all-to-all's backward pass sends with the forward pass's splits",
         ("moe.all_to_all:_AllToAll.backward",), _backward_splits_not_swapped),
+    "rows sent in float32": Planted(
+        "a5_8_2", "dispatch casts the rows to float32 before the all-to-all (bf16 rows travel as fp32)",
+        ("moe.expert_parallel:dispatch", "moe.layer:dispatch"), _rows_sent_in_float32),
+    "counts exchanged in the world": Planted(
+        "a5_8_2", "the expert counts exchanged among every rank instead of the ep group",
+        ("moe.expert_parallel:exchange_counts",), _counts_exchanged_in_the_world),
+    "splits assumed even": Planted(
+        "a5_8_2", "dispatch and combine send and expect the same number of rows to and from every rank",
+        ("moe.expert_parallel:all_to_all",), _even_splits),
     "gradients over the world size": Planted(
         "a5_8_3", "EP x DP gradients divided by dist.get_world_size() instead of the dp x cp group's size",
         ("moe.gradients:sync_moe_gradients",), _gradients_over_world_size),
+    "expert gradients reduced in the dp group": Planted(
+        "a5_8_3", "the experts' gradients all-reduced over the dp x cp group (other experts' gradients added)",
+        ("moe.gradients:sync_moe_gradients",), _expert_gradients(group="dp")),
+    "expert gradients averaged over their replicas": Planted(
+        "a5_8_3", "the experts' gradients divided by the edp group's size instead of dp x cp",
+        ("moe.gradients:sync_moe_gradients",), _expert_gradients(divisor="edp")),
     "deepseek softmax scores": Planted(
         "a5_8_4", "a softmax over the experts instead of each expert's sigmoid",
         ("moe.deepseek_router:deepseek_route",), _deepseek_route(softmax=True)),
@@ -615,6 +865,18 @@ PLANTED: dict[str, Planted] = {
     "deepseek routed scaling factor omitted": Planted(
         "a5_8_4", "the gates not multiplied by the routed scaling factor", ("moe.deepseek_router:deepseek_route",),
         _deepseek_route(scale=False)),
+    "deepseek sigmoid in the logits' dtype": Planted(
+        "a5_8_4", "the sigmoid affinities taken in the logits' own dtype (bf16 / fp16 affinities, gates and balance "
+                  "statistics)", ("moe.deepseek_router:deepseek_route",), _deepseek_route(precision="logits")),
+    "deepseek sigmoid cast afterwards": Planted(
+        "a5_8_4", "the sigmoid taken in the logits' dtype, then cast to float32",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(precision="cast")),
+    "deepseek gates of the unbiased top-k": Planted(
+        "a5_8_4", "the gates are the k largest unbiased scores, not the scores of the experts the bias chose",
+        ("moe.deepseek_router:deepseek_route",), _deepseek_route(unbiased_gates=True)),
+    "deepseek bias moved by the relative imbalance": Planted(
+        "a5_8_4", "the bias moved by gamma (mean - load) / mean instead of gamma sign(mean - load)",
+        ("moe.deepseek_router:updated_bias",), _bias_update_proportional),
     "deepseek bias update sign flipped": Planted(
         "a5_8_4", "the bias of overloaded experts raised, of underloaded ones lowered",
         ("moe.deepseek_router:updated_bias",), _bias_update_sign_flipped),
@@ -639,11 +901,44 @@ PLANTED: dict[str, Planted] = {
         ("memory.zeropp:ZeroPPUnit.gather",), _backward_gather_in_the_dp_group),
     "qgz sums quantized values": Planted(
         "a5_5_5", "qgZ sums the received int8 levels before dequantizing them",
-        ("memory.zeropp:quantized_reduce_scatter",),
-        _quantized_values_summed),
+        ("memory.zeropp:quantized_reduce_scatter",), _qgz(_levels_summed)),
+    "qwz gathers fp32 values": Planted(
+        "a5_5_5", "qwZ quantizes and dequantizes locally, then all-gathers the fp32 slices (the same numbers, 4 "
+                  "bytes each on the wire)", ("memory.zeropp:quantized_all_gather",), _gathered_dequantized),
+    "qgz scales read transposed": Planted(
+        "a5_5_5", "qgZ's received scales read as [block][rank]: each chunk dequantized with other ranks' scales",
+        ("memory.zeropp:quantized_reduce_scatter",), _qgz(_scales_transposed)),
+    "hpz secondary slice by the dp rank": Planted(
+        "a5_5_5", "hpZ's secondary slice indexed by the rank in the dp group, not in the node-sized group",
+        ("memory.zeropp:ZeroPPUnit.post_forward",), _secondary_slice_by_dp_rank),
+    "dequantize in whole blocks": Planted(
+        "a5_5_5", "dequantize repeats every scale a whole block, the short last block not cut",
+        ("memory.zeropp:dequantize_blockwise",), _dequantized_in_whole_blocks),
+    "zero1 in the world, not its group": Planted(
+        "a5_5_1", "ZeRO-1's gradient all-reduce over every rank instead of the dp group",
+        ("memory.zero:ZeroOptimizer._reduce_stage1",), _in_the_world),
+    "shard range without padding": Planted(
+        "a5_5_1", "slices of ceil(numel / dp) with the last one shorter, the buffer not padded",
+        ("memory.zero:shard_range", "memory.fsdp:shard_range"), _shard_range_unpadded),
+    "zero1 grads all from the buffer's start": Planted(
+        "a5_5_1", "every parameter's grad a view of the averaged buffer at offset 0 (not its own elements)",
+        ("memory.zero:ZeroOptimizer._reduce_stage1",), _zero1_grads_at_the_start),
+    "zero2 in the world, not its group": Planted(
+        "a5_5_2", "ZeRO-2's gradient reduce-scatter over every rank instead of the dp group",
+        ("memory.zero:ZeroOptimizer._reduce_stage2",), _in_the_world),
+    "zero3 in the world, not its group": Planted(
+        "a5_5_3", "ZeRO-3's gradient reduce-scatter over every rank instead of the unit's group",
+        ("memory.fsdp:ShardedUnit.reduce_gradients",), _in_the_world),
     "zero1 averages the slice only": Planted(
         "a5_5_1", "ZeRO-1 gives the optimizer's slice the mean gradient and leaves every param.grad the rank's own",
         ("memory.zero:ZeroOptimizer._reduce_stage1",), _zero1_slice_only),
+    "checkpoint without the forward's autocast": Planted(
+        "a5_5_4", "the recomputation runs without the forward pass's autocast state (another dtype)",
+        ("memory.checkpointing:CheckpointFunction",), _checkpoint_function(save_gpu=True, fork_gpu=True)),
+    "checkpoint without the CPU's random state": Planted(
+        "a5_5_4", "the recomputation draws its dropout masks from where the CPU generator is now",
+        ("memory.checkpointing:CheckpointFunction",),
+        _checkpoint_function(save_gpu=True, fork_gpu=True, restore_cpu=False)),
     "checkpoint restores the CPU generator only": Planted(
         "a5_5_4", "activation checkpointing that saves and restores only the CPU's random state",
         ("memory.checkpointing:CheckpointFunction",), _checkpoint_function(save_gpu=False, fork_gpu=False)),
@@ -662,6 +957,13 @@ ALTERNATIVES: dict[str, Planted] = {
     "divergences by two sorted passes": Planted(
         "a5_4_4", "collectives sorted by (group, seq, rank); messages numbered per pair and op, then sorted",
         ("communication.hang_lab:first_divergences",), _divergences_by_sorting),
+    "zeropp one message of values and scales": Planted(
+        "a5_5_5", "qwZ's all-gather and qgZ's all-to-all each send the int8 values and the fp32 scales' bytes in one "
+                  "message (the same bytes, half the calls)",
+        ("memory.zeropp:quantized_all_gather", "memory.zeropp:quantized_reduce_scatter"), _one_message),
+    "deepseek bias update on load fractions": Planted(
+        "a5_8_4", "the bias moved by the sign of each expert's share of the load against the mean share",
+        ("moe.deepseek_router:updated_bias",), _bias_update_on_load_fractions),
 }
 
 

@@ -6,6 +6,9 @@ let the wrong solution through, it is run too and seen to pass, so the new check
 """
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 
@@ -32,7 +35,7 @@ def test_ulysses_without_scale_fails_the_scaled_cases():
                 assert_equals_reference(read_case(results, name, rank), name, rank, TOL)
 
 
-@pytest.mark.parametrize("name", planted_for("a5_8_1"))
+@pytest.mark.parametrize("name", ["router softmax in the logits' dtype", "router softmax cast afterwards"])
 def test_router_softmax_in_low_precision_is_rejected(name):
     from tests.moe import test_router_and_losses as graded
 
@@ -45,7 +48,7 @@ def test_router_softmax_in_low_precision_is_rejected(name):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", planted_for("a5_8_2"))
+@pytest.mark.parametrize("name", [n for n in planted_for("a5_8_2") if n != "rows sent in float32"])  # that one: CLASSES
 def test_wrong_split_sizes_fail_on_the_counts_before_the_collective(name):
     from tests.moe.support import expert_parallel_worker
 
@@ -59,11 +62,15 @@ def deepseek_failures(modeling) -> dict[str, str]:
 
     calls = {f"router {c}": (lambda c=c: graded.test_routing_equals_the_deepseek_v3_router(modeling, c))
              for c in graded.ROUTER_CASES}
-    calls.update({f"block {a}": (lambda a=a: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, *a))
-                  for a in [(1, 1, 1), (2, 4, 2)]})
+    calls.update({f"block {c}": (lambda c=c: graded.test_layer_equals_the_deepseek_v3_moe_block(modeling, c))
+                  for c in graded.LAYER_CASES})
+    calls.update({f"test_sigmoid_of_low_precision_logits_is_taken_in_float32 {d} {g}":
+                  (lambda d=d, g=g: graded.test_sigmoid_of_low_precision_logits_is_taken_in_float32(d, *g))
+                  for d in (torch.bfloat16, torch.float16) for g in [(1, 1, True), (4, 2, False)]})
     for name in ("test_the_bias_chooses_and_the_gates_ignore_it",
                  "test_group_limited_routing_stays_in_the_chosen_groups",
-                 "test_bias_update_on_a_hand_worked_case", "test_shared_experts_output_is_added"):
+                 "test_bias_update_on_a_hand_worked_case", "test_bias_update_with_no_load_keeps_every_bias",
+                 "test_bias_update_when_one_expert_takes_every_token", "test_shared_experts_output_is_added"):
         calls[name] = getattr(graded, name)
     failures = {}
     for name, call in calls.items():
@@ -81,6 +88,8 @@ def deepseek_failures(modeling) -> dict[str, str]:
     ("deepseek group score from the max", "test_group_limited_routing_stays_in_the_chosen_groups"),
     ("deepseek routed scaling factor omitted", "block"),
     ("deepseek bias update sign flipped", "test_bias_update_on_a_hand_worked_case"),
+    ("deepseek sigmoid in the logits' dtype", "test_sigmoid_of_low_precision_logits_is_taken_in_float32"),
+    ("deepseek sigmoid cast afterwards", "test_sigmoid_of_low_precision_logits_is_taken_in_float32"),
     ("deepseek shared experts omitted", "test_shared_experts_output_is_added"),
 ])
 def test_wrong_deepseek_layers_are_rejected(name, caught_by):
@@ -134,8 +143,8 @@ def test_wrong_blockwise_quantizers_are_rejected(name):
     from tests.memory import test_quantized_sharding as graded
 
     with plant(name), pytest.raises(AssertionError, match="scales differ|exceeds half its block's step"):
-        for n, block in [(640, 64), (1000, 64), (37, 8), (5, 16)]:
-            graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n, block)
+        for case in graded.QUANTIZATION_CASES:
+            graded.test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(*case)
 
 
 @pytest.mark.timeout(300)
@@ -204,6 +213,138 @@ def test_correct_hang_analyses_written_otherwise_are_accepted(name):
     with plant(name):
         failures = hang_analysis_failures()
     assert not failures, f"{name} is a correct analysis, yet it fails {failures}"
+
+
+# The graded test modules of the keys :func:`key_failures` runs, each with its cached launch (a function of the
+# module taking ``planted``, which it passes to the ranks; None: the module starts no ranks).
+GRADED = {
+    "a5_5_1": {"tests.memory.test_zero1_zero2": "run"},
+    "a5_5_2": {"tests.memory.test_zero1_zero2": "run"},
+    "a5_5_3": {"tests.memory.test_fsdp": "run"},
+    "a5_5_4": {"tests.memory.test_activation_checkpointing": None, "tests.memory.test_checkpointing_replay": None},
+    "a5_5_5": {"tests.memory.test_quantized_sharding": "run"},
+    "a5_8_1": {"tests.moe.test_router_and_losses": None, "tests.moe.test_layer": None},
+    "a5_8_2": {"tests.moe.test_expert_parallel": "runs"},
+    "a5_8_3": {"tests.moe.test_ep_dp": "sync_runs"},
+    "a5_8_4": {"tests.moe.test_deepseek_moe": "parallel_runs"},
+}
+
+
+def _marks(obj) -> list:
+    marks = getattr(obj, "pytestmark", [])
+    return list(marks) if isinstance(marks, (list, tuple)) else [marks]
+
+
+def graded_calls(key: str, module) -> dict:
+    """Every test of ``module`` marked ``key``, once per parametrization: {test id: call}. Fixtures: the module's
+    own (their functions called once) and ``monkeypatch``; a test taking ``tmp_path`` (a whole training command)
+    is left out."""
+    import inspect
+
+    fixtures, calls = {}, {}
+    module_marks = [m.name for m in _marks(module)]
+    for name in dir(module):
+        fn = getattr(module, name)
+        if not name.startswith("test_") or key not in module_marks + [m.name for m in _marks(fn)]:
+            continue
+        wanted = inspect.signature(fn).parameters
+        if "tmp_path" in wanted:
+            continue
+        combos = [{}]
+        for mark in (m for m in _marks(fn) if m.name == "parametrize"):
+            names = [n.strip() for n in mark.args[0].split(",")]
+            rows = [dict(zip(names, v if len(names) > 1 else (v,))) for v in mark.args[1]]
+            combos = [{**c, **r} for c in combos for r in rows]
+        for combo in combos:
+            for f in wanted:
+                if f not in combo and f != "monkeypatch" and f not in fixtures:
+                    fixtures[f] = getattr(module, f).__wrapped__()
+
+            def call(fn=fn, combo=combo, wanted=wanted):
+                with pytest.MonkeyPatch.context() as monkeypatch:
+                    values = {**fixtures, "monkeypatch": monkeypatch, **combo}
+                    fn(**{f: values[f] for f in wanted})
+            calls[f"{name}{list(combo.values()) if combo else ''}"] = call
+    return calls
+
+
+def key_failures(key: str, name: str | None, first: bool = False) -> dict[str, str]:
+    """Every graded check of ``key`` (:data:`GRADED`) with ``name`` planted — of :data:`PLANTED` or
+    ``ALTERNATIVES`` (None: the reference) — in this process and, through each module's cached launch, in the
+    ranks: {test id: first line of its failure}; with ``first``, up to the first failure (the modules that start
+    no ranks first)."""
+    import importlib
+    import inspect
+
+    failures = {}
+    modules = sorted(GRADED[key].items(), key=lambda item: item[1] is not None)
+    with plant(name) if name else contextlib.nullcontext(), contextlib.ExitStack() as stack:
+        for module_name, launcher in modules:
+            module = importlib.import_module(module_name)
+            if launcher is not None:
+                original = getattr(module, launcher)
+                fixed = list(inspect.signature(original).parameters).index("planted")
+                stack.enter_context(mock.patch.object(
+                    module, launcher, lambda *a, _o=original, _n=fixed, **k: _o(*a[:_n], planted=name)))
+            for test, call in graded_calls(key, module).items():
+                try:
+                    call()
+                except (Exception, pytest.fail.Exception) as exc:
+                    failures[test] = (str(exc).splitlines() or [type(exc).__name__])[0]
+                    if first:
+                        return failures
+    return failures
+
+
+# One wrong solution of each class a key's checks could miss, where the class applies (docs/grading.md): a row or
+# message not matched to its owner ("unmatched"), a tensor in another dtype ("mistyped"), a rank or expert left out
+# or ranks outside the group taken in ("missing"), sizes that legitimately differ ("uneven").
+CLASSES = [
+    ("a5_8_1", "mistyped", "router z-loss in the logits' dtype"),
+    ("a5_8_1", "unmatched", "unpermute gates read token-major"),
+    ("a5_8_1", "missing", "counts without the idle last experts"),
+    ("a5_8_1", "uneven", "capacity rounded down"),
+    ("a5_8_4", "unmatched", "deepseek gates of the unbiased top-k"),
+    ("a5_8_4", "uneven", "deepseek bias moved by the relative imbalance"),
+    ("a5_5_4", "mistyped", "checkpoint without the forward's autocast"),
+    ("a5_5_4", "unmatched", "checkpoint without the CPU's random state"),
+    ("a5_5_1", "uneven", "shard range without padding"),
+    ("a5_5_5", "uneven", "dequantize in whole blocks"),
+    ("a5_8_2", "mistyped", "rows sent in float32"),
+    ("a5_8_3", "unmatched", "expert gradients reduced in the dp group"),
+    ("a5_8_3", "uneven", "expert gradients averaged over their replicas"),
+    ("a5_5_1", "unmatched", "zero1 grads all from the buffer's start"),
+    ("a5_5_1", "missing", "zero1 in the world, not its group"),
+    ("a5_5_2", "missing", "zero2 in the world, not its group"),
+    ("a5_5_3", "missing", "zero3 in the world, not its group"),
+    ("a5_5_5", "mistyped", "qwz gathers fp32 values"),
+    ("a5_5_5", "unmatched", "qgz scales read transposed"),
+    ("a5_5_5", "missing", "hpz secondary slice by the dp rank"),
+]
+# Run by the tests above: a5_8_2 unmatched (the four split-size errors), missing ("counts exchanged in the world")
+# and uneven ("splits assumed even"), all caught by the split-size check; a5_8_3 missing (the world size); a5_8_4
+# mistyped (the sigmoid in the logits' dtype); a5_5_4 missing (a GPU's generator left out). Classes that do not
+# apply: a5_8_4 missing (its blocks take no group; the loads' all-reduce is DeepSeekRouter.update_bias's); a5_8_3,
+# a5_5_1, a5_5_2, a5_5_3 mistyped (their blocks pick groups and divisors; the flat buffers are the scaffolding's,
+# fp32 or the gradients' own dtype); a5_5_2, a5_5_3 unmatched and uneven (a reduce-scatter's chunk r is group rank
+# r's by definition; the padding is the scaffolding's); a5_5_4 uneven (nothing is cut into parts).
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key, kind, name", CLASSES, ids=[f"{kind}-{name}" for _, kind, name in CLASSES])  # no key
+def test_each_class_of_wrong_solution_fails_its_keys_tests(key, kind, name):
+    assert PLANTED[name].key == key
+    assert key_failures(key, name, first=True), f"{name} ({kind}) passes every check of {key}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [name for name, p in ALTERNATIVES.items() if p.key == "a5_5_5" or p.key == "a5_8_4"])
+def test_each_correct_alternative_passes_its_keys_tests(name):
+    """A correct solution written otherwise than the reference (tests/instructor/planted.py, ``ALTERNATIVES``)
+    passes every check of its key."""
+    key = ALTERNATIVES[name].key
+    failures = key_failures(key, name)
+    assert not failures, f"{name}, a correct {key} solution, fails {failures}"
 
 
 def test_every_planted_solution_is_run_here():

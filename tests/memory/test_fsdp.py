@@ -4,9 +4,10 @@ Real 2- and 4-process gloo runs of the tiny language model (each block a unit, t
 embedding / head, final LayerNorm and ``scale`` the root). After every step the gathered
 mean gradients and parameters must equal one process doing data parallelism with
 ``torch.optim.Adam``, and (2 ranks) torch's FSDP2 (``torch.distributed.fsdp.fully_shard``)
-on the same model, data and optimizer. Memory: after the backward pass no full parameter
-or gradient may be held, and during the step at most the root and one block are gathered
-at once. Gradient accumulation: two micro-steps (a backward pass on each half of a rank's
+on the same model, data and optimizer; the 4-process run also as two dp groups of 2, each equal to
+the data parallelism of its own ranks (collectives over the unit's group, not the world). Memory:
+after the backward pass no full parameter or gradient may be held, and during the step at most the
+root and one block are gathered at once. Gradient accumulation: two micro-steps (a backward pass on each half of a rank's
 batch, each reduced) then one optimizer step equal one step on the joined batch.
 """
 import functools
@@ -23,8 +24,14 @@ STEPS = 3
 
 
 @functools.lru_cache(maxsize=None)
-def run(world_size, with_fsdp2):
-    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, timeout=150)
+def run(world_size, with_fsdp2, planted=None):
+    return launch_once(fsdp_worker, world_size, STEPS, with_fsdp2, planted, timeout=150)
+
+
+@functools.lru_cache(maxsize=None)
+def in_groups_reference(group):
+    """The 2-rank data parallelism of dp group ``group`` of the 4-rank run's ``GROUPS_MESH`` (ranks 2g, 2g + 1)."""
+    return reference_named_run(2, STEPS, 2 * group)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -58,6 +65,13 @@ def test_zero3_equals_data_parallel_adam_and_frees_full_parameters(world_size):
                 if "fsdp2_params" in rec:
                     assert torch.allclose(rec["params"][name], rec["fsdp2_params"][name], **TOL), (
                         f"rank {rank} step {step}: {name} differs from torch FSDP2 (fully_shard)")
+        for step, rec in enumerate(out.get("in_groups", [])):  # 4 ranks as dp groups {0, 1} and {2, 3}
+            grads, params = in_groups_reference(rank // 2)[step]
+            for name in grads:
+                assert torch.allclose(rec["grads"][name], grads[name], **TOL) and \
+                    torch.allclose(rec["params"][name], params[name], **TOL), (
+                        f"rank {rank} step {step}, a dp group of 2 of the 4 ranks: {name} differs from the data "
+                        "parallelism of that group's ranks: every collective takes the unit's group, not the world")
 
 
 def test_two_accumulated_micro_steps_equal_one_step_on_the_joined_batch():

@@ -3,11 +3,15 @@
 * Blockwise int8 quantization, in one process: int8 values in [-127, 127], one scale per block equal to the
   block's ``max|x| / 127``, and every element within half a quantization step of its block
   (``|x - dequantize(quantize(x))| <= scale / 2``, derived below) — on tensors whose blocks differ in size by
-  six orders of magnitude, so one scale per tensor, a scale from the mean and rounding by truncation all fail.
+  six orders of magnitude, so one scale per tensor, a scale from the mean and rounding by truncation all fail;
+  with lengths that are not a multiple of the block (a short last block) and all-zero blocks (scale 0, values 0).
+  (A missing guard of the all-zero block's 0 / 0 is invisible here: the NaN casts to int8 0 on CPU and CUDA;
+  ``quantize_blockwise``'s docstring requires the guard.)
 * Real gloo runs of the tiny language model (tests/support/memory.py) with SGD: ZeRO++ with qwz, hpz and qgz
   beside ZeRO-3 and beside one process without sharding — losses and parameters within a tolerance derived
   from the quantization; the int8 bytes on the wire, counted per group; hpZ's backward all-gather in the
-  node-sized group only, and the bytes of its secondary slices.
+  node-sized group only, and the bytes of its secondary slices. The bytes on the wire are exact, the calls at
+  most the reference's (values and scales in one message is right too).
 """
 import functools
 import math
@@ -40,11 +44,18 @@ def uneven_tensor(n: int, block: int, seed: int = 0) -> torch.Tensor:
     return x * magnitude.repeat_interleave(block)[:n]
 
 
-@pytest.mark.parametrize("n, block", [(640, 64), (1000, 64), (37, 8), (5, 16)])
-def test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n, block):
+# (n, block, blocks set to zero): lengths that are not a multiple of the block (a shorter last block), and
+# all-zero blocks — one inside, one the short last block (scale 0: the guard of quantize_blockwise's docstring)
+QUANTIZATION_CASES = [(640, 64, ()), (1000, 64, (3, 15)), (37, 8, (4,)), (5, 16, ()), (100, 16, (0, 6))]
+
+
+@pytest.mark.parametrize("n, block, zero_blocks", QUANTIZATION_CASES)
+def test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n, block, zero_blocks):
     from memory.zeropp import dequantize_blockwise, quantize_blockwise
 
     x = uneven_tensor(n, block)
+    for b in zero_blocks:
+        x[b * block:(b + 1) * block] = 0.0
     values, scales = quantize_blockwise(x, block)
     nblocks = -(-n // block)
     assert values.dtype == torch.int8 and values.shape == (n,), (
@@ -56,6 +67,7 @@ def test_blockwise_quantization_has_one_scale_per_block_and_rounds_to_nearest(n,
     padded[:n] = x
     block_max = padded.view(nblocks, block).abs().amax(dim=1)
     want = block_max / 127
+    assert bool((scales[list(zero_blocks)] == 0).all()), f"all-zero blocks {zero_blocks}: scales {scales.tolist()}"
     assert torch.allclose(scales, want, rtol=2 * EPS, atol=0), (
         f"scales differ from each block's max|x| / 127 (largest ratio {float((scales / want).max()):.3g}, smallest "
         f"{float((scales / want).min()):.3g}): one scale per block, from its largest magnitude")
@@ -137,21 +149,23 @@ def test_int8_on_the_wire_and_the_backward_all_gather_inside_the_node(layout):
         dp, node_name, padded = out["dp_name"], out["node_name"], out["padded"]
         comm = out["comm"]
         units = len(padded)
-        # qwZ: per unit and step one all-gather of int8 values (padded bytes) and one of fp32 scales (4 bytes per
-        # block of each rank's slice) — in the forward pass only: hpZ does the backward's in the node group.
+        # qwZ: per unit and step the int8 values (padded bytes) and the fp32 scales (4 bytes per block of each
+        # rank's slice) — in the forward pass only: hpZ does the backward's in the node group. The bytes are exact;
+        # the calls at most the reference's two per unit and step (values, then scales): one message holding both
+        # is as right (tests/instructor/planted.py, ALTERNATIVES), more calls for the same bytes are not.
         scale_bytes = sum(4 * world_size * -(-p // world_size // BLOCK) for p in padded.values())
         want = {"count": 2 * units * STEPS, "bytes": STEPS * (sum(padded.values()) + scale_bytes)}
         got = comm[dp].get("all_gather", {"count": 0, "bytes": 0})
-        assert (got["count"], got["bytes"]) == (want["count"], want["bytes"]), (
+        assert got["bytes"] == want["bytes"] and got["count"] <= want["count"], (
             f"rank {rank}: {got['count']} all-gathers of {got['bytes']} bytes in the dp group over {STEPS} steps; "
-            f"expected {want['count']} of {want['bytes']} (the forward's int8 values and fp32 scales, 2 per unit and "
-            "step; the backward's all-gather belongs to the node-sized group)")
+            f"expected {want['bytes']} bytes in at most {want['count']} calls (the forward's int8 values and fp32 "
+            "scales, at most 2 per unit and step; the backward's all-gather belongs to the node-sized group)")
         # qgZ: the gradient goes as an all-to-all of int8 chunks and their scales, never as an fp32 reduce-scatter.
         assert "reduce_scatter" not in comm[dp], f"rank {rank}: an fp32 reduce-scatter of the gradients in the dp group"
         a2a = comm[dp].get("all_to_all", {"count": 0, "bytes": 0})
-        assert (a2a["count"], a2a["bytes"]) == (want["count"], want["bytes"]), (
-            f"rank {rank}: {a2a['count']} all-to-alls of {a2a['bytes']} bytes; expected {want['count']} of "
-            f"{want['bytes']} (int8 gradient chunks + their scales, 2 per unit and step)")
+        assert a2a["bytes"] == want["bytes"] and a2a["count"] <= want["count"], (
+            f"rank {rank}: {a2a['count']} all-to-alls of {a2a['bytes']} bytes; expected {want['bytes']} bytes in at "
+            f"most {want['count']} calls (int8 gradient chunks + their scales, at most 2 per unit and step)")
         blocks = {n: p for n, p in padded.items() if n != "root"}
         if node > 1:  # the backward all-gather of every block (the root stays gathered), fp32 from secondary slices
             got = comm.get(node_name, {}).get("all_gather", {"count": 0, "bytes": 0})

@@ -1,8 +1,9 @@
 """Assignments 5.5.1 (ZeRO-1) and 5.5.2 (ZeRO-2), graded.
 
 Real 2- and 4-process gloo runs of a tiny language model with 2347 parameters (no dp size
-> 1 divides it, so the flat buffer is padded). After every step each rank's slice gradient
-must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
+> 1 divides it, so the flat buffer is padded); the 4-process run also as two dp groups of 2, each of
+which must equal the data parallelism of its own ranks (collectives over the optimizer's group, not the
+world). After every step each rank's slice gradient must equal the slice of the data-parallel mean gradient, every rank's parameters must equal
 those of one process stepping ``torch.optim.Adam`` on the mean loss (and, for ZeRO-1,
 those of ``torch.distributed.optim.ZeroRedundancyOptimizer``) and be bit-for-bit the same on
 every rank, and a rank must hold Adam state for its slice only. ZeRO-2: after the reduction a
@@ -29,8 +30,8 @@ def run(stage, world_size, planted=None):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(world_size):
-    return reference_run(world_size, STEPS)
+def reference(world_size, first=0):
+    return reference_run(world_size, STEPS, first=first)
 
 
 def check_against_dp(stage, world_size, planted=None):
@@ -65,7 +66,29 @@ def check_against_dp(stage, world_size, planted=None):
             assert rec["state_numel"] == 2 * size, (
                 f"rank {rank} holds {rec['state_numel']} elements of Adam state; ZeRO keeps exp_avg and exp_avg_sq "
                 f"of its own slice only: 2 x {size} (did every rank step the whole model?)")
+    if world_size == 4:
+        check_in_groups(outputs)
     return outputs
+
+
+def check_in_groups(outputs):
+    """The 4-rank run's second optimizer, over dp groups of 2 ({0, 1} and {2, 3}; tests/support/memory.py,
+    ``GROUPS_MESH``): each group equals the 2-rank data parallelism of its own shards — its collectives take the
+    optimizer's group, not the world (the same when the group is the world, as in every run above)."""
+    numel = sum(p.numel() for p in make_model().parameters())
+    size = -(-numel // 2)
+    for rank, out in outputs.items():
+        grads, params = reference(2, 2 * (rank // 2))
+        for step, rec in enumerate(out["in_groups"]):
+            want = torch.cat([grads[step], torch.zeros(2 * size - numel)])[rank % 2 * size:(rank % 2 + 1) * size]
+            got = rec["shard_grad"]
+            assert got.shape == want.shape and torch.allclose(got, want, **TOL), (
+                f"rank {rank} step {step}, dp group {{{rank // 2 * 2}, {rank // 2 * 2 + 1}}} of 4 ranks: the slice "
+                f"gradient differs from the mean over that group's ranks (shape {tuple(got.shape)}): every collective "
+                "takes the optimizer's group, not the world")
+            assert torch.allclose(rec["params"], params[step], **TOL), (
+                f"rank {rank} step {step}, dp group of 2 of 4 ranks: parameters differ from the group's data "
+                "parallelism with torch.optim.Adam (collectives over the optimizer's group only)")
 
 
 @pytest.mark.a5_5_1

@@ -30,8 +30,8 @@ def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random
     """A single-process :class:`moe.layer.MoELayer` (GPT-2 style experts) with seeded weights.
 
     ``router``: ``"random"``; ``"unused"`` (expert 0's logit far below the others for positive
-    tokens: it never gets a token); ``"one"`` (the last expert's logit far above: every token's
-    first choice).
+    tokens: it never gets a token); ``"last-unused"`` (the same for the last expert); ``"one"`` (the last
+    expert's logit far above: every token's first choice).
     """
     from moe.experts import MLPExperts
     from moe.layer import MoELayer
@@ -56,6 +56,8 @@ def make_layer(config, dtype=torch.float32, seed: int = 0, router: str = "random
         w = torch.randn(config.num_experts, HIDDEN, generator=gen) * 0.5
         if router == "unused":
             w[0] = -3.0
+        elif router == "last-unused":
+            w[-1] = -3.0
         elif router == "one":
             w[-1] = 3.0
         layer.router.weight.copy_(w)
@@ -233,31 +235,45 @@ def expert_parallel_worker(rank: int, world_size: int, dtype=torch.float32, plan
         return _expert_parallel_cases(rank, world_size, dtype)
 
 
+LOW_PRECISION_CASE = "top2-dropless"  # run again with bf16 tokens and layer: what crosses the all-to-all
+
+
 def _expert_parallel_cases(rank: int, world_size: int, dtype) -> dict:
-    from course.collectives import CommCounter
     from course.mesh import Mesh
-    from moe.layer import MoELayer
 
     out = {}
     for ep in EP_SIZES:
         mesh = Mesh.build(dp=world_size, ep=ep)
         for case in EP_CASES:
-            name, config = case[0], ep_config(case)
-            full = make_layer(config, dtype, router=case[2])
-            layer = MoELayer(HIDDEN, config, full.experts.shard(mesh.ep_rank, ep), group=mesh.ep_group).to(dtype)
-            with torch.no_grad():
-                layer.router.weight.copy_(full.router.weight)
-            x = tokens(rank, case[3][rank], dtype).requires_grad_(True)
-            with CommCounter() as counter:
-                y, loss = layer_loss(layer, x, rank)
-                forward = counter.by_group()
-                counter.reset()
-                loss.backward()
-                backward = counter.by_group()
-            out[(ep, name)] = {"out": y.detach(), "x_grad": x.grad, "router": layer.router.weight.grad,
-                               "experts": grads_of(layer.experts), "ep_rank": mesh.ep_rank, "forward": forward,
-                               "backward": backward, "aux": layer.aux_loss.item()}
+            out[(ep, case[0])] = _expert_parallel_case(mesh, ep, case, rank, dtype)
+        case = next(c for c in EP_CASES if c[0] == LOW_PRECISION_CASE)
+        out[(ep, "bf16")] = _expert_parallel_case(mesh, ep, case, rank, torch.bfloat16)
     return out
+
+
+def _expert_parallel_case(mesh, ep: int, case, rank: int, dtype) -> dict:
+    """One case on this rank: output, gradients, communication by group and pass, and ``row_element_bytes`` (the
+    bytes per element of every all-to-all of token rows, (n, HIDDEN), that held any)."""
+    from course.collectives import CommCounter
+    from moe.layer import MoELayer
+
+    config = ep_config(case)
+    full = make_layer(config, dtype, router=case[2])
+    layer = MoELayer(HIDDEN, config, full.experts.shard(mesh.ep_rank, ep), group=mesh.ep_group).to(dtype)
+    with torch.no_grad():
+        layer.router.weight.copy_(full.router.weight)
+    x = tokens(rank, case[3][rank], dtype).requires_grad_(True)
+    with CommCounter() as counter:
+        y, loss = layer_loss(layer, x, rank)
+        forward = counter.by_group()
+        rows = [r for r in counter.records if r.kind == "all_to_all" and r.shape[1:] == (HIDDEN,)]
+        counter.reset()
+        loss.backward()
+        backward = counter.by_group()
+        rows += [r for r in counter.records if r.kind == "all_to_all" and r.shape[1:] == (HIDDEN,)]
+    return {"out": y.detach(), "x_grad": x.grad, "router": layer.router.weight.grad, "experts": grads_of(layer.experts),
+            "ep_rank": mesh.ep_rank, "forward": forward, "backward": backward, "aux": layer.aux_loss.item(),
+            "row_element_bytes": sorted({r.bytes // (r.shape[0] * HIDDEN) for r in rows if r.shape[0]})}
 
 
 # ---- the DeepSeek-style layer under expert parallelism (a5_8_4) -------------------------------------

@@ -96,23 +96,35 @@ def test_routing_equals_the_deepseek_v3_router(deepseek, case):
     assert not torch.equal(unbiased, want_experts) or n_group > 1, "the case must let the bias change a choice"
 
 
-@pytest.mark.parametrize("shared,n_group,topk_group", [(1, 1, 1), (2, 4, 2)])
-def test_layer_equals_the_deepseek_v3_moe_block(deepseek, shared, n_group, topk_group):
+# (shared experts, n_group, topk_group, --routed_scaling_factor as given (None: left out), the factor it means)
+LAYER_CASES = [(1, 1, 1, None, 2.5), (2, 4, 2, 1.5, 1.5)]
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: "shared{}-g{}-tg{}-factor{}".format(*c))
+def test_layer_equals_the_deepseek_v3_moe_block(deepseek, case):
+    """The layer of ``project/run_moe.py --router deepseek`` (its options through ``MoEConfig.of_run``) against
+    ``DeepseekV3MoE`` with the same routed scaling factor: left out, DeepSeek-V3's 2.5; given, the value given."""
     from moe.config import MoEConfig
     from moe.experts import GatedExperts
     from moe.layer import MoELayer
+    from project.options.run_moe import MoERunConfig
 
+    shared, n_group, topk_group, option, factor = case
     config_cls, modeling = deepseek
     hidden, inner, experts, k = 16, 8, 8, 2
-    block = modeling.DeepseekV3MoE(hf_config(config_cls, hidden, experts, k, n_group, topk_group, True, 2.5, shared,
-                                             inner))
+    block = modeling.DeepseekV3MoE(hf_config(config_cls, hidden, experts, k, n_group, topk_group, True, factor,
+                                             shared, inner))
     torch.manual_seed(shared + n_group)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0.0, 0.3)
         block.gate.e_score_correction_bias.copy_(draw((experts,), 5, 0.2))
-    config = MoEConfig(experts, k, router="deepseek", shared_experts=shared, n_group=n_group, topk_group=topk_group,
-                       routed_scaling_factor=2.5, aux_loss_coef=0.0)
+    run = MoERunConfig.for_test(dp=2, ep=2, num_experts=experts, top_k=k, router="deepseek", shared_experts=shared,
+                                n_group=n_group, topk_group=topk_group, aux_loss_coef=0.0,
+                                routed_scaling_factor=option)
+    config = MoEConfig.of_run(run)
+    assert config.routed_scaling_factor == factor, (
+        f"--routed_scaling_factor {option}: the layers get {config.routed_scaling_factor}, not {factor}")
     layer = MoELayer(hidden, config, GatedExperts(experts, hidden, inner),
                      shared=GatedExperts(1, hidden, inner * shared))
     se = block.shared_experts
@@ -157,6 +169,42 @@ def test_the_bias_chooses_and_the_gates_ignore_it():
     torch.testing.assert_close(routing.probs, torch.sigmoid(logits), **GATE_TOL, msg="probs: the sigmoid scores")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n_group,topk_group,normalize", [(1, 1, True), (4, 2, False)])
+def test_sigmoid_of_low_precision_logits_is_taken_in_float32(dtype, n_group, topk_group, normalize):
+    """bf16 / fp16 router logits (a model trained in mixed precision): the affinities are float32 sigmoids
+    (``deepseek_route``'s docstring; the softmax of assignment 5.8.1 likewise), so ``probs``, ``gates`` and the
+    balance statistics made of them are float32 and equal what the logits' float32 values give; the logits stay
+    as given.
+
+    Tolerance: the 16-bit logits are exactly representable in float32, so both sides run the same float32
+    arithmetic on the same values (GATE_TOL). A sigmoid taken in the logits' dtype, cast or not, is rounded to 8
+    (bf16) or 11 (fp16) significant bits: up to 2**-9 = 2e-3 or 2**-12 = 2.4e-4 of an affinity near 1, far outside."""
+    from moe.deepseek_router import deepseek_route, sequence_balance_loss
+
+    num_tokens, experts, k = 23, 8, 2
+    logits = draw((num_tokens, experts), 9, 3.0).to(dtype)
+    bias = draw((experts,), 10, 0.2)
+    routing = deepseek_route(logits, bias, k, n_group, topk_group, 2.5, normalize)
+    want = deepseek_route(logits.float(), bias, k, n_group, topk_group, 2.5, normalize)
+    assert routing.logits.dtype == dtype, "Routing.logits are the logits as given, in their own dtype"
+    assert routing.probs.dtype == torch.float32, (
+        f"affinities are {routing.probs.dtype} for {dtype} logits: take the sigmoid in float32 (logits.float())")
+    assert routing.gates.dtype == torch.float32, f"gates are {routing.gates.dtype} for {dtype} logits; they are float32"
+    torch.testing.assert_close(routing.probs, torch.sigmoid(logits.float()), **GATE_TOL,
+                               msg=lambda m: f"affinities of {dtype} logits differ from the float32 sigmoid: {m}")
+    got_experts, got_gates = by_expert(routing.experts, routing.gates)
+    want_experts, want_gates = by_expert(want.experts, want.gates)
+    assert torch.equal(got_experts, want_experts), f"{dtype} logits: other experts than their float32 values choose"
+    torch.testing.assert_close(got_gates, want_gates, **GATE_TOL,
+                               msg=lambda m: f"gates of {dtype} logits differ from their float32 values': {m}")
+    sequence = torch.arange(num_tokens) // 8
+    balance = sequence_balance_loss(routing.probs, routing.experts, sequence, 3)
+    assert balance.dtype == torch.float32, f"the sequence-wise balance loss is {balance.dtype}; it is float32"
+    torch.testing.assert_close(balance, sequence_balance_loss(want.probs, want.experts, sequence, 3), **GATE_TOL,
+                               msg="sequence-wise balance loss of the affinities")
+
+
 def test_group_limited_routing_stays_in_the_chosen_groups():
     from moe.deepseek_router import deepseek_route
 
@@ -195,6 +243,54 @@ def test_bias_update_on_a_hand_worked_case():
     torch.testing.assert_close(router.e_score_correction_bias, torch.tensor([-0.5, -0.5, 0.5, 0.5]), rtol=0, atol=0)
 
 
+def test_bias_update_with_no_load_keeps_every_bias():
+    """A step that routed no token (every expert at the mean load, 0): every bias stays, finite."""
+    from moe.config import MoEConfig
+    from moe.deepseek_router import DeepSeekRouter, updated_bias
+
+    bias = torch.tensor([0.1, -0.2, 0.0, 0.05])
+    for load in (torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.float64)):
+        new = updated_bias(bias, load, 0.01)
+        assert new.dtype == torch.float32 and bool(torch.isfinite(new).all()), f"no load: bias {new.tolist()}"
+        torch.testing.assert_close(new, bias, rtol=0, atol=0, msg="no load: no expert is over or under the mean")
+    router = DeepSeekRouter(2, MoEConfig(4, 2, router="deepseek", router_bias_update=0.5))
+    router.train()
+    router(torch.zeros(0, 2))  # a rank whose step held no token
+    router.update_bias()
+    torch.testing.assert_close(router.e_score_correction_bias, torch.zeros(4), rtol=0, atol=0,
+                               msg="update_bias after a step without tokens")
+
+
+def test_bias_update_when_one_expert_takes_every_token():
+    """DeepSeek-V3, Sec. 2.1.2: the overloaded expert's bias drops by gamma, each underloaded one's rises by gamma —
+    by gamma whatever the size of the imbalance — until the bias moves tokens to the other experts."""
+    from moe.config import MoEConfig
+    from moe.deepseek_router import DeepSeekRouter, updated_bias
+
+    new = updated_bias(torch.zeros(4), torch.tensor([64, 0, 0, 0]), 0.01)
+    torch.testing.assert_close(new, torch.tensor([-0.01, 0.01, 0.01, 0.01]), rtol=0, atol=1e-9,
+                               msg="loads 64, 0, 0, 0: expert 0 loses gamma, every other gains gamma")
+    # top-1 through the router: expert 0's affinity sigmoid(2) = 0.88 beats the others' sigmoid(0) = 0.5 for every
+    # token; the bias must close the gap of 0.38 at 2 gamma = 0.1 per step, so after 4 steps a token moves
+    gamma, x = 0.05, torch.ones(16, 2)
+    router = DeepSeekRouter(2, MoEConfig(4, 1, router="deepseek", router_bias_update=gamma))
+    with torch.no_grad():
+        router.weight.copy_(torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]))
+    router.train()
+    bias = torch.zeros(4)
+    for step in range(5):
+        load = torch.bincount(router(x).experts.reshape(-1), minlength=4)
+        router.update_bias()
+        if load[0] < 16:
+            break
+        bias = bias + gamma * torch.tensor([-1.0, 1.0, 1.0, 1.0])
+        got = router.e_score_correction_bias
+        assert bool(torch.isfinite(got).all()), f"step {step}: bias {got.tolist()}"
+        torch.testing.assert_close(got, bias, rtol=0, atol=1e-6,
+                                   msg=f"step {step}: every token on expert 0: it loses gamma, the others gain it")
+    assert step == 4 and load[0] == 0, f"after {step} steps expert 0 still takes {int(load[0])} of 16 tokens"
+
+
 def test_shared_experts_output_is_added():
     from moe.config import MoEConfig
 
@@ -209,10 +305,10 @@ def test_shared_experts_output_is_added():
 
 
 @functools.lru_cache(maxsize=None)
-def parallel_runs():
+def parallel_runs(planted=None):
     from course.launch import launch
 
-    return launch(deepseek_parallel_worker, 2, timeout=90, collective_timeout=60)
+    return launch(deepseek_parallel_worker, 2, planted, timeout=90, collective_timeout=60)
 
 
 @pytest.mark.timeout(150)

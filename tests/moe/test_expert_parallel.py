@@ -17,6 +17,9 @@ each rank's tokens, is the reference, to 1e-6 (float32):
   splits fail there with a message about the counts, not inside gloo (on NCCL such splits can hang or
   read the wrong rows instead of raising).
 
+bf16 tokens and layer (the top-2 dropless case): the rows cross the all-to-all as bf16, 2 bytes an element, and the
+output and input gradient are bf16 (a dispatch that casts the rows to float32 would send twice the bytes).
+
 Cases: top-2 dropless; an expert that no token chooses; every token choosing one expert (top-1:
 that expert's rank receives everything, the others nothing); a capacity that drops choices (dropping
 is decided on each rank before dispatch); a rank with no token at all.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from tests.moe.support import EP_CASES, EP_SIZES, check_expert_parallel_rank, ep_config, expert_groups, \
     expert_parallel_worker, make_layer, run_single, tokens
@@ -36,10 +40,10 @@ WORLD = 4
 
 
 @functools.lru_cache(maxsize=None)
-def runs():
+def runs(planted=None):
     from course.launch import launch
 
-    return launch(expert_parallel_worker, WORLD, timeout=120, collective_timeout=60)
+    return launch(expert_parallel_worker, WORLD, torch.float32, planted, timeout=120, collective_timeout=60)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,3 +69,17 @@ def test_expert_parallel_layer_equals_the_single_process_layer(ep, name):
             assert set(got[phase]) <= {"ep"}, f"{where}: {phase} communication outside the ep group: {sorted(got[phase])}"
         assert "all_to_all" in got["forward"].get("ep", {}) and "all_to_all" in got["backward"].get("ep", {}), \
             f"{where}: tokens travel by all-to-all in both passes"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ep", EP_SIZES)
+def test_bf16_rows_travel_and_return_as_bf16(ep):
+    for rank in range(WORLD):
+        got = runs()[rank][(ep, "bf16")]
+        where = f"ep {ep}, rank {rank}, bf16 tokens"
+        assert got["out"].dtype == torch.bfloat16 and got["x_grad"].dtype == torch.bfloat16, (
+            f"{where}: output {got['out'].dtype}, input gradient {got['x_grad'].dtype}; the layer keeps the tokens' "
+            "dtype")
+        assert got["row_element_bytes"] == [2], (
+            f"{where}: the token rows crossed the all-to-all with {got['row_element_bytes']} bytes an element; bf16 "
+            "rows travel as bf16 (2 bytes), not cast to float32")

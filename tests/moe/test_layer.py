@@ -123,6 +123,24 @@ def test_layer_keeps_only_the_choices_that_fit_and_weights_them_by_their_gates(k
     assert torch.all(out[fully] == 0), "a token whose choices were all dropped gets a zero output"
 
 
+@pytest.mark.parametrize("factor", [None, 1.0])
+def test_experts_that_no_token_chooses_keep_their_place(factor):
+    """The last experts get no token (their router rows far below the others'): every expert still has its count,
+    0 for those (an expert with no rows is an empty group, not a missing one), and each token's output is the sum of
+    its kept choices' gate x expert output."""
+    from moe.config import MoEConfig
+
+    layer = make_layer(MoEConfig(6, 2, factor), router="last-unused")
+    x = tokens(0, 23)
+    with torch.no_grad():
+        ref, kept = naive_moe(layer, x)
+        out = layer(x).output
+    per_expert = layer.stats["per_expert"]
+    assert per_expert.shape == (6,) and int(per_expert[-1]) == 0, (
+        f"the case must leave the last expert without tokens: tokens per expert {per_expert.tolist()}")
+    torch.testing.assert_close(out, ref, **TOL, msg="sum over kept choices of gate x expert output")
+
+
 def test_router_learns_through_a_top_1_gate():
     from moe.config import MoEConfig
 

@@ -216,3 +216,19 @@ def test_z_loss_equals_switch_transformers(hf):
     loss.backward()
     torch.testing.assert_close(loss, ref, **TOL, msg="mean over tokens of logsumexp(logits)^2")
     torch.testing.assert_close(mine_z.grad, ref_z.grad, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_z_loss_of_low_precision_logits_is_taken_in_float32(dtype):
+    """bf16 / fp16 router logits: the z-loss is a float32 scalar (``router_z_loss``'s docstring), equal to the z-loss
+    of the logits' float32 values. Tolerance: the 16-bit logits are exact in float32, so both sides are float32
+    logsumexps of the same values (an exp, a sum of 8, a log per token, then a square and a mean of 33): within
+    1e-6 relative. A logsumexp taken in the logits' dtype is rounded to 8 (bf16) or 11 (fp16) significant bits
+    before squaring: up to 2**-8 = 4e-3 or 2**-11 = 5e-4 relative, far outside."""
+    from moe.losses import router_z_loss
+
+    z = logits(33, 8, seed=2, scale=4.0).to(dtype)
+    loss = router_z_loss(z)
+    assert loss.dtype == torch.float32, f"the z-loss of {dtype} logits is {loss.dtype}: take it in float32"
+    torch.testing.assert_close(loss, torch.logsumexp(z.float(), dim=-1).square().mean(), **TOL,
+                               msg=lambda m: f"z-loss of {dtype} logits differs from their float32 values': {m}")

@@ -24,6 +24,8 @@ import pytest
     (["--router", "deepseek", "--n_group", "2", "--topk_group", "3"], "--topk_group must be between 1 and --n_group 2"),
     (["--router", "deepseek", "--num_experts", "8", "--top_k", "4", "--n_group", "4"], "hold fewer than --top_k 4"),
     (["--shared_experts", "-1"], "--shared_experts must be a whole number >= 0"),
+    (["--routed_scaling_factor", "2.5"], "--routed_scaling_factor belongs to the DeepSeek router"),
+    (["--router", "deepseek", "--routed_scaling_factor", "0"], "--routed_scaling_factor must be > 0"),
 ])
 def test_bad_options_stop_before_any_process_starts(tmp_path, capsys, monkeypatch, argv, message):
     import project.run_moe as run_moe

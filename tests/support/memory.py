@@ -80,17 +80,18 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def reference_run(world_size: int, steps: int, dtype: torch.dtype = torch.float32):
+def reference_run(world_size: int, steps: int, dtype: torch.dtype = torch.float32, first: int = 0):
     """Plain data parallelism in one process: per step, the flat mean gradient (before the step)
     and the flat parameters after ``torch.optim.Adam``'s step (unique parameters, in order); in
-    ``dtype`` (float64: the trajectory of exact arithmetic, to within 2^-53)."""
+    ``dtype`` (float64: the trajectory of exact arithmetic, to within 2^-53). The ranks' shards are
+    ``first .. first + world_size - 1`` of each step's batch (those of a dp group of ranks from ``first``)."""
     model = make_model().to(dtype)
     opt = torch.optim.Adam(model.parameters(), **ADAM)
     grads, params = [], []
     for step in range(steps):
-        ids = batch(step, world_size)
+        ids = batch(step, first + world_size)
         opt.zero_grad()
-        loss = sum(lm_loss(model, shard_of(ids, r)) for r in range(world_size)) / world_size
+        loss = sum(lm_loss(model, shard_of(ids, r)) for r in range(first, first + world_size)) / world_size
         loss.backward()
         grads.append(flat(p.grad for p in model.parameters()))
         opt.step()
@@ -145,14 +146,52 @@ def _zero_steps(rank, world_size, stage, steps):
             zro.step()
             rec["zro_params"] = flat(twin.parameters())
         out["steps"].append(rec)
+    if world_size == 4:
+        out["in_groups"] = _zero_in_groups(rank, stage, steps)
     return out
 
 
-def fsdp_worker(rank, world_size, steps, with_fsdp2):
+# Four ranks as two dp groups of two (pp 2 x dp 2: ranks {0, 1} and {2, 3}), rank r on shard r of the 4-rank batch:
+# group {2g, 2g + 1} is the 2-rank data parallelism of shards 2g and 2g + 1 (reference_run(2, ..., first=2g)). A
+# collective over every rank instead of the given group is the same thing when the group is the world; here it mixes
+# the other group's gradients in.
+GROUPS_MESH = dict(pp=2, dp=2)
+
+
+def _zero_in_groups(rank, stage, steps):
+    """ZeRO-``stage`` over this rank's dp group of :data:`GROUPS_MESH`: per step the slice gradient and the flat
+    parameters after the step."""
+    from course.mesh import Mesh
+    from memory.zero import ZeroOptimizer
+
+    model = make_model()
+    opt = ZeroOptimizer(model.parameters(), torch.optim.Adam, group=Mesh.build(**GROUPS_MESH).dp_group, stage=stage,
+                        **ADAM)
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        lm_loss(model, shard_of(batch(step, 4), rank)).backward()
+        opt.reduce_gradients()
+        rec = {"shard_grad": opt.shard.grad.detach().clone()}
+        opt.step()
+        rec["params"] = flat(opt.params)
+        out.append(rec)
+    return out
+
+
+def fsdp_worker(rank, world_size, steps, with_fsdp2, planted=None):
     """ZeRO-3 (memory.fsdp) for ``steps`` steps; per step: the full mean gradients and full parameters
     (gathered), the full-parameter bytes held after the step and the most held at once during it, the
     size of the slices; with ``with_fsdp2``, the parameters of torch's FSDP2 (``fully_shard``) beside it, and
-    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch."""
+    (``"accumulation"``) the results of :func:`fsdp_accumulation_worker` in the same launch. ``planted``: with a
+    planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _fsdp_steps(rank, world_size, steps, with_fsdp2)
+
+
+def _fsdp_steps(rank, world_size, steps, with_fsdp2):
     from memory.fsdp import FullyShardedModel
 
     model = make_model()
@@ -198,6 +237,29 @@ def fsdp_worker(rank, world_size, steps, with_fsdp2):
         out["steps"].append(rec)
     if with_fsdp2:
         out["accumulation"] = fsdp_accumulation_worker(rank, world_size)
+    if world_size == 4:
+        out["in_groups"] = _fsdp_in_groups(rank, steps)
+    return out
+
+
+def _fsdp_in_groups(rank, steps):
+    """ZeRO-3 over this rank's dp group of :data:`GROUPS_MESH`: per step the full mean gradients and the full
+    parameters after the step."""
+    from course.mesh import Mesh
+    from memory.fsdp import FullyShardedModel
+
+    model = make_model()
+    fsdp = FullyShardedModel(model, model.blocks, group=Mesh.build(**GROUPS_MESH).dp_group)
+    opt = torch.optim.Adam(fsdp.shard_parameters(), **ADAM)
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        lm_loss(model, shard_of(batch(step, 4), rank)).backward()
+        fsdp.finish_backward()
+        rec = {"grads": fsdp.full_gradients()}
+        opt.step()
+        rec["params"] = fsdp.full_state()
+        out.append(rec)
     return out
 
 
@@ -220,15 +282,15 @@ def fsdp_accumulation_worker(rank, world_size):
     return {"grads": grads, "params": fsdp.full_state()}
 
 
-def reference_named_run(world_size: int, steps: int):
+def reference_named_run(world_size: int, steps: int, first: int = 0):
     """As :func:`reference_run`, by parameter name: per step ``({name: grad}, {name: param after step})``."""
     model = make_model()
     opt = torch.optim.Adam(model.parameters(), **ADAM)
     out = []
     for step in range(steps):
-        ids = batch(step, world_size)
+        ids = batch(step, first + world_size)
         opt.zero_grad()
-        (sum(lm_loss(model, shard_of(ids, r)) for r in range(world_size)) / world_size).backward()
+        (sum(lm_loss(model, shard_of(ids, r)) for r in range(first, first + world_size)) / world_size).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.step()
         out.append((grads, {n: p.detach().clone() for n, p in model.named_parameters()}))
