@@ -71,8 +71,9 @@ def grad_worker(rank, world_size, planted=None):
 GROUPS = ([0, 1], [2, 3])  # two data-parallel groups in a world of 4
 
 
-def group_worker(rank, world_size):
-    from data_parallel.gradients import average_gradients
+def group_worker(rank, world_size, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
 
     groups = [dist.new_group(ranks) for ranks in GROUPS]  # every rank creates every group, in the same order
     mine = groups[rank // 2]
@@ -80,7 +81,10 @@ def group_worker(rank, world_size):
     x, y = global_batch(world_size)
     shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-    average_gradients(model, group=mine)
+    with planting(planted):
+        from data_parallel.gradients import average_gradients
+
+        average_gradients(model, group=mine)
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
@@ -132,7 +136,10 @@ def check_averaged_gradients(outputs, world_size):
 def test_each_group_averages_over_its_own_ranks_only():
     """Two groups of 2 in a world of 4: ranks 0-1 hold the average of shards 0-1, ranks 2-3 of shards 2-3
     (an all-reduce over the world, or a division by the world's size, gives something else)."""
-    outputs = launch_once(group_worker, 4, timeout=120)
+    check_group_averages(launch_once(group_worker, 4, timeout=120))
+
+
+def check_group_averages(outputs):
     x, y = global_batch(4)
     for ranks in GROUPS:
         model = make_model()
