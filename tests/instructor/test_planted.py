@@ -235,8 +235,9 @@ def test_wrong_diloco_outer_steps_are_rejected(name):
 
 # ---- the classes of wrong solution reviewed per key (issue 53, item 3) -----------------------------------------------
 # Each entry: the graded check that rejects the planted solution (run with it planted: in this process, or in the ranks
-# through the worker's ``planted`` argument), and what its failure says (None: the run fails, e.g. a collective that
-# one rank never posts ends it, whatever the message).
+# through the worker's ``planted`` argument), and what its failure says (None: a bare assertion of the graded test).
+# A run that fails on a collective one rank never meets ends with the launcher's report of it:
+UNMATCHED = "deadlock|timed out|Timed out|never posted|SIGABRT|data size doesn't match"
 
 def _get(path: str):
     """``"module:attribute"`` -> the object (imported when the check runs, before anything is planted)."""
@@ -378,7 +379,7 @@ REVIEWED = {
         _launched(_checked(f"{GRADIENTS}:check_averaged_gradients", 2), f"{GRADIENTS}:grad_worker", 2),
         "differs from single-process gradient"),
     "zero gradients not all-reduced": (
-        _launched(_checked(f"{GRADIENTS}:check_averaged_gradients", 2), f"{GRADIENTS}:grad_worker", 2), None),
+        _launched(_checked(f"{GRADIENTS}:check_averaged_gradients", 2), f"{GRADIENTS}:grad_worker", 2), UNMATCHED),
     "epoch sharded by the world's rank": (
         _launched(f"{EPOCHS}:check_groups", f"{EPOCHS}:groups_worker", 4), "not disjoint or miss data"),
     "every rank steps through its own batches": (
@@ -394,7 +395,8 @@ REVIEWED = {
     "pipe drops the short last micro-batch": (
         _in_process(f"{PIPE}:test_split_size_is_the_micro_batch_size", 10, 4, [4, 4, 2]), None),
     "tied gradient skipped when missing": (
-        _launched(_checked(f"{STAGES}:check_tied_sums", 1, 3, False), f"{STAGES}:tied_worker", 3, 1, 3, False), None),
+        _launched(_checked(f"{STAGES}:check_tied_sums", 1, 3, False), f"{STAGES}:tied_worker", 3, 1, 3, False),
+        UNMATCHED),
     "tied gradient summed over the world": (
         _launched(_checked(f"{STAGES}:check_tied_sums", 2, 2, True), f"{STAGES}:tied_worker", 4, 2, 2, True),
         "is not the sum"),
@@ -404,7 +406,7 @@ REVIEWED = {
         "1F1B in-flight micro-batches"),
     "interleaved rounds of p when m < p": (
         _in_process("tests.pipeline.test_interleaved:test_action_lists_equal_torch_interleaved_1f1b", 4), "p=4"),
-    "zb-h1 B computes the weight gradients too": (_zero_bubble, None),
+    "zb-h1 B computes the weight gradients too": (_zero_bubble, "differs from one process|B must compute only"),
     "zb-h1 deferrals counted from the last rank": (
         _in_process(f"{ZERO_BUBBLE}:test_action_lists_equal_torch_zero_bubble", 2), "rank"),
     "f's backward all-reduce over the world": (
@@ -439,12 +441,13 @@ REVIEWED = {
     "ring chunks floored, the remainder dropped": (_ring_runs(3, "ring"), "int64 SUM differs"),
     "ring sends before it receives": (
         _launched("tests.instructor.test_planted:_rendezvous_all_reduce", "tests.support.rendezvous:all_reduce_worker",
-                  4, rules=True), None),
+                  4, rules=True), UNMATCHED),
     "ring messages in float32": (_ring_runs(4, "ring"), "float64 SUM differs"),
     "bucket closed at its capacity": (
         _in_process(f"{BUCKETS}:test_buckets_follow_reverse_registration_order_and_capacity"), None),
     "last bucket dropped": (_in_process(f"{BUCKETS}:test_buckets_follow_reverse_registration_order_and_capacity"), None),
-    "buckets launched as they fill": (_launched(f"{BUCKETS}:check_bucket_order", f"{BUCKETS}:overlap_worker", 2), None),
+    "buckets launched as they fill": (
+        _launched(f"{BUCKETS}:check_bucket_order", f"{BUCKETS}:overlap_worker", 2), f"in the order|{UNMATCHED}"),
     "buckets averaged over the ranks that used them": (
         _launched(f"{BUCKETS}:check_equal_to_average_gradients_and_ddp", f"{BUCKETS}:equality_worker", 2),
         "differs from DDP"),
@@ -454,16 +457,16 @@ REVIEWED = {
     "top-k residual in the default dtype": (
         _in_process(f"{TOPK}:test_topk_sends_the_largest_entries_of_gradient_plus_residual", (10,), 0.3),
         "the new residual"),
-    "3d head's f without the group": (_tp_stage, None),
+    "3d head's f without the group": (_tp_stage, UNMATCHED),
     "3d gradients averaged by the world's size": (
         _launched("tests.instructor.test_planted:_three_d_rendezvous", LAYOUTS, 4, THREE_D_RENDEZVOUS, rules=True,
-                  timeout=200), None),
+                  timeout=200), "global gradient norm"),
     "3d norm counts replicated parameters on every tp rank": (
         _launched("tests.instructor.test_planted:_three_d_rendezvous", LAYOUTS, 4, THREE_D_RENDEZVOUS, rules=True,
-                  timeout=200), None),
+                  timeout=200), "global gradient norm"),
     "3d norm not summed over the pipeline": (
         _launched("tests.instructor.test_planted:_three_d_rendezvous", LAYOUTS, 4, THREE_D_RENDEZVOUS, rules=True,
-                  timeout=200), None),
+                  timeout=200), "global gradient norm"),
     "online update in the inputs' dtype": (
         _in_process(f"{BLOCKWISE}:test_bf16_inputs_are_folded_into_float32_statistics_in_float32"),
         "compute the scores and products in the statistics' dtype"),
@@ -472,7 +475,7 @@ REVIEWED = {
         "compute in the dtype of lse"),
     "causal tile skipped at the diagonal": (
         _in_process(f"{BLOCKWISE}:test_equals_sdpa_forward_and_backward", 33, 1, True), "causal=True, block 1"),
-    "ring attention receives into a float32 buffer": (_ring_attention_float64, None),
+    "ring attention receives into a float32 buffer": (_ring_attention_float64, f"x torch.float32|{UNMATCHED}"),
     "zig-zag second chunk from the middle": (
         _in_process("tests.context_parallel.test_ring_attention:test_zigzag_and_contiguous_chunks", 2), None),
     "ulysses output all-to-all over the world": (
