@@ -143,7 +143,8 @@ def _check(all_outputs, size, which):
                 # 1e-12 leaves a factor of 1000, while a float32 step anywhere (2^-24 ~ 6e-8 relative) is far outside
                 assert c["got_double"].dtype == torch.float64 and torch.allclose(
                     c["got_double"], c["want_double"], rtol=1e-12, atol=1e-12), \
-                    f"{where}: float64 SUM differs from dist.all_reduce beyond float64's rounding (sent in another dtype?)"
+                    f"{where}: float64 SUM differs from dist.all_reduce beyond float64's rounding (messages sent in " \
+                    "another dtype?)"
         for group_name, cases in results.items():
             for c, c0 in zip(cases, outputs[min(r for r in outputs if group_name in outputs[r])][group_name]):
                 assert torch.equal(c["got_float"], c0["got_float"]), \

@@ -3,8 +3,8 @@
 One launch of 4 ranks, under NCCL's point-to-point rules (``LLMSYS_NCCL_RULES=1``, see
 ``course/nccl_rules.py``: an exchange in which both ranks send must be one batch, messages are
 matched by order), runs ring attention at cp = 2 (two groups of two at once) and cp = 4, with
-the contiguous and the zig-zag layout, causal and not, forward and backward (and zig-zag causal at cp = 2 in float64: every message
-carries its block in the block's dtype). Each rank compares
+the contiguous and the zig-zag layout, causal and not, forward and backward (and zig-zag causal at cp = 2 in float64:
+every message carries its block in the block's dtype). Each rank compares
 its shard of the output and of the gradients of q, k and v with
 ``scaled_dot_product_attention`` over the whole sequence (float32, 1e-5), and its forward output
 with PyTorch's own ring kernel (``_templated_ring_attention``, whose head-tail load balancer is

@@ -127,8 +127,8 @@ def groups_worker(rank, world_size, planted=None):
     with planting(planted):
         loader, steps = mode.epoch_batches(0)
         mode.train_step(lm_batch(rank))
-    return {"dp_group": dist.get_process_group_ranks(mesh.dp_group), "shard": [i for b in loader for i in b], "steps": steps,
-            "weight": model.emb.weight.detach().clone()}
+    return {"dp_group": dist.get_process_group_ranks(mesh.dp_group), "shard": [i for b in loader for i in b],
+            "steps": steps, "weight": model.emb.weight.detach().clone()}
 
 
 def check_groups(out):

@@ -796,9 +796,10 @@ def _partial_grads_synced_in_the_world(original):
 
 # ---- a5_4_1 .. a5_4_3: communication -----------------------------------------------------------------------------
 
-def _ring(chunking="tensor_split", paired=True, wire_dtype=None):
+def _ring(chunking="tensor_split", paired=True, wire_dtype=None, peers_by_group_rank=False):
     """ring_all_reduce with one thing changed: chunks of ``numel // p`` (the remainder never reduced), the messages
-    sent before the receives are posted (``isend`` then ``recv``, not one batch), or the messages in another dtype."""
+    sent before the receives are posted (``isend`` then ``recv``, not one batch), the messages in another dtype, or
+    the neighbours addressed by their rank in the group instead of their global rank."""
     def make(original):
         def ring_all_reduce(tensor, op="sum", group=None, trace=None):
             import communication.ring as ring
@@ -812,6 +813,8 @@ def _ring(chunking="tensor_split", paired=True, wire_dtype=None):
             else:
                 chunks = torch.tensor_split(flat, p)
             right, left = ring.global_rank(group, (r + 1) % p), ring.global_rank(group, (r - 1) % p)
+            if peers_by_group_rank:
+                right, left = (r + 1) % p, (r - 1) % p
             for phase in ("reduce_scatter", "all_gather"):
                 for step in range(p - 1):
                     if phase == "reduce_scatter":
@@ -1056,7 +1059,7 @@ def _ring_forward(buffer_default_dtype=False):
         def forward(ctx, q, k, v, layout, group, causal, block_size, scale, stats):
             import importlib
 
-            ra = importlib.import_module("context_parallel.ring_attention")  # (the package's ring_attention is the function)
+            ra = importlib.import_module("context_parallel.ring_attention")  # the package's ring_attention: a function
 
             p, r = ra.group_size(group), ra.group_rank(group)
             right, left = ra.global_rank(group, (r + 1) % p), ra.global_rank(group, (r - 1) % p)
@@ -1111,12 +1114,14 @@ def _with_registry(name: str, make_function):
 
             function = make_function(getattr(schedules, _REGISTRY_FUNCTIONS[name]))
             entry = original[name]
-            return {**original, name: dataclasses.replace(entry, actions=lambda r, p, m, v: _call(function, r, p, m, v))}
+            return {**original,
+                    name: dataclasses.replace(entry, actions=lambda r, p, m, v: _call(function, r, p, m, v))}
         return make_function(original)
     return make
 
 
-_REGISTRY_FUNCTIONS = {"1f1b": "one_f_one_b_actions", "interleaved": "interleaved_1f1b_actions", "zb-h1": "zb_h1_actions"}
+_REGISTRY_FUNCTIONS = {"1f1b": "one_f_one_b_actions", "interleaved": "interleaved_1f1b_actions",
+                       "zb-h1": "zb_h1_actions"}
 
 
 def _call(function, r, p, m, v):
@@ -1407,6 +1412,10 @@ PLANTED: dict[str, Planted] = {
     "ring messages in float32": Planted(
         "a5_4_1", "every message cast to float32 (and back): right sizes, the wrong dtype for float64 and int64",
         ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"), _ring(wire_dtype=torch.float32)),
+    "ring peers addressed by their rank in the group": Planted(
+        "a5_4_1", "right and left neighbours (r ± 1) % p used as global ranks (right only while the group is the "
+        "world or starts at rank 0)", ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"),
+        _ring(peers_by_group_rank=True)),
     "bucket closed at its capacity": Planted(
         "a5_4_2", "a bucket closed when the next parameter would fill it exactly (>= instead of >)",
         ("communication.buckets:bucket_parameters",), _bucket_parameters(close_at_capacity=True)),
@@ -1428,11 +1437,13 @@ PLANTED: dict[str, Planted] = {
         ("communication.compression:topk_compress",), _topk_compress(residual_default_dtype=True)),
     "mesh coordinates with dp fastest": Planted(
         "a5_6_1", "dp varies fastest and tp second (rank = (pp * tp + tp_rank) * dp + dp_rank)",
-        ("three_d.mesh_arithmetic:coordinates", "three_d:coordinates", "tests.three_d.test_mesh_arithmetic:coordinates"),
+        ("three_d.mesh_arithmetic:coordinates", "three_d:coordinates",
+         "tests.three_d.test_mesh_arithmetic:coordinates"),
         _coordinates_dp_fastest),
     "tp group counted from the rank": Planted(
         "a5_6_1", "the tp group as ranks rank .. rank + tp - 1: the group's lower members left out",
-        ("three_d.mesh_arithmetic:group_ranks", "three_d:group_ranks", "tests.three_d.test_mesh_arithmetic:group_ranks"),
+        ("three_d.mesh_arithmetic:group_ranks", "three_d:group_ranks",
+         "tests.three_d.test_mesh_arithmetic:group_ranks"),
         _tp_group_from_the_rank),
     "3d head's f without the group": Planted(
         "a5_6_2", "the last stage's f called without the stage's tp group",

@@ -374,7 +374,8 @@ REVIEWED = {
         _in_process(f"{PARTITION}:test_partition_dataset_gives_each_rank_its_shard_with_the_per_rank_batch", 2, 8),
         "disjoint and cover the dataset"),
     "gradients averaged over the world's size": (
-        _launched(f"{GRADIENTS}:check_group_averages", f"{GRADIENTS}:group_worker", 4), "not the average over its group"),
+        _launched(f"{GRADIENTS}:check_group_averages", f"{GRADIENTS}:group_worker", 4),
+        "not the average over its group"),
     "gradients all-reduced in bf16": (
         _launched(_checked(f"{GRADIENTS}:check_averaged_gradients", 2), f"{GRADIENTS}:grad_worker", 2),
         "differs from single-process gradient"),
@@ -443,9 +444,12 @@ REVIEWED = {
         _launched("tests.instructor.test_planted:_rendezvous_all_reduce", "tests.support.rendezvous:all_reduce_worker",
                   4, rules=True), UNMATCHED),
     "ring messages in float32": (_ring_runs(4, "ring"), "float64 SUM differs"),
+    "ring peers addressed by their rank in the group": (
+        _ring_runs(3, "ring"), f"SUM differs|not part of group|{UNMATCHED}"),
     "bucket closed at its capacity": (
         _in_process(f"{BUCKETS}:test_buckets_follow_reverse_registration_order_and_capacity"), None),
-    "last bucket dropped": (_in_process(f"{BUCKETS}:test_buckets_follow_reverse_registration_order_and_capacity"), None),
+    "last bucket dropped": (
+        _in_process(f"{BUCKETS}:test_buckets_follow_reverse_registration_order_and_capacity"), None),
     "buckets launched as they fill": (
         _launched(f"{BUCKETS}:check_bucket_order", f"{BUCKETS}:overlap_worker", 2), f"in the order|{UNMATCHED}"),
     "buckets averaged over the ranks that used them": (

@@ -1,8 +1,7 @@
 """Assignment 5.3.4 — tensor-parallel GPT-2 equals the single-device transformers model (graded).
 
 One launch per tp (2, and 4: the model has 4 heads) builds the same small GPT-2 on
-every rank (the launch of 4 also runs plain TP and sequence parallelism in the tp groups of 2 of a (dp 2, tp 2)
-mesh: groups that are not the world, so that a collective called without its group is seen) with ``course.model.build_gpt2`` (dropout 0, eager attention), runs it on a
+every rank with ``course.model.build_gpt2`` (dropout 0, eager attention), runs it on a
 padded batch with source tokens masked out of the loss, and compares the
 ``TensorParallelGPT2`` built from it:
 
@@ -13,6 +12,8 @@ padded batch with source tokens masked out of the loss, and compares the
 * the communication counter: 2 all-reduces of a (batch, seq, n_embd) tensor per layer in
   the forward pass and 2 in the backward pass.
 
+The launch of 4 also runs plain TP and sequence parallelism at tp 2 in the tp groups of a (dp 2, tp 2) mesh:
+groups that are not the world, so that a collective called without its group is seen.
 The same launch also runs the sequence-parallel and ``block_types`` checks of
 ``test_tensor_parallel_sequence.py`` and ``test_tensor_parallel_block_types.py`` (each
 result is reported by the test that reads it), so transformers is imported once per rank.

@@ -60,7 +60,8 @@ def _parallel(layer, x, grad_out):
 
 
 def cases(rank, group):
-    """This rank's results of every layer in ``group`` (run by :func:`tests.support.tensor_parallel.operators_worker`)."""
+    """This rank's results of every layer in ``group`` (run by
+    :func:`tests.support.tensor_parallel.operators_worker`)."""
     from course.collectives import group_rank as rank_in, group_size
     from tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 

@@ -103,6 +103,12 @@ def get(name, rank):
     return case(operator_results(), "vocab", rank, name)
 
 
+def mine(rank):
+    """Global rank ``rank``'s slice of the vocabulary in its tp group."""
+    chunk = VOCAB // TP
+    return slice(group_rank(rank) * chunk, (group_rank(rank) + 1) * chunk)
+
+
 def close(actual, expected, what):
     assert_close(actual, expected, what, atol=1e-5, rtol=1e-5)
 
@@ -111,11 +117,10 @@ def test_vocab_parallel_embedding_equals_embedding():
     weight = embedding_weight().requires_grad_(True)
     y = F.embedding(IDS, weight)
     y.backward(embedding_upstream())
-    chunk = VOCAB // TP
     for rank in range(WORLD):
         r = get("embedding", rank)
         close(r["y"], y.detach(), f"rank {rank}: embedding output (every id, from whichever rank owns it)")
-        close(r["w"], weight.grad[group_rank(rank) * chunk:(group_rank(rank) + 1) * chunk], f"rank {rank}: gradient of its rows")
+        close(r["w"], weight.grad[mine(rank)], f"rank {rank}: gradient of its rows")
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e4], ids=["normal_logits", "huge_logits"])
@@ -123,12 +128,11 @@ def test_vocab_parallel_cross_entropy_equals_cross_entropy(scale):
     full = logits(scale).requires_grad_(True)
     ref = F.cross_entropy(full, TARGETS, ignore_index=-100, reduction="none")
     ref.backward(loss_upstream())
-    chunk = VOCAB // TP
     for rank in range(WORLD):
         r = get(f"ce{scale:g}", rank)
         assert torch.isfinite(r["loss"]).all(), f"rank {rank}: non-finite loss {r['loss']} (subtract the global max)"
         close(r["loss"], ref.detach(), f"rank {rank}: per-token loss (0 where the target is -100)")
-        close(r["grad"], full.grad[:, group_rank(rank) * chunk:(group_rank(rank) + 1) * chunk], f"rank {rank}: gradient of its logits")
+        close(r["grad"], full.grad[:, mine(rank)], f"rank {rank}: gradient of its logits")
 
 
 def test_vocab_parallel_cross_entropy_communication():
@@ -147,8 +151,7 @@ def test_vocab_parallel_lm_loss_equals_course_loss():
     logit.requires_grad_(True)
     ref = lm_loss(logit, labels)
     ref.backward()
-    chunk = VOCAB // TP
     for rank in range(WORLD):
         r = get("lm", rank)
         close(r["loss"], ref.detach(), f"rank {rank}: mean next-token loss over target tokens")
-        close(r["grad"], logit.grad[..., group_rank(rank) * chunk:(group_rank(rank) + 1) * chunk], f"rank {rank}: gradient of its logits")
+        close(r["grad"], logit.grad[..., mine(rank)], f"rank {rank}: gradient of its logits")
