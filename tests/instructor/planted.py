@@ -880,29 +880,34 @@ def _buckets_launched_when_full(original):
     return grad_ready
 
 
-def _finish_over_the_users(original):
-    def finish(self):
-        for b in range(len(self.buckets)):
-            if self.works[b] is None:
-                for i in self.buckets[b]:
-                    if not self.ready[i]:
-                        self._slot(i).zero_()
-                        self.buffers[b][self._flag_index(i)] = 0
-                self._launch(b)
-        self.launched = len(self.buckets)
-        for work in self.works:
-            work.wait()
-        for i, p in enumerate(self.params):
-            users = float(self.buffers[self.bucket_of[i]][self._flag_index(i)])
-            if users == 0:
-                continue
-            avg = self._slot(i).view_as(p) / users  # the ranks that used it, not the group's size
-            if p.grad is None:
-                p.grad = avg
-            else:
-                p.grad.copy_(avg)
-        self.active = False
-    return finish
+def _finish(over_users=False):
+    """BucketedReducer.finish launching every bucket not launched yet (in bucket order: those a launch-as-they-fill
+    grad_ready left), and dividing each gradient by the group's size or, ``over_users``, by the number of ranks that
+    had it."""
+    def make(original):
+        def finish(self):
+            for b in range(len(self.buckets)):
+                if self.works[b] is None:
+                    for i in self.buckets[b]:
+                        if not self.ready[i]:
+                            self._slot(i).zero_()
+                            self.buffers[b][self._flag_index(i)] = 0
+                    self._launch(b)
+            self.launched = len(self.buckets)
+            for work in self.works:
+                work.wait()
+            for i, p in enumerate(self.params):
+                users = float(self.buffers[self.bucket_of[i]][self._flag_index(i)])
+                if users == 0:
+                    continue
+                avg = self._slot(i).view_as(p) / (users if over_users else self.world_size)
+                if p.grad is None:
+                    p.grad = avg
+                else:
+                    p.grad.copy_(avg)
+            self.active = False
+        return finish
+    return make
 
 
 def _topk_compress(values_dtype=None, residual_default_dtype=False):
@@ -1131,31 +1136,7 @@ def _call(function, r, p, m, v):
 
 
 def _buckets_launched_when_full_and_finished(original):
-    if original.__name__ != "finish":
-        return _buckets_launched_when_full(original)
-
-    def finish(self):
-        for b in range(len(self.buckets)):  # the buckets not launched yet, in order
-            if self.works[b] is None:
-                for i in self.buckets[b]:
-                    if not self.ready[i]:
-                        self._slot(i).zero_()
-                        self.buffers[b][self._flag_index(i)] = 0
-                self._launch(b)
-        self.launched = len(self.buckets)
-        for work in self.works:
-            work.wait()
-        for i, p in enumerate(self.params):
-            if float(self.buffers[self.bucket_of[i]][self._flag_index(i)]) == 0:
-                continue
-            avg = self._slot(i).view_as(p) / self.world_size
-            if p.grad is None:
-                p.grad = avg
-            else:
-                p.grad.copy_(avg)
-        self.active = False
-    return finish
-
+    return _finish()(original) if original.__name__ == "finish" else _buckets_launched_when_full(original)
 
 PLANTED: dict[str, Planted] = {
     "diloco pseudo-gradient sign flipped": Planted(
@@ -1428,7 +1409,7 @@ PLANTED: dict[str, Planted] = {
         _buckets_launched_when_full_and_finished),
     "buckets averaged over the ranks that used them": Planted(
         "a5_4_2", "each gradient divided by the number of ranks that had it, not the group's size",
-        ("communication.buckets:BucketedReducer.finish",), _finish_over_the_users),
+        ("communication.buckets:BucketedReducer.finish",), _finish(over_users=True)),
     "top-k values sent in float32": Planted(
         "a5_4_3", "the k values cast to float32 (whatever the gradient's dtype)",
         ("communication.compression:topk_compress",), _topk_compress(values_dtype=torch.float32)),
