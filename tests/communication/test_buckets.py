@@ -98,18 +98,25 @@ def train(variant, rank, world_size, partly_used):
     return {"weights": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads_none": grads_none}
 
 
-def equality_worker(rank, world_size):
+def equality_worker(rank, world_size, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
     out = {}
-    for variant in ("overlap", "no_overlap", "average_gradients", "ddp"):
-        out[variant] = train(variant, rank, world_size, partly_used=False)
-    for variant in ("overlap", "ddp"):
-        out["partly_" + variant] = train(variant, rank, world_size, partly_used=True)
+    with planting(planted):
+        for variant in ("overlap", "no_overlap", "average_gradients", "ddp"):
+            out[variant] = train(variant, rank, world_size, partly_used=False)
+        for variant in ("overlap", "ddp"):
+            out["partly_" + variant] = train(variant, rank, world_size, partly_used=True)
     return out
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_bucketed_equals_average_gradients_and_ddp_step_for_step(world_size):
-    outputs = launch_once(equality_worker, world_size, timeout=150)
+    check_equal_to_average_gradients_and_ddp(launch_once(equality_worker, world_size, timeout=150))
+
+
+def check_equal_to_average_gradients_and_ddp(outputs):
     for rank, out in outputs.items():
         assert "unused.weight" in out["average_gradients"]["grads_none"]
         for variant in ("overlap", "no_overlap"):
@@ -150,10 +157,14 @@ class WorkSpy:
         return getattr(self._work, name)
 
 
-def overlap_worker(rank, world_size):
-    """The overlap runs (with and without) and the bucket-order run, in one launch."""
-    out = {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
-    out["order"] = _order_run(rank, world_size)
+def overlap_worker(rank, world_size, planted=None):
+    """The overlap runs (with and without) and the bucket-order run, in one launch. ``planted``: with a planted
+    wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        out = {overlap: _overlap_run(rank, world_size, overlap) for overlap in (True, False)}
+        out["order"] = _order_run(rank, world_size)
     return out
 
 
@@ -240,7 +251,11 @@ def _order_run(rank, world_size):
 
 
 def test_buckets_start_in_bucket_order_on_every_rank_whatever_order_they_fill_in():
-    outputs = {rank: out["order"] for rank, out in overlap_runs().items()}
+    check_bucket_order(overlap_runs())
+
+
+def check_bucket_order(runs):
+    outputs = {rank: out["order"] for rank, out in runs.items()}
     for rank, out in outputs.items():
         assert out["launched"] == list(range(out["n_buckets"])), (
             f"rank {rank} started the buckets' all-reduces in the order {out['launched']}: ranks match all-reduces by "

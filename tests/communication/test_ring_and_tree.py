@@ -5,7 +5,8 @@ ranks {0, 1, 2}, the whole world (``group=None``), and ranks {1, 2, 3}, whose gr
 their global ranks. While the student's all-reduce runs, the collectives of ``torch.distributed``
 are switched off (it must be built from point-to-point messages); the result is compared with
 ``dist.all_reduce``: bit for bit on integers (any order of addition gives the same sum), within
-rounding on floats, for sizes that the group size does not divide (unequal chunks), sizes
+rounding on floats (float32, and float64 within float64's rounding: messages of the right size in another dtype,
+e.g. cast to float32 on the way, lose its digits), for sizes that the group size does not divide (unequal chunks), sizes
 smaller than the group, several shapes, SUM and AVG. One launch, so a deadlocked solution costs
 one collective timeout, not one per group size.
 """
@@ -42,14 +43,14 @@ def _cases(rank, seed):
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     for shape in SHAPES:
         yield shape, torch.randint(-1000, 1000, shape, generator=g, dtype=torch.int64), \
-            torch.randn(shape, generator=g, dtype=torch.float32)
+            torch.randn(shape, generator=g, dtype=torch.float32), torch.randn(shape, generator=g, dtype=torch.float64)
 
 
 def _run(fn, group, seed):
     """Results of fn vs dist.all_reduce on this rank, for every shape."""
     rank = dist.get_rank()
     out = []
-    for shape, ints, floats in _cases(rank, seed):
+    for shape, ints, floats, doubles in _cases(rank, seed):
         got_int = ints.clone()
         ret = _no_collectives(fn, got_int, op="sum", group=group)
         same_object = ret is got_int
@@ -65,8 +66,13 @@ def _run(fn, group, seed):
         _no_collectives(fn, got_float, op="sum", group=group)
         want_float = floats.clone()
         dist.all_reduce(want_float, group=group)
+        got_double = doubles.clone()
+        _no_collectives(fn, got_double, op="sum", group=group)
+        want_double = doubles.clone()
+        dist.all_reduce(want_double, group=group)
         out.append(dict(shape=shape, same_object=same_object, got_int=got_int, want_int=want_int, got_avg=got_avg,
-                        want_avg=want_avg, got_float=got_float, want_float=want_float, input_int=ints))
+                        want_avg=want_avg, got_float=got_float, want_float=want_float, got_double=got_double,
+                        want_double=want_double, input_int=ints))
     return out
 
 
@@ -74,7 +80,15 @@ def _run(fn, group, seed):
 GROUPS = {"ranks 0-1": ([0, 1], 2), "ranks 0-2": ([0, 1, 2], 3), "world": (None, 4), "ranks 1-3": ([1, 2, 3], 3)}
 
 
-def all_reduce_worker(rank, world_size):
+def all_reduce_worker(rank, world_size, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _all_reduce_cases(rank)
+
+
+def _all_reduce_cases(rank):
     from communication.ring import ring_all_reduce, tree_all_reduce
 
     groups = {name: dist.new_group(ranks) if ranks else None for name, (ranks, _) in GROUPS.items()}
@@ -95,9 +109,9 @@ def all_reduce_worker(rank, world_size):
     return out
 
 
-def runs():
+def runs(planted=None):
     """One launch of 4 ranks runs both algorithms on every group (process start-up dominates the time)."""
-    return launch_once(all_reduce_worker, 4, timeout=120)
+    return launch_once(all_reduce_worker, 4, planted, timeout=120)
 
 
 def _check(all_outputs, size, which):
@@ -125,6 +139,12 @@ def _check(all_outputs, size, which):
                 # their magnitudes (O(1) randn values: <= ~1e-6 absolute), so 1e-5 both ways leaves a factor of 10
                 assert torch.allclose(c["got_float"], c["want_float"], rtol=1e-5, atol=1e-5), \
                     f"{where}: float32 SUM differs from dist.all_reduce beyond rounding"
+                # the same sums in float64: (p - 1) x 2^-53 ~ 3.3e-16 of the magnitudes' sum (<= ~1e-15 absolute);
+                # 1e-12 leaves a factor of 1000, while a float32 step anywhere (2^-24 ~ 6e-8 relative) is far outside
+                assert c["got_double"].dtype == torch.float64 and torch.allclose(
+                    c["got_double"], c["want_double"], rtol=1e-12, atol=1e-12), \
+                    f"{where}: float64 SUM differs from dist.all_reduce beyond float64's rounding (messages sent in " \
+                    "another dtype?)"
         for group_name, cases in results.items():
             for c, c0 in zip(cases, outputs[min(r for r in outputs if group_name in outputs[r])][group_name]):
                 assert torch.equal(c["got_float"], c0["got_float"]), \

@@ -7,7 +7,8 @@ must stay finite where the scores are too large for a plain ``exp``. The pieces 
 their own too: the running statistics after each block (max, sum, accumulator) against the
 closed form, a block where a query sees no key, the causal classification of a tile (skip /
 no mask / mask), the number of tiles computed, and what the forward pass keeps for the backward
-(O(seq), not the (seq x seq) probabilities).
+(O(seq), not the (seq x seq) probabilities). With bfloat16 q, k and v, a block is folded in and its gradients
+computed in the statistics' float32 (the scores of bf16 values rounded to bf16 are off by 2^-9 of themselves).
 """
 import pytest
 import torch
@@ -121,6 +122,48 @@ def test_running_statistics_after_each_block():
         torch.testing.assert_close(state.l, e.sum(-1), msg=lambda msg: f"running sum after {end} keys: {msg}")
         torch.testing.assert_close(state.acc, e @ v[..., :end, :],
                                    msg=lambda msg: f"running accumulator after {end} keys: {msg}")
+
+
+def _bf16_block(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, n, 8, generator=g).to(torch.bfloat16) for n in (5, 9, 9, 5)]  # q, k, v, dout
+
+
+# bf16 inputs, float32 statistics: the products of two bf16 values (8-bit significands) are exact in float32, so the
+# float32 computation differs from the closed form below (the same values, widened first) only by the order of its
+# sums of <= 9 terms: <= 9 x 2^-24 ~ 5e-7 relative on O(1) values, inside 1e-5. Scores or products rounded to bf16 are
+# off by up to 2^-9 ~ 2e-3 of O(1) values: 200 times the tolerance.
+BF16_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_inputs_are_folded_into_float32_statistics_in_float32():
+    from context_parallel.online_softmax import SoftmaxState, online_softmax_update
+
+    q, k, v, _ = _bf16_block(9)
+    state = online_softmax_update(SoftmaxState.empty(q), q, k, v, 0.5)
+    s = (q.float() @ k.float().transpose(-2, -1)) * 0.5
+    m = s.amax(-1)
+    e = torch.exp(s - m[..., None])
+    for name, got, want in (("m", state.m, m), ("l", state.l, e.sum(-1)), ("acc", state.acc, e @ v.float())):
+        assert got.dtype == torch.float32, f"the running {name} is {got.dtype}; the statistics stay float32"
+        torch.testing.assert_close(got, want, **BF16_TOL, msg=lambda msg, n=name: (
+            f"running {n} of bf16 inputs: {msg} (compute the scores and products in the statistics' dtype)"))
+
+
+def test_bf16_block_gradients_are_computed_in_the_statistics_dtype():
+    from context_parallel.online_softmax import block_gradients
+
+    q, k, v, dout = _bf16_block(10)
+    leaves = [t.float().requires_grad_(True) for t in (q, k, v)]
+    scores = (leaves[0] @ leaves[1].transpose(-2, -1)) * 0.5
+    out = torch.softmax(scores, -1) @ leaves[2]
+    out.backward(dout.float())
+    lse, delta = torch.logsumexp(scores, -1).detach(), (dout.float() * out).sum(-1).detach()
+    got = block_gradients(q, k, v, dout, lse, delta, 0.5)
+    for name, g, leaf in zip("qkv", got, leaves):
+        assert g.dtype == torch.float32, f"d{name} is {g.dtype}; a block's gradients are in the dtype of lse"
+        torch.testing.assert_close(g, leaf.grad, **BF16_TOL, msg=lambda msg, n=name: (
+            f"d{n} of bf16 inputs: {msg} (compute in the dtype of lse, float32)"))
 
 
 def test_a_query_that_sees_no_key_of_a_block_is_unchanged():

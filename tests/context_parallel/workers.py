@@ -45,13 +45,13 @@ def _records(recorder) -> list[dict]:
              "traffic": s.args["traffic_bytes"], "group": s.args["group"]} for s in recorder.select("communication")]
 
 
-def _ring_case(group, layout_kind: str, causal: bool) -> dict:
+def _ring_case(group, layout_kind: str, causal: bool, dtype=torch.float32) -> dict:
     from context_parallel import SequenceLayout, ring_attention
     from course import trace
     from course.collectives import group_rank, group_size
 
     p, r = group_size(group), group_rank(group)
-    q, k, v, grad = global_inputs()
+    q, k, v, grad = (t.to(dtype) for t in global_inputs())
     ref, ref_grads = reference(q, k, v, grad, causal)
     layout = SequenceLayout(layout_kind, p, q.size(2))
     leaves = [layout.shard(t, 2, r).clone().requires_grad_(True) for t in (q, k, v)]
@@ -123,20 +123,23 @@ def attempt(fn, *args) -> dict:
         return {"error": traceback.format_exc()}
 
 
-def ring_worker(rank: int, world_size: int) -> dict:
-    """Ring attention at cp = 2 (two pairs at once) and cp = 4, both layouts, causal and not; and
-    PyTorch's ring kernel at cp = 4. Returns ``{"nccl_rules": bool, "cases": {name: result}}``."""
+def ring_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """Ring attention at cp = 2 (two pairs at once) and cp = 4, both layouts, causal and not (and zig-zag causal at
+    cp = 2 in float64: ``-float64``); and PyTorch's ring kernel at cp = 4. Returns ``{"nccl_rules": bool, "cases":
+    {name: result}}``. ``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
     from course import nccl_rules
 
     torch.set_num_threads(1)
     groups = cp_groups(rank, world_size)
     cases = {}
-    for cp in (2, 4):
-        for layout in ("contiguous", "zigzag"):
-            for causal in (True, False):
-                cases[f"cp{cp}-{layout}-{'causal' if causal else 'full'}"] = attempt(_ring_case, groups[cp], layout,
-                                                                                    causal)
-    cases["torch-cp4"] = attempt(_torch_ring_case, groups[4])
+    with planting(planted):
+        for cp in (2, 4):
+            for layout in ("contiguous", "zigzag"):
+                for causal in (True, False):
+                    cases[f"cp{cp}-{layout}-{'causal' if causal else 'full'}"] = attempt(_ring_case, groups[cp],
+                                                                                        layout, causal)
+        cases["cp2-zigzag-causal-float64"] = attempt(_ring_case, groups[2], "zigzag", True, torch.float64)
+        cases["torch-cp4"] = attempt(_torch_ring_case, groups[4])
     return {"nccl_rules": nccl_rules.enabled(), "cases": cases}
 
 

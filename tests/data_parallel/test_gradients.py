@@ -2,7 +2,9 @@
 
 Real 2- and 3-process gloo runs: after ``average_gradients`` every rank must hold the
 gradient that one process computes on the whole global batch (the mean of the ranks'
-mean losses), identical on every rank; parameters without a gradient stay without one.
+mean losses), identical on every rank; parameters without a gradient stay without one, and a gradient that is
+all zeros on one rank (``gate``: its input feature is 0 in every other rank's shard) is all-reduced like any other
+(a rank that skipped it would leave the others' all-reduce of it unmatched: mismatched or hung).
 In a world of 4 split into two groups of 2 (the dp groups of a run that also splits the
 model), each group averages over its own two ranks only. ``setup`` joins the group at the
 address and port it is given, whatever the environment says.
@@ -25,16 +27,18 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 class Net(nn.Module):
-    """A small MLP with a layer that is never used in the forward pass and a frozen parameter."""
+    """A small MLP with a layer that is never used in the forward pass, a frozen parameter, and ``gate`` (registered
+    first), whose gradient is exactly zero on every rank but rank 0 (:func:`global_batch`)."""
 
     def __init__(self):
         super().__init__()
+        self.gate = nn.Parameter(torch.full((3,), 0.3))
         self.first, self.second = nn.Linear(6, 8), nn.Linear(8, 3)
         self.unused = nn.Linear(3, 3)  # not in forward: its grads stay None
         self.scale = nn.Parameter(torch.full((3,), 0.5), requires_grad=False)  # frozen: in forward, no grad
 
     def forward(self, x):
-        return self.second(torch.tanh(self.first(x))) * self.scale
+        return self.second(torch.tanh(self.first(x))) * self.scale + x[:, :1] * self.gate
 
 
 def make_model():
@@ -44,25 +48,32 @@ def make_model():
 
 def global_batch(world_size):
     g = torch.Generator().manual_seed(1)
-    return torch.randn(world_size * PER_RANK, 6, generator=g), torch.randn(world_size * PER_RANK, 3, generator=g)
+    x, y = torch.randn(world_size * PER_RANK, 6, generator=g), torch.randn(world_size * PER_RANK, 3, generator=g)
+    x[PER_RANK:, 0] = 0  # feature 0 only in rank 0's shard: gate's gradient is exactly 0 on the other ranks
+    return x, y
 
 
-def grad_worker(rank, world_size):
-    from data_parallel.gradients import average_gradients
+def grad_worker(rank, world_size, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
 
     model = make_model()
     x, y = global_batch(world_size)
     shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-    average_gradients(model)
+    with planting(planted):
+        from data_parallel.gradients import average_gradients
+
+        average_gradients(model)
     return {name: (None if p.grad is None else p.grad.clone()) for name, p in model.named_parameters()}
 
 
 GROUPS = ([0, 1], [2, 3])  # two data-parallel groups in a world of 4
 
 
-def group_worker(rank, world_size):
-    from data_parallel.gradients import average_gradients
+def group_worker(rank, world_size, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
 
     groups = [dist.new_group(ranks) for ranks in GROUPS]  # every rank creates every group, in the same order
     mine = groups[rank // 2]
@@ -70,7 +81,10 @@ def group_worker(rank, world_size):
     x, y = global_batch(world_size)
     shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
-    average_gradients(model, group=mine)
+    with planting(planted):
+        from data_parallel.gradients import average_gradients
+
+        average_gradients(model, group=mine)
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
@@ -93,7 +107,10 @@ def setup_worker(rank, world_size, bogus_ports):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_averaged_gradients_equal_single_process_gradients(world_size):
-    outputs = launch_once(grad_worker, world_size, timeout=120)
+    check_averaged_gradients(launch_once(grad_worker, world_size, timeout=120), world_size)
+
+
+def check_averaged_gradients(outputs, world_size):
 
     model = make_model()
     x, y = global_batch(world_size)
@@ -119,7 +136,10 @@ def test_averaged_gradients_equal_single_process_gradients(world_size):
 def test_each_group_averages_over_its_own_ranks_only():
     """Two groups of 2 in a world of 4: ranks 0-1 hold the average of shards 0-1, ranks 2-3 of shards 2-3
     (an all-reduce over the world, or a division by the world's size, gives something else)."""
-    outputs = launch_once(group_worker, 4, timeout=120)
+    check_group_averages(launch_once(group_worker, 4, timeout=120))
+
+
+def check_group_averages(outputs):
     x, y = global_batch(4)
     for ranks in GROUPS:
         model = make_model()

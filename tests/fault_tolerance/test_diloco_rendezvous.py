@@ -5,6 +5,8 @@ NCCL's ordering rules (``LLMSYS_NCCL_RULES=1``, :mod:`course.nccl_rules`), in fl
   the same weights after each of 3 outer steps of H = 3 AdamW steps, outer SGD lr 0.7 with Nesterov momentum 0.9;
 * with H = 1, an outer lr of 1 and no momentum (inner SGD), DiLoCo is synchronous data-parallel SGD;
 * after every outer step every group holds the same weights (each starts the next round from the global ones);
+* over process groups that are not the world (ranks [0, 1] and rank [2] alone), each equals torchft's DiLoCo over
+  the same group: a DiLoCo that all-reduces or divides over the world instead mixes in, or counts, the third rank;
 * in one process, the outer step is ``torch.optim.SGD(nesterov=True)`` applied to the pseudo-gradient.
 
 Tolerance: both sides do the same float64 operations, possibly in another order (a sum before or after the
@@ -34,8 +36,9 @@ def runs():
         return launch(diloco_worker, GROUPS, device="cpu", timeout=120, collective_timeout=60)
 
 
-def check_case(runs: dict, case: str, tol: float = TOL) -> None:
-    """Every rank's weights after each outer step equal the reference's (within ``tol``) and every other rank's."""
+def check_case(runs: dict, case: str, tol: float = TOL, groups=None) -> None:
+    """Every rank's weights after each outer step equal the reference's (within ``tol``) and those of every other
+    rank of its group (``groups``: lists of ranks; None: the world)."""
     for rank, cases in runs.items():
         ours, reference = cases[case]["ours"], cases[case]["reference"]
         assert len(ours) == len(reference), f"rank {rank}: {len(ours)} outer steps, the reference took {len(reference)}"
@@ -43,10 +46,11 @@ def check_case(runs: dict, case: str, tol: float = TOL) -> None:
             err = (a - b).abs().max().item()
             assert err <= tol, f"{case}, rank {rank}: weights after outer step {k + 1} differ by {err:.3g} (> {tol})"
     for rank, cases in runs.items():
+        first = min(next(g for g in (groups or [list(runs)]) if rank in g))
         for k, a in enumerate(cases[case]["ours"]):
-            assert torch.equal(a, runs[0][case]["ours"][k]), \
-                f"{case}: rank {rank} and rank 0 hold different weights after outer step {k + 1}: every group must " \
-                "start the next round from the same global weights"
+            assert torch.equal(a, runs[first][case]["ours"][k]), \
+                f"{case}: rank {rank} and rank {first} hold different weights after outer step {k + 1}: every group " \
+                "must start the next round from the same global weights"
 
 
 def test_diloco_equals_torchfts_diloco_rendezvous(runs):
@@ -55,6 +59,12 @@ def test_diloco_equals_torchfts_diloco_rendezvous(runs):
 
 def test_one_inner_step_outer_lr_one_no_momentum_is_data_parallel_sgd_rendezvous(runs):
     check_case(runs, "h1")
+
+
+def test_diloco_over_groups_that_are_not_the_world_rendezvous(runs):
+    from tests.fault_tolerance.workers import SUBGROUPS
+
+    check_case(runs, "subgroups", groups=SUBGROUPS)
 
 
 def test_in_one_process_the_outer_step_is_nesterov_sgd_on_the_pseudo_gradient():

@@ -76,12 +76,13 @@ class GroupManager:
         pass
 
 
-def ours(rank: int, h: int, rounds: int, inner, outer_lr: float, momentum: float) -> list[torch.Tensor]:
-    """The course's DiLoCo: the weights after each outer step."""
+def ours(rank: int, h: int, rounds: int, inner, outer_lr: float, momentum: float, group=None) -> list[torch.Tensor]:
+    """The course's DiLoCo over ``group``: the weights after each outer step."""
     from fault_tolerance.diloco import DiLoCo
 
     model = mlp()
-    diloco = DiLoCo(model, inner(model.parameters()), sync_every=h, outer_lr=outer_lr, outer_momentum=momentum)
+    diloco = DiLoCo(model, inner(model.parameters()), sync_every=h, outer_lr=outer_lr, outer_momentum=momentum,
+                    group=group)
     after = []
     for step in range(h * rounds):
         diloco.inner_optimizer.zero_grad()
@@ -91,7 +92,8 @@ def ours(rank: int, h: int, rounds: int, inner, outer_lr: float, momentum: float
     return after
 
 
-def torchft_diloco(rank: int, h: int, rounds: int, inner, outer_lr: float, momentum: float) -> list[torch.Tensor]:
+def torchft_diloco(rank: int, h: int, rounds: int, inner, outer_lr: float, momentum: float,
+                   group=None) -> list[torch.Tensor]:
     """torchft's own DiLoCo (``torchft.local_sgd.DiLoCo``, one fragment) on the same data."""
     from torchft.local_sgd import DiLoCo as TorchftDiLoCo
 
@@ -99,7 +101,7 @@ def torchft_diloco(rank: int, h: int, rounds: int, inner, outer_lr: float, momen
     inner_optimizer = inner(model.parameters())
     outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=momentum, nesterov=momentum > 0)
     after = []
-    with TorchftDiLoCo(GroupManager(), [model], inner_optimizer, outer, sync_every=h):
+    with TorchftDiLoCo(GroupManager(group), [model], inner_optimizer, outer, sync_every=h):
         for step in range(h * rounds):
             inner_optimizer.zero_grad()
             loss_of(model, rank, step).backward()
@@ -126,14 +128,22 @@ def data_parallel_sgd(rank: int, steps: int, lr: float) -> list[torch.Tensor]:
     return after
 
 
+SUBGROUPS = ([0, 1], [2])  # the "subgroups" case: DiLoCo over groups that are not the world
+
+
 def diloco_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
     """The cases of ``tests/fault_tolerance/test_diloco_rendezvous.py`` on this rank: ``{case: {"ours": [...],
-    "reference": [...]}}`` — the weights after each outer step (each data-parallel step for ``h1``)."""
+    "reference": [...]}}`` — the weights after each outer step (each data-parallel step for ``h1``); ``subgroups``:
+    over this rank's group of :data:`SUBGROUPS` (every rank makes both, in the same order)."""
     adamw = lambda params: torch.optim.AdamW(params, lr=INNER_LR)  # noqa: E731
     sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    groups = [dist.new_group(ranks) for ranks in SUBGROUPS]
+    mine = next(g for g, ranks in zip(groups, SUBGROUPS) if rank in ranks)
     with planting(planted):
         return {
             "torchft": {"ours": ours(rank, H, ROUNDS, adamw, 0.7, 0.9),
                         "reference": torchft_diloco(rank, H, ROUNDS, adamw, 0.7, 0.9)},
             "h1": {"ours": ours(rank, 1, 4, sgd, 1.0, 0.0), "reference": data_parallel_sgd(rank, 4, 0.1)},
+            "subgroups": {"ours": ours(rank, H, ROUNDS, adamw, 0.7, 0.9, mine),
+                          "reference": torchft_diloco(rank, H, ROUNDS, adamw, 0.7, 0.9, mine)},
         }

@@ -731,6 +731,733 @@ def _diloco_outer_step(sign=1.0, average_weights=False, reset_momentum=False, av
     return make
 
 
+
+# ---- a5_1_1: dataset partitioning -------------------------------------------------------------------------------
+
+def _partitioner_cut(cut):
+    """A DataPartitioner whose shuffled positions are cut by ``cut(order, sizes) -> [index lists]``."""
+    def make(original):
+        def __init__(self, data, sizes=(0.7, 0.2, 0.1), seed=1234):
+            import random
+
+            self.data, self.sizes, self.seed = data, list(sizes), seed
+            order = list(range(len(data)))
+            random.Random(seed).shuffle(order)
+            self.partitions = cut(order, list(sizes))
+        return __init__
+    return make
+
+
+def _floored(order, sizes):
+    """Each part int(fraction * n) long, cut one after another: the remainder is never handed out."""
+    out, start = [], 0
+    for size in sizes:
+        length = int(size * len(order))
+        out.append(order[start:start + length])
+        start += length
+    return out
+
+
+def _remainder_to_last(order, sizes):
+    """Each part int(fraction * n) long, the last one taking whatever is left."""
+    out, start = [], 0
+    for size in sizes[:-1]:
+        length = int(size * len(order))
+        out.append(order[start:start + length])
+        start += length
+    return out + [order[start:]]
+
+
+def _every_rank_shard_0(original):
+    def partition_dataset(rank, world_size, dataset, batch_size=128, collate_fn=None, seed=1234):
+        from torch.utils.data import DataLoader
+
+        from data_parallel.partition import DataPartitioner
+
+        if batch_size % world_size:
+            raise ValueError(f"batch_size {batch_size} is not divisible by world_size {world_size}")
+        partitioner = DataPartitioner(dataset, [1.0 / world_size] * world_size, seed)
+        return DataLoader(partitioner.use(0), batch_size=batch_size // world_size, collate_fn=collate_fn)  # rank unused
+    return partition_dataset
+
+
+# ---- a5_1_2: gradient averaging ---------------------------------------------------------------------------------
+
+def _average_gradients(world_divisor=False, dtype=None, skip_zero=False):
+    """average_gradients with one thing changed: divided by the world's size, all-reduced in ``dtype``, or a
+    gradient that is all zeros on this rank not all-reduced."""
+    def make(original):
+        def average_gradients(model, group=None):
+            import torch.distributed as dist
+
+            size = dist.get_world_size() if world_divisor else dist.get_world_size(group)
+            for param in model.parameters():
+                if param.grad is None or (skip_zero and not param.grad.any()):
+                    continue
+                if dtype is None:
+                    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)
+                    param.grad /= size
+                else:  # the message in a narrower dtype, to halve the bytes
+                    low = param.grad.to(dtype)
+                    dist.all_reduce(low, op=dist.ReduceOp.SUM, group=group)
+                    param.grad.copy_(low / size)
+        return average_gradients
+    return make
+
+
+# ---- a5_1_3: data-parallel training ------------------------------------------------------------------------------
+
+def _epoch_batches(world=False, own_steps=False):
+    """DataParallelTraining.epoch_batches sharding by the world's rank and size (and counting steps in the world),
+    or letting every rank take as many steps as it has batches."""
+    def make(original):
+        def epoch_batches(self, epoch):
+            import torch.distributed as dist
+
+            from data_parallel.partition import partition_dataset
+            from data_parallel.training import common_steps
+
+            rank, size, group = (dist.get_rank(), dist.get_world_size(), None) if world else \
+                (self.dp_rank, self.dp_size, self.dp_group)
+            loader = partition_dataset(rank, size, self.data.train, self.config.batch_size, self.data.collate,
+                                       seed=self.config.seed + epoch)
+            if own_steps:
+                steps = min(len(loader), self.config.max_batches or len(loader))
+            else:
+                steps = common_steps(len(loader), self.config.max_batches, group)
+            self.order_dp = self.dp_size
+            return loader, steps
+        return epoch_batches
+    return make
+
+
+def _train_step_in_the_world(original):
+    def train_step(self, batch):
+        from course.epoch_runner import supervised_step
+        from data_parallel.gradients import average_gradients
+
+        return supervised_step(self.model, self.optimizer, batch, self.device,
+                               after_backward=lambda m: average_gradients(m))  # the world, not the dp group
+    return train_step
+
+
+# ---- a5_1_4: DiLoCo (more) ---------------------------------------------------------------------------------------
+
+def _diloco_in_the_world(divide_only=False, dtype=None):
+    """DiLoCo.outer_step with the course's collectives called without the group (``all_reduce(x)`` and
+    ``group_size()``: the world), or only ``group_size()`` so, or the pseudo-gradients all-reduced in ``dtype``."""
+    def make(original):
+        @torch.no_grad()
+        def outer_step(self):
+            import fault_tolerance.diloco as diloco
+
+            size = diloco.group_size(self.group) if dtype is not None else diloco.group_size()
+            group = self.group if divide_only or dtype is not None else None
+            for local, shared in zip(self.params, self.global_params):
+                delta = shared - local
+                if dtype is not None:
+                    delta = delta.to(dtype)
+                shared.grad = (diloco.all_reduce(delta, group=group) / size).to(shared.dtype)
+            self.outer_optimizer.step()
+            self.outer_optimizer.zero_grad(set_to_none=True)
+            for local, shared in zip(self.params, self.global_params):
+                local.copy_(shared)
+            self.outer_steps += 1
+        return outer_step
+    return make
+
+
+# ---- a5_2_1 .. a5_2_6: pipelines ---------------------------------------------------------------------------------
+
+def _clock_cycles_without_last_stage(original):
+    def _clock_cycles(num_batches, num_partitions):
+        m, n = num_batches, num_partitions
+        for k in range(m + n - 1):
+            yield [(k - j, j) for j in range(max(0, k - m + 1), min(k + 1, n - 1))]  # j < n - 1: the last stage idles
+    return _clock_cycles
+
+
+def _balance_of_the_first_stage(original):
+    def _split_module(modules, balance=None):
+        from torch import nn
+
+        if balance is None:
+            return original(modules, balance)
+        layers = [module for _, module in modules.named_children()]
+        per = balance[0]  # every stage as long as the first
+        groups = [layers[s * per:(s + 1) * per] for s in range(len(balance))]
+        groups[-1] = layers[(len(balance) - 1) * per:]
+        return [nn.Sequential(*g) for g in groups], [torch.device("cpu")] * len(balance)
+    return _split_module
+
+
+def _pipe_forward(split):
+    def make(original):
+        def forward(self, x):
+            from pipeline.clock_cycles import clock_cycles
+
+            self._start_workers()
+            try:
+                batches = split(x, self.split_size)
+                for schedule in clock_cycles(len(batches), len(self.partitions)):
+                    self.compute(batches, schedule)
+                return torch.cat(batches, dim=0)
+            except BaseException:
+                self._stop_workers()
+                raise
+        return forward
+    return make
+
+
+def _tied_gradients(skip_missing=False, world=False):
+    def make(original):
+        def __call__(self, tied):
+            import torch.distributed as dist
+
+            if self.group is None or tied is None:
+                return
+            if tied.grad is None:
+                if skip_missing:  # nothing to add from this stage: no all-reduce here
+                    return
+                tied.grad = torch.zeros_like(tied)
+            dist.all_reduce(tied.grad, op=dist.ReduceOp.SUM, group=None if world else self.group)
+        return __call__
+    return make
+
+
+def _one_f_one_b_warmup_uncapped(original):
+    def one_f_one_b_actions(rank, n_stages, micro_batches):
+        warmup = n_stages - rank - 1  # not capped at m
+        actions = [("F", i) for i in range(warmup)]
+        next_backward = 0
+        for i in range(warmup, micro_batches):
+            actions += [("F", i), ("B", next_backward)]
+            next_backward += 1
+        return actions + [("B", i) for i in range(next_backward, micro_batches)]
+    return one_f_one_b_actions
+
+
+def _backward_keeps_in_flight(original):
+    def backward_step(self, i):
+        x, y = self.in_flight[i]  # read, not popped: the micro-batch stays "in flight" to the end of the step
+        grad = None if self.is_last else self.recv(self.stage_index + 1)
+        self.compute_backward(i, y, grad)
+        if not self.is_first:
+            self.send(x.grad, self.stage_index - 1)
+    return backward_step
+
+
+def _interleaved_rounds_of_p(original):
+    def interleaved_1f1b_actions(rank, n_stages, micro_batches, virtual_stages):
+        import pipeline.schedules as schedules
+
+        saved = schedules.micro_batches_per_round
+        schedules.micro_batches_per_round = lambda p, m: p if m < p else saved(p, m)  # rounds of p when m < p
+        try:
+            return original(rank, n_stages, micro_batches, virtual_stages)
+        finally:
+            schedules.micro_batches_per_round = saved
+    return interleaved_1f1b_actions
+
+
+def _input_grad_with_weights(original):
+    def compute_input_grad(self, x, y, grad):
+        if x.requires_grad:  # the whole backward (weights too), the graph kept for W
+            torch.autograd.backward(y, grad, retain_graph=True)
+    return compute_input_grad
+
+
+def _zb_h1_defers_p_minus_rank(original):
+    def zb_h1_actions(rank, n_stages, micro_batches):
+        deferred = n_stages - 1 - rank  # the last rank defers none, the first p - 1: the ranks read backwards
+        warmup = min(n_stages - rank - 1, micro_batches)
+        actions, next_w = [("F", i) for i in range(warmup)], 0
+
+        def backward(k):
+            nonlocal next_w
+            out = [("B", k)]
+            if k >= deferred:
+                out.append(("W", next_w))
+                next_w += 1
+            return out
+
+        for k in range(micro_batches - warmup):
+            actions += [("F", warmup + k)] + backward(k)
+        for k in range(micro_batches - warmup, micro_batches):
+            actions += backward(k)
+        return actions + [("W", i) for i in range(next_w, micro_batches)]
+    return zb_h1_actions
+
+
+# ---- a5_3_1 .. a5_3_5: tensor parallelism ------------------------------------------------------------------------
+# Autograd functions and modules are replaced method by method (every module that imported them sees the change).
+
+def _static(function):
+    return lambda original: staticmethod(function)
+
+
+def _f_backward_in_the_world(ctx, grad):
+    from course.collectives import all_reduce
+
+    return all_reduce(grad), None  # ctx.group forgotten: the world
+
+
+def _split_by_global_rank(original):
+    def split_along_dim(x, dim, group=None):
+        import torch.distributed as dist
+
+        from course.collectives import group_size
+
+        p = group_size(group)
+        if x.size(dim) % p:
+            raise ValueError(f"cannot split size {x.size(dim)} of dim {dim} into {p} equal chunks")
+        return x.chunk(p, dim=dim)[dist.get_rank()].contiguous()  # the global rank, not the rank in the group
+    return split_along_dim
+
+
+def _g_forward_in_float32(ctx, x, group):
+    from course.collectives import all_reduce
+
+    ctx.group = group
+    return all_reduce(x.float(), group)  # summed in float32 "for accuracy", never cast back
+
+
+def _column_forward_without_group(original):
+    def forward(self, x):
+        import tensor_parallel.layers as layers
+
+        if self.sequence_parallel:
+            x = layers.gather_from_sequence_parallel_region(x, self.group)
+        else:
+            x = layers.copy_to_tensor_parallel_region(x)  # group forgotten: f's all-reduce over the world
+        y = self.local(x)
+        return layers.gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
+    return forward
+
+
+def _row_forward_without_group(original):
+    def forward(self, x):
+        import tensor_parallel.layers as layers
+
+        if not self.input_is_parallel:
+            x = layers.scatter_to_tensor_parallel_region(x, self.group)
+        partial = self.local(x)
+        if self.sequence_parallel:
+            y = layers.reduce_scatter_to_sequence_parallel_region(partial, self.group)
+        else:
+            y = layers.reduce_from_tensor_parallel_region(partial)  # group forgotten: g's all-reduce over the world
+        return y + self.bias if self.bias is not None else y
+    return forward
+
+
+def _vocab_embedding_in_the_world(original):
+    def forward(self, input_ids):
+        import torch.nn.functional as F
+
+        from tensor_parallel.mappings import reduce_from_tensor_parallel_region
+
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        partial = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tensor_parallel_region(partial)  # group forgotten
+    return forward
+
+
+def _vocab_cross_entropy_in_the_world(ctx, logits, target, ignore_index, group):
+    from course.collectives import all_reduce, all_reduce_max, group_rank
+
+    vocab_start = group_rank(group) * logits.size(-1)
+    ctx.dtype = logits.dtype
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    valid = target != ignore_index
+    global_max = all_reduce_max(logits.max(dim=-1).values)  # every sum and max over the world, not the group
+    shifted = logits - global_max.unsqueeze(-1)
+    local_target = target - vocab_start
+    outside = (local_target < 0) | (local_target >= logits.size(-1))
+    local_target = local_target.masked_fill(outside, 0)
+    target_logit = all_reduce(shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0))
+    exp = shifted.exp()
+    sum_exp = all_reduce(exp.sum(dim=-1))
+    loss = (sum_exp.log() - target_logit).masked_fill(~valid, 0.0)
+    ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_target, outside, valid)
+    return loss
+
+
+def _head_copy_without_group(original):
+    def copy_to_tensor_parallel_region(x, group=None):
+        from tensor_parallel.mappings import CopyToTensorParallelRegion
+
+        return CopyToTensorParallelRegion.apply(x, None)  # the head's f called without the group: the world
+    return copy_to_tensor_parallel_region
+
+
+def _sequence_gather_in_the_world(ctx, x, group):
+    from course.collectives import all_gather
+
+    ctx.group = group
+    return all_gather(x, 1)  # group forgotten: every rank's chunk of the world
+
+
+def _partial_grads_synced_in_the_world(original):
+    def sync_partial_grads(params, group=None):
+        from course.collectives import all_reduce, group_size
+
+        params = list(params)
+        if not params or group_size(group) == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = all_reduce(torch.cat([g.reshape(-1) for g in grads]))  # the world, not the tp group
+        offset = 0
+        for p in params:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+    return sync_partial_grads
+
+
+# ---- a5_4_1 .. a5_4_3: communication -----------------------------------------------------------------------------
+
+def _ring(chunking="tensor_split", paired=True, wire_dtype=None, peers_by_group_rank=False):
+    """ring_all_reduce with one thing changed: chunks of ``numel // p`` (the remainder never reduced), the messages
+    sent before the receives are posted (``isend`` then ``recv``, not one batch), the messages in another dtype, or
+    the neighbours addressed by their rank in the group instead of their global rank."""
+    def make(original):
+        def ring_all_reduce(tensor, op="sum", group=None, trace=None):
+            import communication.ring as ring
+
+            p, r, flat = ring._prepare(tensor, op, group)
+            if p == 1:
+                return ring._finish(tensor, flat, op, p)
+            if chunking == "floor":
+                n = flat.numel() // p
+                chunks = [flat[c * n:(c + 1) * n] for c in range(p)]
+            else:
+                chunks = torch.tensor_split(flat, p)
+            right, left = ring.global_rank(group, (r + 1) % p), ring.global_rank(group, (r - 1) % p)
+            if peers_by_group_rank:
+                right, left = (r + 1) % p, (r - 1) % p
+            for phase in ("reduce_scatter", "all_gather"):
+                for step in range(p - 1):
+                    if phase == "reduce_scatter":
+                        send_c, recv_c = (r - step) % p, (r - step - 1) % p
+                    else:
+                        send_c, recv_c = (r + 1 - step) % p, (r - step) % p
+                    if trace is not None:
+                        trace.append({"phase": phase, "step": step, "rank": r, "send_chunk": send_c,
+                                      "recv_chunk": recv_c, "dst": (r + 1) % p, "src": (r - 1) % p})
+                    outgoing = chunks[send_c].contiguous()
+                    buffer = torch.empty_like(chunks[recv_c])
+                    if wire_dtype is not None:
+                        outgoing, buffer = outgoing.to(wire_dtype), buffer.to(wire_dtype)
+                    if paired:
+                        incoming = ring.send_recv(outgoing, right, buffer, left, group)
+                    else:
+                        work = ring.isend(outgoing, right, group=group)
+                        ring.recv(buffer, left, group=group)
+                        work.wait()
+                        incoming = buffer
+                    incoming = incoming.to(flat.dtype)
+                    if phase == "reduce_scatter":
+                        chunks[recv_c].add_(incoming)
+                    else:
+                        chunks[recv_c].copy_(incoming)
+            return ring._finish(tensor, flat, op, p)
+        return ring_all_reduce
+    return make
+
+
+def _bucket_parameters(close_at_capacity=False, drop_last=False):
+    def make(original):
+        def bucket_parameters(sizes_bytes, bucket_bytes):
+            if bucket_bytes <= 0:
+                raise ValueError(f"bucket size must be > 0 bytes, not {bucket_bytes}")
+            buckets, current, filled = [], [], 0
+            for i in reversed(range(len(sizes_bytes))):
+                full = filled + sizes_bytes[i] >= bucket_bytes if close_at_capacity else \
+                    filled + sizes_bytes[i] > bucket_bytes
+                if current and full:
+                    buckets.append(current)
+                    current, filled = [], 0
+                current.append(i)
+                filled += sizes_bytes[i]
+            if current and not drop_last:
+                buckets.append(current)
+            return buckets
+        return bucket_parameters
+    return make
+
+
+def _buckets_launched_when_full(original):
+    def grad_ready(self, i, grad):
+        b = self.bucket_of[i]
+        self._slot(i).copy_(grad.reshape(-1))
+        self.buffers[b][self._flag_index(i)] = 1
+        if not self.ready[i]:
+            self.ready[i] = True
+            self.pending[b] -= 1
+        if self.overlap and self.pending[b] == 0 and self.works[b] is None:
+            self._launch(b)  # this bucket at once, whatever the buckets before it
+            self.launched += 1
+    return grad_ready
+
+
+def _finish(over_users=False):
+    """BucketedReducer.finish launching every bucket not launched yet (in bucket order: those a launch-as-they-fill
+    grad_ready left), and dividing each gradient by the group's size or, ``over_users``, by the number of ranks that
+    had it."""
+    def make(original):
+        def finish(self):
+            for b in range(len(self.buckets)):
+                if self.works[b] is None:
+                    for i in self.buckets[b]:
+                        if not self.ready[i]:
+                            self._slot(i).zero_()
+                            self.buffers[b][self._flag_index(i)] = 0
+                    self._launch(b)
+            self.launched = len(self.buckets)
+            for work in self.works:
+                work.wait()
+            for i, p in enumerate(self.params):
+                users = float(self.buffers[self.bucket_of[i]][self._flag_index(i)])
+                if users == 0:
+                    continue
+                avg = self._slot(i).view_as(p) / (users if over_users else self.world_size)
+                if p.grad is None:
+                    p.grad = avg
+                else:
+                    p.grad.copy_(avg)
+            self.active = False
+        return finish
+    return make
+
+
+def _topk_compress(values_dtype=None, residual_default_dtype=False):
+    def make(original):
+        def topk_compress(grad, residual, ratio):
+            if not 0 < ratio <= 1:
+                raise ValueError(f"top-k ratio must be in (0, 1], not {ratio}")
+            k = max(1, int(-(-ratio * grad.numel() // 1)))
+            acc = (grad + residual).reshape(-1)
+            indices = acc.abs().topk(k, sorted=False).indices
+            values = acc[indices] if values_dtype is None else acc[indices].to(values_dtype)
+            if residual_default_dtype:  # a fresh buffer in the default dtype
+                new_residual = torch.zeros(acc.shape)
+                new_residual.copy_(acc)
+            else:
+                new_residual = acc.clone()
+            new_residual[indices] = 0
+            return indices, values, new_residual.view_as(grad)
+        return topk_compress
+    return make
+
+
+# ---- a5_6_1 .. a5_6_3: the 3D mesh and step -----------------------------------------------------------------------
+
+def _coordinates_dp_fastest(original):
+    def coordinates(rank, dp, pp, tp):
+        return (rank // (dp * tp), rank % dp, rank // dp % tp)  # dp varies fastest, not tp
+    return coordinates
+
+
+def _tp_group_from_the_rank(original):
+    def group_ranks(rank, dp, pp, tp):
+        from three_d.mesh_arithmetic import coordinates
+
+        s, d, t = coordinates(rank, dp, pp, tp)
+        at = lambda s_, d_, t_: (s_ * dp + d_) * tp + t_  # noqa: E731
+        return {"dp": [at(s, i, t) for i in range(dp)], "pp": [at(i, d, t) for i in range(pp)],
+                "tp": [rank + i for i in range(tp)]}  # counted from the rank, not from its group's first rank
+    return group_ranks
+
+
+def _stage_head_copy_without_group(original):
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        import tensor_parallel
+
+        if self.is_first:
+            positions = torch.arange(x.size(1), device=x.device)[None]
+            h = self.drop(self.wte(x) + self.wpe(positions))
+        elif self.scatter_gather:
+            h = tensor_parallel.gather_from_tensor_parallel_region(x, self.group)
+        else:
+            h = x
+        bias = tensor_parallel.attention_bias(None, h.size(0), h.size(1), h.dtype, h.device)
+        for block in self.h.values():
+            h = block(h, bias)
+        if self.is_last:
+            h = tensor_parallel.copy_to_tensor_parallel_region(self.ln_f(h))  # group forgotten: the world
+            return self._mask_padding(F.linear(h, self.head_weight()))
+        if self.scatter_gather:
+            h = tensor_parallel.scatter_to_tensor_parallel_region(h, self.group)
+        return h
+    return forward
+
+
+def _dp_average_over_the_world(original):
+    def average_over_dp(stage, dp_group):
+        import torch.distributed as dist
+
+        from course.collectives import all_reduce, group_size
+
+        params = [p for p in stage.parameters() if p.grad is not None]
+        if not params or group_size(dp_group) == 1:
+            return
+        flat = all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), dp_group) / dist.get_world_size()
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+    return average_over_dp
+
+
+def _grad_norm(every_tp_rank=False, skip_pp=False):
+    def make(original):
+        def global_grad_norm(stage, tp_group, pp_group, tp_rank):
+            import math
+
+            from course.collectives import all_reduce
+
+            sharded = stage.sharded_parameters()
+            tied_copy = stage.lm_head.weight if stage.lm_head is not None else None
+            square = torch.zeros((), dtype=torch.float64, device=next(stage.parameters()).device)
+            for p in stage.parameters():
+                if p.grad is None or p is tied_copy:
+                    continue
+                if id(p) not in sharded and tp_rank != 0 and not every_tp_rank:
+                    continue
+                square = square + p.grad.detach().double().pow(2).sum()
+            square = all_reduce(square.reshape(1), tp_group)
+            if not skip_pp:
+                square = all_reduce(square, pp_group)
+            return math.sqrt(float(square))
+        return global_grad_norm
+    return make
+
+
+# ---- a5_7_1 .. a5_7_3: context parallelism -----------------------------------------------------------------------
+
+def _online_update_in_the_inputs_dtype(original):
+    def online_softmax_update(state, q, k, v, scale, mask=None):
+        from context_parallel.online_softmax import SoftmaxState
+
+        scores = ((q @ k.transpose(-2, -1)) * scale).to(state.acc.dtype)  # the products in q's dtype
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        m_new = torch.maximum(state.m, scores.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(scores - m_safe[..., None])
+        rescale = torch.exp(state.m - m_safe)
+        return SoftmaxState(m_new, rescale * state.l + p.sum(dim=-1),
+                            rescale[..., None] * state.acc + (p.to(v.dtype) @ v).to(state.acc.dtype))
+    return online_softmax_update
+
+
+def _block_gradients_in_the_inputs_dtype(original):
+    def block_gradients(q, k, v, dout, lse, delta, scale, mask=None):
+        dtype = q.dtype  # the inputs' dtype, not the statistics'
+        lse, delta = lse.to(dtype), delta.to(dtype)
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        p = torch.exp(scores - lse_safe[..., None])
+        dv = p.transpose(-2, -1) @ dout.to(dtype)
+        ds = p * (dout.to(dtype) @ v.transpose(-2, -1) - delta[..., None])
+        out = (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
+        return tuple(t.to(torch.promote_types(t.dtype, torch.float32)) for t in out)
+    return block_gradients
+
+
+def _causal_block_off_by_one(original):
+    def causal_block(q_pos, k_pos):
+        if int(k_pos.min()) >= int(q_pos.max()):  # >=: a tile whose first key is the last query's own is skipped
+            return False, None
+        if int(k_pos.max()) <= int(q_pos.min()):
+            return True, None
+        return True, k_pos[None, :] <= q_pos[:, None]
+    return causal_block
+
+
+def _ring_forward(buffer_default_dtype=False):
+    def make(original):
+        def forward(ctx, q, k, v, layout, group, causal, block_size, scale, stats):
+            import importlib
+
+            ra = importlib.import_module("context_parallel.ring_attention")  # the package's ring_attention: a function
+
+            p, r = ra.group_size(group), ra.group_rank(group)
+            right, left = ra.global_rank(group, (r + 1) % p), ra.global_rank(group, (r - 1) % p)
+            q_pos = layout.positions(r)
+            state = ra.SoftmaxState.empty(q, v.size(-1))
+            kv = torch.stack([k, v]).contiguous()
+            with ra._StepRecorder(stats, "forward", q.device, layout):
+                for step in range(p):
+                    pending = None
+                    if step < p - 1:
+                        incoming = torch.empty(kv.shape, device=kv.device) if buffer_default_dtype else \
+                            torch.empty_like(kv)
+                        pending = ra.start_exchange([ra.P2P("send", kv, right), ra.P2P("recv", incoming, left)], group)
+                    src = (r - step) % p
+                    ra.attend_blocks(state, q, kv[0], kv[1], q_pos, layout.positions(src), scale, block_size, causal)
+                    if pending is not None:
+                        pending.wait()
+                        kv = incoming
+            out, lse = ra.finish(state)
+            out = out.to(q.dtype)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.layout, ctx.group, ctx.causal, ctx.block_size, ctx.scale, ctx.stats = (layout, group, causal,
+                                                                                      block_size, scale, stats)
+            return out
+        return staticmethod(forward)
+    return make
+
+
+def _zigzag_pairs_from_the_middle(original):
+    def chunk_ids(layout, cp_rank, cp):
+        if layout == "contiguous":
+            return [cp_rank], cp
+        return [cp_rank, cp + cp_rank], 2 * cp  # the second chunk counted from the middle, not mirrored
+    return chunk_ids
+
+
+def _ulysses_heads_to_sequence_in_the_world(ctx, x, group):
+    from context_parallel.ulysses import HEAD_DIM, SEQ_DIM, all_to_all
+
+    ctx.group = group
+    return all_to_all(x, scatter_dim=SEQ_DIM, gather_dim=HEAD_DIM, group=None)  # the world, not the cp group
+
+
+def _with_registry(name: str, make_function):
+    """A make for a schedule's action-list function that also swaps it into ``pipeline.schedules.SCHEDULES``
+    (whose entry for ``name`` may hold the function itself)."""
+    def make(original):
+        if isinstance(original, dict):  # the registry
+            import dataclasses
+
+            import pipeline.schedules as schedules
+
+            function = make_function(getattr(schedules, _REGISTRY_FUNCTIONS[name]))
+            entry = original[name]
+            return {**original,
+                    name: dataclasses.replace(entry, actions=lambda r, p, m, v: _call(function, r, p, m, v))}
+        return make_function(original)
+    return make
+
+
+_REGISTRY_FUNCTIONS = {"1f1b": "one_f_one_b_actions", "interleaved": "interleaved_1f1b_actions",
+                       "zb-h1": "zb_h1_actions"}
+
+
+def _call(function, r, p, m, v):
+    import inspect
+
+    return function(r, p, m, v) if len(inspect.signature(function).parameters) == 4 else function(r, p, m)
+
+
+def _buckets_launched_when_full_and_finished(original):
+    return _finish()(original) if original.__name__ == "finish" else _buckets_launched_when_full(original)
+
 PLANTED: dict[str, Planted] = {
     "diloco pseudo-gradient sign flipped": Planted(
         "a5_1_4", "the pseudo-gradient taken as local - global", ("fault_tolerance.diloco:DiLoCo.outer_step",),
@@ -945,6 +1672,197 @@ PLANTED: dict[str, Planted] = {
     "checkpoint restores the GPU generator without fork_rng": Planted(
         "a5_5_4", "the GPU's random state restored for the recomputation, the caller's not put back",
         ("memory.checkpointing:CheckpointFunction",), _checkpoint_function(save_gpu=True, fork_gpu=False)),
+    # ---- reviewed per class (issue 53, item 3): unmatched, mistyped, missing rank, legitimately uneven ----
+    "partition parts floored, the remainder dropped": Planted(
+        "a5_1_1", "each part int(fraction * n) long: the n - sum of them last examples are in no shard",
+        ("data_parallel.partition:DataPartitioner.__init__",), _partitioner_cut(_floored)),
+    "partition remainder to the last part": Planted(
+        "a5_1_1", "each part int(fraction * n) long and the last one the rest (25, 25, 25, 28 for 103 over 4)",
+        ("data_parallel.partition:DataPartitioner.__init__",), _partitioner_cut(_remainder_to_last)),
+    "every rank loads shard 0": Planted(
+        "a5_1_1", "partition_dataset serves partition 0 whatever the rank",
+        ("data_parallel.partition:partition_dataset", "data_parallel:partition_dataset",
+         "data_parallel.training:partition_dataset", "tests.data_parallel.test_partition:partition_dataset"),
+        _every_rank_shard_0),
+    "gradients averaged over the world's size": Planted(
+        "a5_1_2", "all-reduced in the group, divided by dist.get_world_size() (the world's size)",
+        ("data_parallel.gradients:average_gradients", "data_parallel:average_gradients",
+         "data_parallel.training:average_gradients"), _average_gradients(world_divisor=True)),
+    "gradients all-reduced in bf16": Planted(
+        "a5_1_2", "each gradient cast to bfloat16 for the all-reduce, the mean copied back",
+        ("data_parallel.gradients:average_gradients", "data_parallel:average_gradients",
+         "data_parallel.training:average_gradients"), _average_gradients(dtype=torch.bfloat16)),
+    "zero gradients not all-reduced": Planted(
+        "a5_1_2", "a gradient that is all zeros on this rank skipped: the other ranks' all-reduce of it is unmatched",
+        ("data_parallel.gradients:average_gradients", "data_parallel:average_gradients",
+         "data_parallel.training:average_gradients"), _average_gradients(skip_zero=True)),
+    "epoch sharded by the world's rank": Planted(
+        "a5_1_3", "the epoch's shard and its step count by the world's rank and size, not the dp group's",
+        ("data_parallel.training:DataParallelTraining.epoch_batches",), _epoch_batches(world=True)),
+    "every rank steps through its own batches": Planted(
+        "a5_1_3", "each rank takes as many steps as it has batches: the rank with one more all-reduces alone",
+        ("data_parallel.training:DataParallelTraining.epoch_batches",), _epoch_batches(own_steps=True)),
+    "dp step averaged over the world": Planted(
+        "a5_1_3", "train_step averages the gradients over the world (average_gradients without the dp group)",
+        ("data_parallel.training:DataParallelTraining.train_step",), _train_step_in_the_world),
+    "diloco all-reduce over the world": Planted(
+        "a5_1_4", "all_reduce(x) and group_size() without the group: averaged over the world",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_in_the_world()),
+    "diloco mean over the world's size": Planted(
+        "a5_1_4", "the pseudo-gradients summed in the group, divided by group_size() (the world's size)",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_in_the_world(divide_only=True)),
+    "diloco pseudo-gradients all-reduced in float32": Planted(
+        "a5_1_4", "the pseudo-gradients cast to float32 for the all-reduce (float64 weights)",
+        ("fault_tolerance.diloco:DiLoCo.outer_step",), _diloco_in_the_world(dtype=torch.float32)),
+    "clock cycles leave the last stage out": Planted(
+        "a5_2_1", "stages j < n - 1 only: the last stage never gets a task",
+        ("pipeline.clock_cycles:_clock_cycles", "pipeline.clock_cycles:clock_cycles", "pipeline:clock_cycles",
+         "pipeline.pipe:clock_cycles", "tests.pipeline.test_clock_cycles_and_split:_clock_cycles"),
+        _clock_cycles_without_last_stage),
+    "stages cut by the first stage's length": Planted(
+        "a5_2_1", "a balance read as stages as long as its first entry, the last stage taking the rest",
+        ("pipeline.partition:_split_module", "pipeline.partition:split_module", "pipeline:split_module",
+         "pipeline.pipe:split_module", "tests.pipeline.test_clock_cycles_and_split:_split_module"),
+        _balance_of_the_first_stage),
+    "pipe cuts split_size chunks": Planted(
+        "a5_2_2", "torch.chunk(x, split_size): split_size micro-batches instead of micro-batches of split_size rows",
+        ("pipeline.pipe:Pipe.forward",), _pipe_forward(lambda x, s: list(torch.chunk(x, s)))),
+    "pipe drops the short last micro-batch": Planted(
+        "a5_2_2", "only whole micro-batches of split_size rows: the rows of a short last one are lost",
+        ("pipeline.pipe:Pipe.forward",),
+        _pipe_forward(lambda x, s: list(torch.split(x[:max(s, x.size(0) // s * s)], s)))),
+    "tied gradient skipped when missing": Planted(
+        "a5_2_3", "a stage without a tied gradient returns without the all-reduce its peer waits in",
+        ("pipeline.gpt2_stages:TiedGradients.__call__",), _tied_gradients(skip_missing=True)),
+    "tied gradient summed over the world": Planted(
+        "a5_2_3", "the tied gradient all-reduced over the world instead of the embedding group",
+        ("pipeline.gpt2_stages:TiedGradients.__call__",), _tied_gradients(world=True)),
+    "1f1b warm-up not capped at m": Planted(
+        "a5_2_4", "p - rank - 1 warm-up forwards even when there are fewer micro-batches",
+        ("pipeline.schedules:one_f_one_b_actions", "pipeline:one_f_one_b_actions",
+         "tests.pipeline.test_gpipe_and_1f1b:one_f_one_b_actions"), _one_f_one_b_warmup_uncapped),
+    "backward keeps the micro-batch in flight": Planted(
+        "a5_2_4", "backward_step reads in_flight[i] without removing it (activations held to the end of the step)",
+        ("pipeline.stage_runner:StageRunner.backward_step",), _backward_keeps_in_flight),
+    "interleaved rounds of p when m < p": Planted(
+        "a5_2_5", "rounds of p micro-batches per chunk even when m < p (q = p instead of min(m, p))",
+        ("pipeline.schedules:interleaved_1f1b_actions", "pipeline:interleaved_1f1b_actions",
+         "tests.pipeline.test_interleaved:interleaved_1f1b_actions", "pipeline.schedules:SCHEDULES"),
+        _with_registry("interleaved", _interleaved_rounds_of_p)),
+    "zb-h1 B computes the weight gradients too": Planted(
+        "a5_2_6", "B runs the whole backward (weights included, graph kept): W adds the weight gradients again",
+        ("pipeline.stage_runner:StageRunner.compute_input_grad",), _input_grad_with_weights),
+    "zb-h1 deferrals counted from the last rank": Planted(
+        "a5_2_6", "rank r defers p - 1 - r weight gradients instead of r",
+        ("pipeline.schedules:zb_h1_actions", "pipeline:zb_h1_actions", "tests.pipeline.test_zero_bubble:zb_h1_actions"),
+        _zb_h1_defers_p_minus_rank),
+    "f's backward all-reduce over the world": Planted(
+        "a5_3_1", "f's backward all-reduces in the world (ctx.group not passed)",
+        ("tensor_parallel.mappings:CopyToTensorParallelRegion.backward",), _static(_f_backward_in_the_world)),
+    "chunks split by the global rank": Planted(
+        "a5_3_1", "split_along_dim keeps chunk dist.get_rank() instead of the rank in the group",
+        ("tensor_parallel.mappings:split_along_dim",), _split_by_global_rank),
+    "g's sum in float32": Planted(
+        "a5_3_1", "g's all-reduce of x.float(), never cast back (a float64 or bf16 input comes out float32)",
+        ("tensor_parallel.mappings:ReduceFromTensorParallelRegion.forward",), _static(_g_forward_in_float32)),
+    "column layer's f without the group": Planted(
+        "a5_3_2", "ColumnParallelLinear calls f without its group: the input gradient summed over the world",
+        ("tensor_parallel.layers:ColumnParallelLinear.forward",), _column_forward_without_group),
+    "row layer's g without the group": Planted(
+        "a5_3_2", "RowParallelLinear calls g without its group: the partial sums added over the world",
+        ("tensor_parallel.layers:RowParallelLinear.forward",), _row_forward_without_group),
+    "vocab embedding reduced over the world": Planted(
+        "a5_3_3", "VocabParallelEmbedding's partial embeddings summed over the world",
+        ("tensor_parallel.vocab:VocabParallelEmbedding.forward",), _vocab_embedding_in_the_world),
+    "vocab cross-entropy's sums over the world": Planted(
+        "a5_3_3", "the cross-entropy's max and sums all-reduced over the world",
+        ("tensor_parallel.vocab:VocabParallelCrossEntropy.forward",), _static(_vocab_cross_entropy_in_the_world)),
+    "tp head's f without the group": Planted(
+        "a5_3_4", "TensorParallelGPT2's head calls f without its group",
+        ("tensor_parallel.gpt2:copy_to_tensor_parallel_region",), _head_copy_without_group),
+    "sequence gather over the world": Planted(
+        "a5_3_5", "the sequence-parallel all-gather over the world (ctx.group not passed)",
+        ("tensor_parallel.mappings:GatherFromSequenceParallelRegion.forward",), _static(_sequence_gather_in_the_world)),
+    "partial grads synced over the world": Planted(
+        "a5_3_5", "sync_partial_grads all-reduces the layer norms' partial gradients over the world",
+        ("tensor_parallel.sequence_parallel:sync_partial_grads", "tensor_parallel.gpt2:sync_partial_grads"),
+        _partial_grads_synced_in_the_world),
+    "ring chunks floored, the remainder dropped": Planted(
+        "a5_4_1", "p chunks of numel // p: the last numel % p elements never reduced",
+        ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"), _ring(chunking="floor")),
+    "ring sends before it receives": Planted(
+        "a5_4_1", "each step an isend to the right, then a recv from the left (not one batch): under NCCL two "
+        "ranks that each send first wait for each other",
+        ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"), _ring(paired=False)),
+    "ring messages in float32": Planted(
+        "a5_4_1", "every message cast to float32 (and back): right sizes, the wrong dtype for float64 and int64",
+        ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"), _ring(wire_dtype=torch.float32)),
+    "ring peers addressed by their rank in the group": Planted(
+        "a5_4_1", "right and left neighbours (r ± 1) % p used as global ranks (right only while the group is the "
+        "world or starts at rank 0)", ("communication.ring:ring_all_reduce", "communication:ring_all_reduce"),
+        _ring(peers_by_group_rank=True)),
+    "bucket closed at its capacity": Planted(
+        "a5_4_2", "a bucket closed when the next parameter would fill it exactly (>= instead of >)",
+        ("communication.buckets:bucket_parameters",), _bucket_parameters(close_at_capacity=True)),
+    "last bucket dropped": Planted(
+        "a5_4_2", "the last, partly filled bucket never appended", ("communication.buckets:bucket_parameters",),
+        _bucket_parameters(drop_last=True)),
+    "buckets launched as they fill": Planted(
+        "a5_4_2", "each bucket's all-reduce started when it fills, not in bucket order",
+        ("communication.buckets:BucketedReducer.grad_ready", "communication.buckets:BucketedReducer.finish"),
+        _buckets_launched_when_full_and_finished),
+    "buckets averaged over the ranks that used them": Planted(
+        "a5_4_2", "each gradient divided by the number of ranks that had it, not the group's size",
+        ("communication.buckets:BucketedReducer.finish",), _finish(over_users=True)),
+    "top-k values sent in float32": Planted(
+        "a5_4_3", "the k values cast to float32 (whatever the gradient's dtype)",
+        ("communication.compression:topk_compress",), _topk_compress(values_dtype=torch.float32)),
+    "top-k residual in the default dtype": Planted(
+        "a5_4_3", "the new residual a fresh torch.zeros (the default dtype) filled from grad + residual",
+        ("communication.compression:topk_compress",), _topk_compress(residual_default_dtype=True)),
+    "mesh coordinates with dp fastest": Planted(
+        "a5_6_1", "dp varies fastest and tp second (rank = (pp * tp + tp_rank) * dp + dp_rank)",
+        ("three_d.mesh_arithmetic:coordinates", "three_d:coordinates",
+         "tests.three_d.test_mesh_arithmetic:coordinates"),
+        _coordinates_dp_fastest),
+    "tp group counted from the rank": Planted(
+        "a5_6_1", "the tp group as ranks rank .. rank + tp - 1: the group's lower members left out",
+        ("three_d.mesh_arithmetic:group_ranks", "three_d:group_ranks",
+         "tests.three_d.test_mesh_arithmetic:group_ranks"),
+        _tp_group_from_the_rank),
+    "3d head's f without the group": Planted(
+        "a5_6_2", "the last stage's f called without the stage's tp group",
+        ("three_d.stage:TensorParallelStage.forward",), _stage_head_copy_without_group),
+    "3d gradients averaged by the world's size": Planted(
+        "a5_6_3", "the dp all-reduce divided by the world's size", ("three_d.step:average_over_dp",),
+        _dp_average_over_the_world),
+    "3d norm counts replicated parameters on every tp rank": Planted(
+        "a5_6_3", "every tp rank adds the squares of the replicated parameters", ("three_d.step:global_grad_norm",),
+        _grad_norm(every_tp_rank=True)),
+    "3d norm not summed over the pipeline": Planted(
+        "a5_6_3", "the squares summed over the tp group only: each stage clips by its own norm",
+        ("three_d.step:global_grad_norm",), _grad_norm(skip_pp=True)),
+    "online update in the inputs' dtype": Planted(
+        "a5_7_1", "the scores q k^T and p v computed in the inputs' dtype (bf16), only then widened",
+        ("context_parallel.online_softmax:online_softmax_update", "context_parallel:online_softmax_update",
+         "context_parallel.blockwise_attention:online_softmax_update"), _online_update_in_the_inputs_dtype),
+    "block gradients in the inputs' dtype": Planted(
+        "a5_7_1", "a block's gradients computed in the inputs' dtype (bf16), not the statistics' (float32)",
+        ("context_parallel.online_softmax:block_gradients", "context_parallel:block_gradients",
+         "context_parallel.blockwise_attention:block_gradients"), _block_gradients_in_the_inputs_dtype),
+    "causal tile skipped at the diagonal": Planted(
+        "a5_7_1", "a tile skipped when its first key is at the last query's position (>= instead of >)",
+        ("context_parallel.online_softmax:causal_block", "context_parallel:causal_block",
+         "context_parallel.blockwise_attention:causal_block"), _causal_block_off_by_one),
+    "ring attention receives into a float32 buffer": Planted(
+        "a5_7_2", "the incoming K/V block's buffer made with torch.empty(shape): the default dtype, not the block's",
+        ("context_parallel.ring_attention:RingAttention.forward",), _ring_forward(buffer_default_dtype=True)),
+    "zig-zag second chunk from the middle": Planted(
+        "a5_7_2", "zig-zag rank r holds chunks r and cp + r instead of r and 2 cp - 1 - r",
+        ("context_parallel.layouts:chunk_ids", "context_parallel:chunk_ids"), _zigzag_pairs_from_the_middle),
+    "ulysses output all-to-all over the world": Planted(
+        "a5_7_3", "the output's all-to-all back to sequence shards over the world, not the cp group",
+        ("context_parallel.ulysses:HeadsToSequence.forward",), _static(_ulysses_heads_to_sequence_in_the_world)),
 }
 
 

@@ -95,8 +95,16 @@ def _loss(output, target):
     return ((output - target) ** 2).mean() / len(MICRO_SIZES)
 
 
-def pipeline_worker(rank, world_size, schedules):
-    """Each rank runs its stage under every schedule; returns its gradients, losses and peaks."""
+def pipeline_worker(rank, world_size, schedules, planted=None):
+    """Each rank runs its stage under every schedule; returns its gradients, losses and peaks. ``planted``: with a
+    planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _pipeline_runs(rank, world_size, schedules)
+
+
+def _pipeline_runs(rank, world_size, schedules):
     from pipeline.stage_runner import StageRunner
     from pipeline.schedules import schedule_actions
     from course.launch import context
@@ -121,7 +129,11 @@ def test_multiprocess_gradients_equal_single_process_training():
     from course.launch import launch
     from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    results = launch(pipeline_worker, P, ["gpipe", "1f1b"], timeout=150, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
+    check_pipeline_runs(launch(pipeline_worker, P, ["gpipe", "1f1b"], timeout=150,
+                               collective_timeout=GRADED_COLLECTIVE_TIMEOUT))
+
+
+def check_pipeline_runs(results):
 
     model = _full_model()
     inputs, targets = _data()

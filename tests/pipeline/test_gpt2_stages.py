@@ -111,11 +111,13 @@ def test_each_stage_holds_the_tied_weight_once(make_model, n_stages):
             assert tied is None and not vocab_sized, "a middle stage holds no copy of the tied weight"
 
 
-def tied_worker(rank, world_size, dp, pp, last_has_grad):
+def tied_worker(rank, world_size, dp, pp, last_has_grad, planted=None):
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
     from torch import nn
 
     from course.mesh import Mesh
     from pipeline.gpt2_stages import TiedGradients
+    from tests.support.planting import planting
 
     mesh = Mesh.build(dp=dp, pp=pp)
     tied = None
@@ -123,7 +125,8 @@ def tied_worker(rank, world_size, dp, pp, last_has_grad):
         tied = nn.Parameter(torch.zeros(5, 3))
         if mesh.is_first_stage or last_has_grad:
             tied.grad = torch.arange(15.0).view(5, 3) * (rank + 1) + rank
-    TiedGradients(mesh.embedding_group)(tied)
+    with planting(planted):
+        TiedGradients(mesh.embedding_group)(tied)
     return None if tied is None else tied.grad
 
 
@@ -139,7 +142,11 @@ def test_tied_gradients_are_summed_between_the_first_and_last_stage(dp, pp, last
     from course.launch import launch
     from tests.support.launching import GRADED_COLLECTIVE_TIMEOUT
 
-    out = launch(tied_worker, dp * pp, dp, pp, last_has_grad, timeout=90, collective_timeout=GRADED_COLLECTIVE_TIMEOUT)
+    check_tied_sums(launch(tied_worker, dp * pp, dp, pp, last_has_grad, timeout=90,
+                           collective_timeout=GRADED_COLLECTIVE_TIMEOUT), dp, pp, last_has_grad)
+
+
+def check_tied_sums(out, dp, pp, last_has_grad):
     for d in range(dp):
         first, last = d, (pp - 1) * dp + d
         want = _own_grad(first) + (_own_grad(last) if last_has_grad else 0)

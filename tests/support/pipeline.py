@@ -95,12 +95,20 @@ def single_process_reference():
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, losses
 
 
-def gpt2_schedule_worker(rank, world_size, schedule, virtual_stages, runner_class=None):
-    """Rank ``rank`` runs its chunks of the tiny GPT-2 under ``schedule`` once.
+def gpt2_schedule_worker(rank, world_size, schedule, virtual_stages, runner_class=None, planted=None):
+    """Rank ``rank`` runs its chunks of the tiny GPT-2 under ``schedule`` once (``planted``: with a planted wrong
+    solution, :mod:`tests.support.planting`).
 
     Returns ``{"grads": {name: grad}, "tied_grad", "losses", "peak_in_flight",
     "peak_activation_bytes", "events", "event_chunks", "runner": what a runner subclass recorded}``.
     """
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _gpt2_schedule_run(rank, world_size, schedule, virtual_stages, runner_class)
+
+
+def _gpt2_schedule_run(rank, world_size, schedule, virtual_stages, runner_class):
     from course.launch import context
     from pipeline.gpt2_stages import gpt2_chunks
     from pipeline.schedules import SCHEDULES, schedule_actions

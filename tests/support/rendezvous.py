@@ -41,8 +41,16 @@ def batched_exchange_worker(rank: int, world_size: int) -> float:
     return float(buf[0])
 
 
-def all_reduce_worker(rank: int, world_size: int) -> list:
-    """Ring and tree over the world (p = 4), ranks [0, 1, 2] (p = 3) and [0, 1] / [2, 3] (p = 2)."""
+def all_reduce_worker(rank: int, world_size: int, planted: str | None = None) -> list:
+    """Ring and tree over the world (p = 4), ranks [0, 1, 2] (p = 3) and [0, 1] / [2, 3] (p = 2). ``planted``: with
+    a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        return _all_reduce_cases(rank)
+
+
+def _all_reduce_cases(rank: int) -> list:
     from communication.ring import ring_all_reduce, tree_all_reduce
 
     groups = {4: None, 3: dist.new_group([0, 1, 2]), 2: None}

@@ -1,8 +1,11 @@
 """Helpers shared by the tensor-parallel tests.
 
-Each test module launches its worker once (``launch_once``) and its tests read their cases
-from the per-rank results. A worker records a case's exception as ``{"error": traceback}``
-instead of raising, so one broken case fails its own test, not the whole module.
+The operator and layer tests of 5.3.1, 5.3.2, 5.3.3 and 5.3.5 read their cases from one launch of
+4 ranks (:func:`operator_results`), whose tensor-parallel groups are those of a (dp 2, tp 2) mesh:
+every operator runs in a group that is not the world, ranks 2 and 3 being ranks 0 and 1 of theirs, so
+that a collective without its group (the world's) or a shard picked by the global rank is seen.
+A worker records a case's exception as ``{"error": traceback}`` instead of raising, so one broken
+case fails its own test, not the whole module.
 """
 from __future__ import annotations
 
@@ -12,14 +15,41 @@ import pytest
 import torch
 
 
-def launch_once(worker, world_size: int, timeout: float = 120):
-    """A function returning ``launch(worker, world_size)``'s results, launched on the first call only
-    (a failed launch is not started again: :func:`tests.support.launching.launch_once`)."""
-    def results():
-        from tests.support.launching import launch_once as launch
+TP, WORLD = 2, 4  # the operator tests' groups: tp groups [0, 1] and [2, 3] of a (dp 2, tp 2) mesh
 
-        return launch(worker, world_size, timeout=timeout)
-    return results
+
+def group_members(rank: int) -> list[int]:
+    """The global ranks of ``rank``'s tp group in the operator tests' mesh (tp varies fastest)."""
+    return [rank // TP * TP + i for i in range(TP)]
+
+
+def group_rank(rank: int) -> int:
+    """``rank``'s rank in its tp group in the operator tests' mesh."""
+    return rank % TP
+
+
+def operators_worker(rank: int, world_size: int, planted: str | None = None) -> dict:
+    """Every operator test module's ``cases(rank, group)`` in this rank's tp group: ``{module: cases}``
+    (``{"error": traceback}`` for a module whose cases raised outside an operator). ``planted``: with a planted
+    wrong solution (:mod:`tests.support.planting`)."""
+    from course.mesh import Mesh
+    from tests.support.planting import planting
+    from tests.tensor_parallel import test_layers, test_mappings, test_sequence_parallel, test_vocab_parallel
+
+    group = Mesh.build(dp=world_size // TP, tp=TP).tp_group
+    out = {}
+    with planting(planted):
+        for name, module in (("mappings", test_mappings), ("layers", test_layers), ("vocab", test_vocab_parallel),
+                             ("sequence", test_sequence_parallel)):
+            attempt(out, name, lambda module=module: module.cases(rank, group))
+    return out
+
+
+def operator_results(planted: str | None = None) -> dict:
+    """``{rank: {module: cases}}`` of one launch of :func:`operators_worker` (once per session and ``planted``)."""
+    from tests.support.launching import launch_once as launch
+
+    return launch(operators_worker, WORLD, planted, timeout=120)
 
 
 def attempt(out: dict, name: str, fn) -> None:
@@ -50,12 +80,14 @@ def run_operator(fn, x: torch.Tensor, grad_out: torch.Tensor) -> dict:
         return {"error": traceback.format_exc()}
 
 
-def case(results: dict, name: str, rank: int) -> dict:
-    """Case ``name`` of rank ``rank``; fails the test with the rank's traceback if it raised."""
+def case(results: dict, name: str, rank: int, op: str | None = None) -> dict:
+    """Case ``name`` of rank ``rank`` (its entry ``op``, if given); fails the test with the rank's traceback if it
+    raised."""
     r = results[rank][name]
-    if "error" in r:
-        pytest.fail(f"{name} raised on rank {rank}:\n{r['error']}")
-    return r
+    for where, entry in ((name, r), (f"{name} {op}", r.get(op) if op is not None and "error" not in r else None)):
+        if entry is not None and "error" in entry:
+            pytest.fail(f"{where} raised on rank {rank}:\n{entry['error']}")
+    return r if op is None else r[op]
 
 
 def assert_close(actual, expected, what: str, atol: float, rtol: float = 0.0) -> None:

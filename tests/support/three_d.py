@@ -91,12 +91,15 @@ def run_case(case: dict) -> dict:
     return out
 
 
-def layouts_worker(rank: int, world_size: int, cases: list) -> list:
+def layouts_worker(rank: int, world_size: int, cases: list, planted: str | None = None) -> list:
+    """``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
     from course.task import worker_env_quiet
+    from tests.support.planting import planting
 
     worker_env_quiet()
     torch.set_num_threads(1)
-    return [run_case(case) for case in cases]
+    with planting(planted):
+        return [run_case(case) for case in cases]
 
 
 def compare_grads(results: dict, reference, tp: int, atol: float, rtol: float = 0.0) -> float:

@@ -12,6 +12,8 @@ padded batch with source tokens masked out of the loss, and compares the
 * the communication counter: 2 all-reduces of a (batch, seq, n_embd) tensor per layer in
   the forward pass and 2 in the backward pass.
 
+The launch of 4 also runs plain TP and sequence parallelism at tp 2 in the tp groups of a (dp 2, tp 2) mesh:
+groups that are not the world, so that a collective called without its group is seen.
 The same launch also runs the sequence-parallel and ``block_types`` checks of
 ``test_tensor_parallel_sequence.py`` and ``test_tensor_parallel_block_types.py`` (each
 result is reported by the test that reads it), so transformers is imported once per rank.
@@ -44,14 +46,17 @@ def gpt2_inputs(seq=SEQ):
     return ids[:, :seq], mask[:, :seq], labels[:, :seq]
 
 
-def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ):
-    """Build a TensorParallelGPT2, run forward + backward + sync_grads with the counter on."""
+GROUP_CASES = ("tp", "sp")  # also run in the tp groups of 2 of the launch of 4, as "<case>-in-tp-groups"
+
+
+def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ, group=None):
+    """Build a TensorParallelGPT2 over ``group``, run forward + backward + sync_grads with the counter on."""
     from course.loss import lm_loss
     from course.collectives import CommCounter
     from tensor_parallel.gpt2 import TensorParallelGPT2
 
     ids, mask, labels = gpt2_inputs(seq)
-    model = TensorParallelGPT2(hf, block_types=block_types, sequence_parallel=sequence_parallel)
+    model = TensorParallelGPT2(hf, block_types=block_types, sequence_parallel=sequence_parallel, group=group)
     with CommCounter() as counter:
         out = model(ids, mask, labels)
         out.loss.backward()
@@ -76,9 +81,27 @@ def _run_tp(hf, ref, block_types=None, sequence_parallel=False, seq=SEQ):
     }
 
 
-def gpt2_worker(rank, world_size):
+def gpt2_worker(rank, world_size, planted=None):
+    """Every case at tp = ``world_size`` (group None); with 4 ranks also :data:`GROUP_CASES` in the tp groups of 2.
+    ``planted``: with a planted wrong solution (:mod:`tests.support.planting`)."""
+    from tests.support.planting import planting
+
+    with planting(planted):
+        results = _gpt2_cases(rank, world_size)
+        if world_size == 4:
+            results.update(_gpt2_cases(rank, world_size, tp=2))
+    return results
+
+
+def _gpt2_cases(rank, world_size, tp=None):
     from course.model import build_gpt2
     from course.loss import lm_loss
+
+    group, suffix, tp_rank = None, "", rank
+    if tp is not None:
+        from course.mesh import Mesh
+
+        group, suffix, tp_rank = Mesh.build(dp=world_size // tp, tp=tp).tp_group, "-in-tp-groups", rank % tp
 
     hf = build_gpt2("tiny", VOCAB, n_positions=N_POSITIONS, dropout=0.0, seed=0,
                     n_layer=N_LAYER, n_embd=N_EMBD, n_head=N_HEAD)
@@ -88,7 +111,7 @@ def gpt2_worker(rank, world_size):
         ids, mask, labels = gpt2_inputs(seq)
         logits = hf(input_ids=ids, attention_mask=mask).logits
         lm_loss(logits, labels).backward()
-        refs[seq] = {"logits": logits.detach(), "expected": expected_shards(hf, rank, world_size)}
+        refs[seq] = {"logits": logits.detach(), "expected": expected_shards(hf, tp_rank, tp or world_size)}
     cases = {
         "tp": {}, "sp": {"sequence_parallel": True}, "sp_odd_length": {"sequence_parallel": True, "seq": SEQ - 1},
         "spd": {"block_types": "spd"}, "parallel": {"block_types": "parallel"},
@@ -97,21 +120,23 @@ def gpt2_worker(rank, world_size):
         "spd_sp": {"block_types": "spd", "sequence_parallel": True},
         "parallel_sp": {"block_types": "parallel", "sequence_parallel": True},
     }
+    if tp is not None:
+        cases = {name: kwargs for name, kwargs in cases.items() if name in GROUP_CASES}
     results = {}
     for name, kwargs in cases.items():
         try:
-            results[name] = _run_tp(hf, refs[kwargs.get("seq", SEQ)], **kwargs)
+            results[name + suffix] = _run_tp(hf, refs[kwargs.get("seq", SEQ)], group=group, **kwargs)
         except Exception:  # noqa: BLE001 - reported by the test that reads this case
-            results[name] = {"error": traceback.format_exc()}
+            results[name + suffix] = {"error": traceback.format_exc()}
     return results
 
 
 @functools.lru_cache(maxsize=None)
-def gpt2_results(tp: int) -> dict:
+def gpt2_results(tp: int, planted: str | None = None) -> dict:
     """``{rank: {case: result}}`` of one launch of :func:`gpt2_worker` (cached for the session)."""
     from tests.support.launching import launch_once as launch
 
-    return launch(gpt2_worker, tp, timeout=240)
+    return launch(gpt2_worker, tp, planted, timeout=240)
 
 
 def gpt2_case(tp, name, rank=0):
@@ -151,6 +176,13 @@ def test_qkv_reorder_takes_each_ranks_rows_of_q_k_and_v():
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_gpt2_equals_transformers(tp):
     assert_matches_transformers(tp, "tp")
+
+
+@pytest.mark.a5_3_4
+def test_tp_gpt2_in_the_tp_groups_of_a_larger_world_equals_transformers():
+    """tp = 2 in each of the two tp groups of a 4-rank (dp 2, tp 2) mesh: every collective of the model runs in
+    its group (one called without it, e.g. the head's f, adds the other group's gradients)."""
+    assert_matches_transformers(4, "tp-in-tp-groups")
 
 
 @pytest.mark.a5_3_4

@@ -1,6 +1,8 @@
 """Assignment 5.3.3 — VocabParallelEmbedding and vocabulary-parallel cross-entropy (graded).
 
-Across 2 real processes:
+In the tensor-parallel groups of a (dp 2, tp 2) mesh of 4 real processes (groups of 2 that are not the world:
+:func:`tests.support.tensor_parallel.operator_results`; every rank has the same inputs, so a sum or a max taken
+over the world instead of the group is seen):
 
 * ``VocabParallelEmbedding`` built from an ``nn.Embedding``'s weight gives the same
   output, and each rank's weight gradient equals its rows of ``nn.Embedding``'s, for ids
@@ -21,11 +23,10 @@ import traceback
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.support.tensor_parallel import assert_close, case, launch_once
+from tests.support.tensor_parallel import TP, WORLD, assert_close, case, group_rank, operator_results
 
 pytestmark = pytest.mark.a5_3_3
 
-WORLD = 2
 VOCAB, DIM = 12, 5
 # Every id of the vocabulary, so the boundaries 0, 5 | 6, 11 of both ranks' ranges are covered.
 IDS = torch.tensor([[0, 5, 6, 11, 3, 9], [11, 10, 1, 6, 5, 0], [7, 7, 2, 8, 4, 6]])
@@ -60,15 +61,16 @@ def lm_inputs():
     return logit, labels
 
 
-def vocab_worker(rank, world_size):
-    from course.collectives import CommCounter
+def cases(rank, group):
+    """This rank's results in ``group`` (run by :func:`tests.support.tensor_parallel.operators_worker`)."""
+    from course.collectives import CommCounter, group_rank as rank_in, group_size
     from tensor_parallel.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 
-    chunk = VOCAB // world_size
-    mine = slice(rank * chunk, (rank + 1) * chunk)
+    chunk = VOCAB // group_size(group)
+    mine = slice(rank_in(group) * chunk, (rank_in(group) + 1) * chunk)
     out = {}
     try:
-        emb = VocabParallelEmbedding(VOCAB, DIM, master_weight=embedding_weight())
+        emb = VocabParallelEmbedding(VOCAB, DIM, master_weight=embedding_weight(), group=group)
         y = emb(IDS)
         y.backward(embedding_upstream())
         out["embedding"] = {"y": y.detach(), "w": emb.weight.grad}
@@ -78,7 +80,7 @@ def vocab_worker(rank, world_size):
         try:
             x = logits(scale)[:, mine].clone().requires_grad_(True)
             with CommCounter() as counter:
-                loss = vocab_parallel_cross_entropy(x, TARGETS)
+                loss = vocab_parallel_cross_entropy(x, TARGETS, group=group)
                 forward = counter.counts()
                 counter.reset()
                 loss.backward(loss_upstream())
@@ -89,7 +91,7 @@ def vocab_worker(rank, world_size):
     try:
         logit, labels = lm_inputs()
         x = logit[..., mine].clone().requires_grad_(True)
-        loss = vocab_parallel_lm_loss(x, labels)
+        loss = vocab_parallel_lm_loss(x, labels, group=group)
         loss.backward()
         out["lm"] = {"loss": loss.detach(), "grad": x.grad}
     except Exception:  # noqa: BLE001
@@ -97,11 +99,14 @@ def vocab_worker(rank, world_size):
     return out
 
 
-results = launch_once(vocab_worker, WORLD)
-
-
 def get(name, rank):
-    return case(results(), name, rank)
+    return case(operator_results(), "vocab", rank, name)
+
+
+def mine(rank):
+    """Global rank ``rank``'s slice of the vocabulary in its tp group."""
+    chunk = VOCAB // TP
+    return slice(group_rank(rank) * chunk, (group_rank(rank) + 1) * chunk)
 
 
 def close(actual, expected, what):
@@ -112,11 +117,10 @@ def test_vocab_parallel_embedding_equals_embedding():
     weight = embedding_weight().requires_grad_(True)
     y = F.embedding(IDS, weight)
     y.backward(embedding_upstream())
-    chunk = VOCAB // WORLD
     for rank in range(WORLD):
         r = get("embedding", rank)
         close(r["y"], y.detach(), f"rank {rank}: embedding output (every id, from whichever rank owns it)")
-        close(r["w"], weight.grad[rank * chunk:(rank + 1) * chunk], f"rank {rank}: gradient of its rows")
+        close(r["w"], weight.grad[mine(rank)], f"rank {rank}: gradient of its rows")
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e4], ids=["normal_logits", "huge_logits"])
@@ -124,12 +128,11 @@ def test_vocab_parallel_cross_entropy_equals_cross_entropy(scale):
     full = logits(scale).requires_grad_(True)
     ref = F.cross_entropy(full, TARGETS, ignore_index=-100, reduction="none")
     ref.backward(loss_upstream())
-    chunk = VOCAB // WORLD
     for rank in range(WORLD):
         r = get(f"ce{scale:g}", rank)
         assert torch.isfinite(r["loss"]).all(), f"rank {rank}: non-finite loss {r['loss']} (subtract the global max)"
         close(r["loss"], ref.detach(), f"rank {rank}: per-token loss (0 where the target is -100)")
-        close(r["grad"], full.grad[:, rank * chunk:(rank + 1) * chunk], f"rank {rank}: gradient of its logits")
+        close(r["grad"], full.grad[:, mine(rank)], f"rank {rank}: gradient of its logits")
 
 
 def test_vocab_parallel_cross_entropy_communication():
@@ -148,8 +151,7 @@ def test_vocab_parallel_lm_loss_equals_course_loss():
     logit.requires_grad_(True)
     ref = lm_loss(logit, labels)
     ref.backward()
-    chunk = VOCAB // WORLD
     for rank in range(WORLD):
         r = get("lm", rank)
         close(r["loss"], ref.detach(), f"rank {rank}: mean next-token loss over target tokens")
-        close(r["grad"], logit.grad[..., rank * chunk:(rank + 1) * chunk], f"rank {rank}: gradient of its logits")
+        close(r["grad"], logit.grad[..., mine(rank)], f"rank {rank}: gradient of its logits")
