@@ -642,7 +642,7 @@ def _check_sequence(name: str, a: dict, group) -> None:
         n = seq.count[group] = seq.count.get(group, 0) + 1
     p = len(members)
     mine_sig = _signature(name, a, p, group)
-    sig = torch.tensor(mine_sig, dtype=torch.int64)  # host memory: this mode runs on gloo
+    sig = torch.tensor(mine_sig, dtype=torch.int64, device="cpu")  # this mode runs on gloo
     peers = [r for r in range(p) if r != mine]
     posted = _POSTED.setdefault(group, {})
     for r in peers:
@@ -691,7 +691,7 @@ def _check_sequence(name: str, a: dict, group) -> None:
 
 def _post(group, peer: int, length: int) -> tuple:
     """Post this rank's receive of the next signature of group rank ``peer`` in ``group``: (buffer, work)."""
-    buffer = torch.empty(length, dtype=torch.int64)
+    buffer = torch.empty(length, dtype=torch.int64, device="cpu")  # a signature: host memory, over gloo
     return buffer, group.recv([buffer], peer, _SIGNATURE_TAG)
 
 
