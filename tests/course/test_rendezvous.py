@@ -214,7 +214,7 @@ def test_all_to_all_splits_are_compared_across_the_pair():
     """The rule for uneven splits at p = 3, on signatures alone (no processes): rank i's input split j against
     rank j's output split i. A legitimate non-symmetric exchange passes; the same splits with one pair's two
     sides swapped (sums kept, so a check of totals would pass) is refused naming that pair."""
-    from course.nccl_rules import _mismatch, _signature
+    from course.collective_signatures import mismatch, signature
 
     def signatures(sends):  # sends[i][j]: rows rank i sends to rank j (3 elements each)
         rows = []
@@ -222,11 +222,11 @@ def test_all_to_all_splits_are_compared_across_the_pair():
             inputs, outputs = sends[i], [sends[k][i] for k in range(3)]
             a = dict(input=torch.empty(sum(inputs), 3), output=torch.empty(sum(outputs), 3),
                      input_split_sizes=inputs, output_split_sizes=outputs)
-            rows.append(_signature("all_to_all_single", a, 3, None))
+            rows.append(signature("all_to_all_single", a, 3, None))
         return rows
 
     sends = [[0, 5, 1], [2, 0, 0], [4, 3, 7]]
-    assert _mismatch(signatures(sends), [0, 1, 2]) is None
+    assert mismatch(signatures(sends), [0, 1, 2]) is None
     wrong = signatures(sends)
     wrong[1][-3:] = [3 * 3, 0, 5 * 3]  # rank 1 expects 3 rows from rank 0 and 5 from rank 2: the two swapped
-    assert _mismatch(wrong, [0, 1, 2])[:2] == (0, 1)
+    assert mismatch(wrong, [0, 1, 2])[:2] == (0, 1)
